@@ -1,0 +1,117 @@
+"""Scrape latency and CPU cost of this exporter against nvitop-exporter, on the same GPU.
+
+    python3 bench/scrape_bench.py --out bench_results.json
+
+For each exporter: /metrics latency p50/p99 with 1 and 50 concurrent scrapers (keep-alive HTTP/1.1
+clients in threads, each scraping back to back for --seconds), then the exporter's CPU time as a
+share of one core while it only samples (no scrapers) at 1 s and 0.1 s interval. Never asserts on
+time: it reports.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def start(kind: str, interval: float) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    if kind == "ours":
+        cmd = [sys.executable, "-m", "exporter", "--port", str(port), "--interval", str(interval)]
+    else:
+        cmd = [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(port),
+               "--interval", str(interval)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics", 1)[0] == 200, 30, what=f"{kind} up")
+    time.sleep(2 * interval + 1)  # past the first samples
+    return proc, port
+
+
+def scrape_latencies(port: int, clients: int, seconds: float) -> dict:
+    latencies: list[float] = []
+    lock = threading.Lock()
+    sizes = []
+
+    def worker():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        mine = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            conn.request("GET", "/metrics")
+            body = conn.getresponse().read()
+            mine.append(time.perf_counter() - t0)
+        sizes.append(len(body))
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    q = statistics.quantiles(latencies, n=100)
+    return {"clients": clients, "scrapes": len(latencies), "p50_ms": round(q[49] * 1e3, 3),
+            "p99_ms": round(q[98] * 1e3, 3), "scrapes_per_s": round(len(latencies) / seconds, 1),
+            "body_bytes": max(sizes)}
+
+
+def cpu_share(pid: int, seconds: float) -> float:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return round(100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), 3)
+
+
+def bench(kind: str, seconds: float, cpu_window: float) -> dict:
+    result = {"exporter": kind}
+    proc, port = start(kind, 1.0)
+    try:
+        result["cpu_percent_of_core_interval_1s"] = cpu_share(proc.pid, cpu_window)
+        result["latency"] = [scrape_latencies(port, n, seconds) for n in (1, 50)]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    proc, port = start(kind, 0.1)
+    try:
+        result["cpu_percent_of_core_interval_0.1s"] = cpu_share(proc.pid, cpu_window)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--seconds", type=float, default=10.0, help="scraping time per concurrency level")
+    parser.add_argument("--cpu-window", type=float, default=30.0, help="seconds over which CPU time is measured")
+    parser.add_argument("--exporters", default="ours,nvitop")
+    args = parser.parse_args()
+    results = [bench(kind, args.seconds, args.cpu_window) for kind in args.exporters.split(",")]
+    text = json.dumps(results, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

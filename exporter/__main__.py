@@ -1,0 +1,61 @@
+"""python -m exporter: build the samplers from the flags and serve them under uvicorn."""
+from __future__ import annotations
+
+import logging
+import sys
+
+from exporter.config import parse_args
+
+log = logging.getLogger("exporter")
+
+
+def build_engine(args):
+    """The engine and the optional upload spool for parsed flags. Raises SystemExit on bad input."""
+    from exporter.engine import Engine
+    from exporter.nvml import Nvml, NvmlError
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.gpm import GpmSource
+    from exporter.samplers.mps import MpsSampler
+    from exporter.samplers.nvml import NvmlSampler
+    from exporter.sources import build_spatial_sources
+
+    backend = factory = None
+    if args.nvml_replay:
+        try:
+            backend = ReplayNvml(args.nvml_replay)
+        except NvmlError as exc:
+            raise SystemExit(f"error: {exc.reason}") from None
+    elif not args.no_nvml:
+        factory = Nvml  # retried while the driver is missing
+    nvml = NvmlSampler(backend, interval=args.interval, factory=factory)
+    spatial, disabled, upload = build_spatial_sources(args, nvml)
+    gpm = GpmSource() if "gpm" in args.spatial_sources and not args.no_nvml else None
+    if gpm is None and "gpm" in args.spatial_sources:
+        disabled["gpm"] = "NVML switched off (--no-nvml)"
+    mps = None
+    if not args.no_mps:
+        mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
+                         interval=max(args.interval, 1.0))
+    engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
+                    disabled_reasons=disabled, interval=args.interval)
+    return engine, upload
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine, upload = build_engine(args)
+
+    import uvicorn
+
+    from exporter.app import create_app
+
+    app = create_app(engine, upload)
+    log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s)",
+             args.listen_address, args.port, args.interval, ",".join(args.spatial_sources))
+    uvicorn.run(app, host=args.listen_address, port=args.port, log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The FastAPI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+
+from exporter.collectors.gpu import GpuCollector
+from exporter.collectors.health import HealthCollector
+from exporter.collectors.mps import MpsCollector
+
+log = logging.getLogger(__name__)
+STALE_AFTER_TICKS = 10
+
+
+def build_registry(engine) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuCollector(engine))
+    registry.register(MpsCollector(engine))
+    registry.register(HealthCollector(engine))
+    return registry
+
+
+class MetricsCache:
+    """Renders the exposition once per snapshot: fifty scrapers of one snapshot cost one render."""
+
+    def __init__(self, engine, registry):
+        self._engine = engine
+        self._registry = registry
+        self._process = CollectorRegistry(auto_describe=False)
+        ProcessCollector(registry=self._process)  # the exporter's own CPU and memory, always fresh
+        self._version = -1
+        self._body = b""
+
+    def render(self) -> bytes:
+        snapshot = self._engine.snapshot
+        if snapshot.version != self._version:
+            self._body = generate_latest(self._registry)
+            self._version = snapshot.version
+        return self._body + generate_latest(self._process)
+
+
+def snapshot_json(snapshot) -> dict:
+    gpus = []
+    for view in snapshot.gpus:
+        tel = view.telemetry
+        gpus.append({
+            "index": view.identity.index,
+            "uuid": view.identity.uuid,
+            "model": view.identity.model,
+            "time_utilization": view.time_utilization,
+            "memory_time_utilization": view.memory_time_utilization,
+            "time_window": view.time_window,
+            "spatial": dataclasses.asdict(view.spatial) if view.spatial else None,
+            "hidden_idle_sm_ratio": view.hidden_idle,
+            "sources": [dataclasses.asdict(s) for s in view.sources],
+            "telemetry": None if tel is None else {
+                "lost": tel.lost,
+                "memory_used_bytes": tel.memory_used_bytes,
+                "memory_total_bytes": tel.memory_total_bytes,
+                "power_watts": tel.power_watts,
+                "sm_clock_hertz": tel.sm_clock_hertz,
+                "temperature_celsius": tel.temperature_celsius,
+                "processes": [dataclasses.asdict(p) for p in tel.processes],
+                "errors": list(tel.errors),
+            },
+        })
+    return {
+        "snapshot_version": snapshot.version,
+        "snapshot_time": snapshot.created,
+        "gpus": gpus,
+        "collectors": {name: dataclasses.asdict(h) for name, h in snapshot.health.items()},
+        "mps": snapshot.mps.to_json() if snapshot.mps is not None else None,
+    }
+
+
+def create_app(engine, upload=None) -> FastAPI:
+    """`upload`: an exporter.samplers.nsys.UploadSpool, or None to leave POST /api/v1/nsys disabled."""
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        engine.start()
+        try:
+            yield
+        finally:
+            engine.stop()
+
+    app = FastAPI(title="GPU utilization exporter", lifespan=lifespan)
+    cache = MetricsCache(engine, build_registry(engine))
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(cache.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    async def healthz():
+        snapshot = engine.snapshot
+        age = time.time() - snapshot.created
+        healthy = snapshot.version > 0 and age < STALE_AFTER_TICKS * max(engine.interval, 1.0)
+        body = {"status": "ok" if healthy else "stale", "snapshot_age_seconds": round(age, 3),
+                "gpus": len(snapshot.gpus)}
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/api/v1/gpus")
+    async def gpus():
+        return JSONResponse(snapshot_json(engine.snapshot))
+
+    if upload is not None:
+        upload.mount(app)
+    return app

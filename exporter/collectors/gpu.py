@@ -1,0 +1,96 @@
+"""GPU collector: time utilization next to spatial utilization, from the latest snapshot only."""
+from __future__ import annotations
+
+from prometheus_client.core import GaugeMetricFamily
+
+from exporter.snapshot import PUBLISHED_STATES, SPATIAL_FIELDS
+
+GPU_LABELS = ["gpu", "uuid", "model"]
+
+SPATIAL_HELP = {
+    "sm_active": "Share of SMs with at least one warp resident, averaged over the window (DCGM SM_ACTIVE, GPM SM_UTIL, nsys SMs Active).",
+    "sm_occupancy": "Resident warps over the SM maximum (DCGM SM_OCCUPANCY, GPM SM_OCCUPANCY, nsys Compute Warps in Flight).",
+    "graphics_engine_active": "Share of time the graphics/compute engine was busy (DCGM GR_ENGINE_ACTIVE, GPM GRAPHICS_UTIL, nsys GR Active).",
+    "tensor_active": "Share of cycles the tensor pipes were busy (DCGM PIPE_TENSOR_ACTIVE, GPM ANY_TENSOR_UTIL, nsys Tensor Active).",
+    "dram_active": "Share of peak DRAM bandwidth used (DCGM DRAM_ACTIVE, GPM DRAM_BW_UTIL, nsys DRAM read + write).",
+}
+
+TELEMETRY = (
+    ("memory_used_bytes", "gpu_memory_used_bytes", "Device memory in use (NVML)."),
+    ("memory_total_bytes", "gpu_memory_total_bytes", "Device memory in total (NVML)."),
+    ("power_watts", "gpu_power_watts", "Power draw (NVML)."),
+    ("sm_clock_hertz", "gpu_sm_clock_hertz", "SM clock (NVML)."),
+    ("temperature_celsius", "gpu_temperature_celsius", "GPU temperature (NVML)."),
+)
+
+
+def gpu_labels(view) -> list[str]:
+    ident = view.identity
+    return [str(ident.index), ident.uuid, ident.model]
+
+
+def _gauge(name, documentation, extra_labels=()):
+    return GaugeMetricFamily(name, documentation, labels=GPU_LABELS + list(extra_labels))
+
+
+class GpuCollector:
+    def __init__(self, engine):
+        self._engine = engine
+
+    def describe(self):
+        return []  # registered without a description: collect() never runs at registration
+
+    def collect(self):
+        gpus = self._engine.snapshot.gpus
+        time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
+        memory_util = _gauge("gpu_memory_time_utilization_ratio",
+                             "Share of time device memory was read or written (NVML utilization.memory).")
+        telemetry = {attr: _gauge(name, doc) for attr, name, doc in TELEMETRY}
+        proc_sm = _gauge("gpu_process_sm_utilization_ratio",
+                         "Per-process share of time the process had a kernel running (NVML process utilization).",
+                         ["pid", "command"])
+        proc_mem = _gauge("gpu_process_memory_utilization_ratio",
+                          "Per-process share of time the process read or wrote device memory (NVML).", ["pid", "command"])
+        spatial = {f: _gauge(f"gpu_{f}_ratio", SPATIAL_HELP[f], ["source"]) for f in SPATIAL_FIELDS}
+        hidden = _gauge("gpu_hidden_idle_sm_ratio",
+                        "max(0, time utilization - SM active) over the same window: SM capacity that 100% hides.",
+                        ["source"])
+        stamp = _gauge("gpu_spatial_sample_timestamp_seconds",
+                       "Wall time of the end of the window the spatial values describe.", ["source"])
+        state = _gauge("gpu_spatial_source_state",
+                       "1 for the current state of each candidate spatial source (reason: /api/v1/gpus).",
+                       ["source", "state"])
+        for view in gpus:
+            labels = gpu_labels(view)
+            if view.time_utilization is not None:
+                time_util.add_metric(labels, view.time_utilization)
+            if view.memory_time_utilization is not None:
+                memory_util.add_metric(labels, view.memory_time_utilization)
+            tel = view.telemetry
+            if tel is not None and not tel.lost:
+                for attr, family in telemetry.items():
+                    value = getattr(tel, attr)
+                    if value is not None:
+                        family.add_metric(labels, value)
+                for proc in tel.processes:
+                    proc_sm.add_metric(labels + [str(proc.pid), proc.command], proc.sm)
+                    proc_mem.add_metric(labels + [str(proc.pid), proc.command], proc.memory)
+            if view.spatial is not None:
+                source = view.spatial.source
+                for field, value in view.spatial.values().items():
+                    spatial[field].add_metric(labels + [source], value)
+                stamp.add_metric(labels + [source], view.spatial.window_end)
+                if view.hidden_idle is not None:
+                    hidden.add_metric(labels + [source], view.hidden_idle)
+            for status in view.sources:
+                for candidate in PUBLISHED_STATES:
+                    state.add_metric(labels + [status.source, candidate], 1.0 if status.state == candidate else 0.0)
+        yield time_util
+        yield memory_util
+        yield from spatial.values()
+        yield hidden
+        yield stamp
+        yield state
+        yield from telemetry.values()
+        yield proc_sm
+        yield proc_mem

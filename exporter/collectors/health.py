@@ -1,0 +1,24 @@
+"""Per-collector health, node_exporter style: did the collector's last tick work, and how long it took."""
+from __future__ import annotations
+
+from prometheus_client.core import GaugeMetricFamily
+
+
+class HealthCollector:
+    def __init__(self, engine):
+        self._engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        success = GaugeMetricFamily("gpu_exporter_collector_success",
+                                    "1 if the collector's last tick succeeded (reason: /api/v1/gpus and the log).",
+                                    labels=["collector"])
+        duration = GaugeMetricFamily("gpu_exporter_collector_duration_seconds",
+                                     "Duration of the collector's last tick.", labels=["collector"])
+        for name, health in sorted(self._engine.snapshot.health.items()):
+            success.add_metric([name], 1.0 if health.success else 0.0)
+            duration.add_metric([name], health.duration_seconds)
+        yield success
+        yield duration

@@ -1,0 +1,113 @@
+"""Command-line flags; every flag can also be set by an environment variable GPU_EXPORTER_<FLAG>."""
+from __future__ import annotations
+
+import argparse
+import os
+
+ENV_PREFIX = "GPU_EXPORTER_"
+DEFAULT_PORT = 9478  # 9400 is dcgm-exporter's and 9100 node-exporter's
+SOURCES = ("dcgm", "gpm", "nsys")
+
+
+def _env_name(flag: str) -> str:
+    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _source_list(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    unknown = [n for n in names if n not in SOURCES]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want a list of distinct sources from {','.join(SOURCES)}, got {text!r}")
+    return names
+
+
+def _interval(text: str) -> float:
+    value = float(text)
+    if not 0.1 <= value <= 60:
+        raise argparse.ArgumentTypeError("interval must be between 0.1 and 60 seconds")
+    return value
+
+
+def _bool(text: str) -> bool:
+    return str(text).lower() in ("1", "true", "yes", "on")
+
+
+class _EnvParser(argparse.ArgumentParser):
+    """Takes a flag's default from its environment variable and says so in --help."""
+
+    def add_argument(self, *names, **kwargs):
+        flag = next((n for n in names if n.startswith("--")), None)
+        if flag and kwargs.get("action") not in ("help", "version"):
+            env = _env_name(flag)
+            if env in os.environ:
+                raw = os.environ[env]
+                if kwargs.get("action") == "store_true":
+                    kwargs["default"] = _bool(raw)
+                else:
+                    convert = kwargs.get("type", str)
+                    try:
+                        kwargs["default"] = convert(raw)
+                    except (argparse.ArgumentTypeError, ValueError) as exc:
+                        self.error(f"{env}={raw!r}: {exc}")
+            kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
+        return super().add_argument(*names, **kwargs)
+
+
+def build_parser() -> _EnvParser:
+    p = _EnvParser(
+        prog="python -m exporter",
+        description="GPU utilization exporter: NVML time utilization next to spatial utilization "
+                    "(DCGM profiling, NVML GPM or Nsight Systems GPU metrics), and CUDA MPS daemons.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("serving")
+    g.add_argument("--listen-address", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
+    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of /metrics, /healthz and /api/v1")
+    g.add_argument("--interval", type=_interval, default=1.0, help="sampling interval in seconds (0.1 to 60)")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+
+    g = p.add_argument_group("sources")
+    g.add_argument("--spatial-sources", type=_source_list, default=SOURCES,
+                   help="spatial sources in order of preference; per GPU the first that works is published")
+    g.add_argument("--no-nvml", action="store_true", help="do not load NVML (a host without GPUs, replay only)")
+    g.add_argument("--nvml-replay", metavar="FILE", default=None,
+                   help="replay NVML answers recorded with `python -m exporter.nvml_replay record` instead of NVML")
+
+    g = p.add_argument_group("dcgm")
+    g.add_argument("--dcgm-exporter-url", default=None,
+                   help="read DCGM profiling fields from this dcgm-exporter /metrics (e.g. http://dcgm-exporter:9400/metrics)")
+    g.add_argument("--dcgm-hostengine", default=None,
+                   help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
+    g.add_argument("--dcgm-timeout", type=float, default=2.0, help="timeout of one dcgm-exporter scrape, seconds")
+    g.add_argument("--dcgm-window", type=float, default=1.0,
+                   help="seconds of GPU time a DCGM value describes (dcgm-exporter's collect interval)")
+
+    g = p.add_argument_group("nsys")
+    g.add_argument("--replay", metavar="FILE", default=None,
+                   help="publish a recorded Nsight Systems export (.sqlite) as a live stream, in a loop")
+    g.add_argument("--nsys-watch-dir", default=None,
+                   help="directory where Nsight Systems exports (.sqlite) appear; the newest window per GPU is published")
+    g.add_argument("--nsys-window", type=float, default=5.0,
+                   help="seconds of an export published as one window (watch and replay), and of one live capture")
+    g.add_argument("--nsys-live", action="store_true",
+                   help="profile GPUs that neither DCGM nor GPM serves with `nsys profile` in short windows")
+    g.add_argument("--nsys-frequency", type=int, default=100, help="GPU metrics sampling frequency of live captures, Hz")
+    g.add_argument("--nsys-binary", default="nsys", help="the nsys executable for live captures and .nsys-rep exports")
+    g.add_argument("--nsys-upload-token", default=None,
+                   help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it)")
+    g.add_argument("--nsys-spool-dir", default=None,
+                   help="where uploaded exports are kept (default: the watch directory, else a temporary directory)")
+    g.add_argument("--nsys-upload-max-bytes", type=int, default=512 * 1024 * 1024, help="largest upload accepted")
+
+    g = p.add_argument_group("mps")
+    g.add_argument("--no-mps", action="store_true", help="do not watch CUDA MPS daemons")
+    g.add_argument("--proc-root", default="/proc", help="proc filesystem to scan (the host's /proc mounted into a container)")
+    g.add_argument("--mps-pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                   help="MPS control pipe directory (CUDA_MPS_PIPE_DIRECTORY)")
+    g.add_argument("--mps-control-binary", default="nvidia-cuda-mps-control", help="the MPS control program")
+    g.add_argument("--mps-timeout", type=float, default=2.0, help="timeout of one MPS control query, seconds")
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)

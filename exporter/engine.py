@@ -1,0 +1,129 @@
+"""Runs the samplers in background threads and publishes one immutable Snapshot after each tick."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from exporter.chain import build_view
+from exporter.snapshot import CollectorHealth, GpuIdentity, LogOnce, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Owns the samplers. Scrapes and API calls only read `snapshot`: no device call on their path.
+
+    nvml: NvmlSampler; gpm: GpmSource (ticked in the NVML thread, same window as time utilization);
+    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None.
+    """
+
+    def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
+                 disabled_reasons=None, interval: float = 1.0):
+        self.nvml = nvml
+        self.gpm = gpm
+        self.spatial = dict(spatial or {})
+        self.mps = mps
+        self.order = tuple(order)
+        self.disabled_reasons = dict(disabled_reasons or {})
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._version = 0
+        self._log = LogOnce(log)
+        self.snapshot = Snapshot(version=0, created=time.time())
+
+    # -- sampling -------------------------------------------------------------------------------
+    def tick_devices(self) -> None:
+        if self.gpm is not None:
+            self.gpm.tick(self.nvml.backend, self.nvml.gpus)
+        self.nvml.tick()
+
+    def loops(self):
+        """(name, function, interval) of every background loop."""
+        yield "nvml", self.tick_devices, self.interval
+        for source in self.spatial.values():
+            yield source.name, source.tick, getattr(source, "interval", self.interval)
+        if self.mps is not None:
+            yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
+
+    def start(self) -> None:
+        for name, fn, interval in self.loops():
+            thread = threading.Thread(target=self._run, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        closer = getattr(self.nvml.backend, "shutdown", None)
+        if closer:
+            closer()
+        for source in self.spatial.values():
+            if hasattr(source, "close"):
+                source.close()
+
+    def _run(self, name, fn, interval) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                fn()
+                self._log.clear(f"sampler {name}")
+            except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
+                self._log.problem(f"sampler {name}", f"tick failed: {exc!r}", logging.ERROR)
+            self.publish()
+            next_at += interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (slow device call): skip ticks instead of bursting
+                next_at = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    # -- publishing -----------------------------------------------------------------------------
+    def publish(self) -> Snapshot:
+        with self._lock:
+            self._version += 1
+            self.snapshot = Snapshot(
+                version=self._version,
+                created=time.time(),
+                gpus=self._views(),
+                mps=getattr(self.mps, "snapshot", None),
+                health=self._health(),
+            )
+            return self.snapshot
+
+    def _health(self) -> dict[str, CollectorHealth]:
+        health = {"nvml": self.nvml.health}
+        if self.gpm is not None:
+            health["gpm"] = self.gpm.health
+        for name, source in self.spatial.items():
+            health[name] = source.health
+        if self.mps is not None:
+            health["mps"] = self.mps.health
+        return health
+
+    def _views(self):
+        sources = dict(self.spatial)
+        if self.gpm is not None:
+            sources["gpm"] = self.gpm
+        identities: dict[str, GpuIdentity] = {gpu.uuid: gpu for gpu in self.nvml.gpus}
+        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's.
+        for source in sources.values():
+            for uuid, ident in getattr(source, "identities", {}).items():
+                identities.setdefault(uuid, ident)
+        views = []
+        for uuid, ident in identities.items():
+            results = {name: src.results.get(uuid) for name, src in sources.items()}
+            views.append(
+                build_view(ident, self.nvml.telemetry.get(uuid), results, self.order,
+                           self._reasons(), self.interval)
+            )
+        return tuple(views)
+
+    def _reasons(self) -> dict[str, str]:
+        reasons = dict(self.disabled_reasons)
+        if self.nvml.backend is None:
+            reasons.setdefault("gpm", "NVML unavailable: " + self.nvml.health.error)
+        return reasons

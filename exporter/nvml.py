@@ -1,0 +1,227 @@
+"""A thin NVML wrapper: plain Python values in, plain JSON-able values out.
+
+Everything the exporter asks of NVML goes through `Nvml`, so this is the one boundary that a
+recorded replay (exporter/nvml_replay.py) stands in for on hosts without a GPU. Failures become
+`NvmlError` with a reason a person can act on; a caller treats one failing call as N/A for that
+value, not as a failed device.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+# GPM metric ids (nvml.h nvmlGpmMetricId_t), mapped onto the metric contract's quantities.
+GPM_METRICS = {
+    "graphics_engine_active": 1,  # NVML_GPM_METRIC_GRAPHICS_UTIL
+    "sm_active": 2,  # NVML_GPM_METRIC_SM_UTIL
+    "sm_occupancy": 3,  # NVML_GPM_METRIC_SM_OCCUPANCY
+    "tensor_active": 5,  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
+    "dram_active": 10,  # NVML_GPM_METRIC_DRAM_BW_UTIL
+}
+GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
+MEMORY_UTILIZATION_SAMPLES = 2  # NVML_MEMORY_UTILIZATION_SAMPLES
+SM_CLOCK = 1  # NVML_CLOCK_SM
+TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+
+
+class NvmlError(Exception):
+    """An NVML call failed. `gpu_lost` marks errors after which the device is gone until restart."""
+
+    def __init__(self, call: str, reason: str, gpu_lost: bool = False, unsupported: bool = False):
+        super().__init__(f"{call}: {reason}")
+        self.call = call
+        self.reason = reason
+        self.gpu_lost = gpu_lost
+        self.unsupported = unsupported
+
+    def to_json(self) -> dict:
+        return {"error": self.reason, "call": self.call, "gpu_lost": self.gpu_lost, "unsupported": self.unsupported}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "NvmlError":
+        return cls(data["call"], data["error"], data.get("gpu_lost", False), data.get("unsupported", False))
+
+
+class Nvml:
+    """The live NVML backend. Methods take a device index; each keeps what it needs between calls."""
+
+    def __init__(self):
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+            raise NvmlError("import pynvml", f"nvidia-ml-py is not installed ({exc}): pip install nvidia-ml-py")
+        self._nv = pynvml
+        self._lock = threading.Lock()
+        self._handles: dict[int, object] = {}
+        self._gpm_previous: dict[int, tuple[object, float]] = {}
+        self._call("nvmlInit", pynvml.nvmlInit)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def _call(self, name, fn, *args):
+        nv = self._nv
+        try:
+            return fn(*args)
+        except nv.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            lost = code in (nv.NVML_ERROR_GPU_IS_LOST, getattr(nv, "NVML_ERROR_GPU_NOT_FOUND", -1))
+            unsupported = code in (nv.NVML_ERROR_NOT_SUPPORTED, getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", -1))
+            reason = str(exc)
+            if code == nv.NVML_ERROR_LIBRARY_NOT_FOUND:
+                reason = "libnvidia-ml.so.1 not found: no NVIDIA driver on this host (or not mounted into the container)"
+            elif code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", -1):
+                reason = "NVIDIA driver not loaded"
+            raise NvmlError(name, reason, gpu_lost=lost, unsupported=unsupported) from None
+
+    def _handle(self, index: int):
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._call("nvmlDeviceGetHandleByIndex", self._nv.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = handle
+        return handle
+
+    @staticmethod
+    def _text(value) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    # -- the interface --------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        for sample, _ in self._gpm_previous.values():
+            try:
+                self._nv.nvmlGpmSampleFree(sample)
+            except Exception:  # noqa: BLE001 - best effort at exit
+                pass
+        self._gpm_previous.clear()
+        try:
+            self._nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def driver_version(self) -> str:
+        return self._text(self._call("nvmlSystemGetDriverVersion", self._nv.nvmlSystemGetDriverVersion))
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount", self._nv.nvmlDeviceGetCount))
+
+    def identity(self, index: int) -> dict:
+        h = self._handle(index)
+        nv = self._nv
+        return {
+            "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
+            "model": self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)),
+        }
+
+    def gpm_support(self, index: int) -> dict:
+        """Whether GPM serves this GPU, with the reason when not (GPM exists from Hopper on)."""
+        nv = self._nv
+        if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
+            return {"supported": False, "reason": "nvidia-ml-py too old for GPM: pip install -U nvidia-ml-py"}
+        try:
+            support = self._call("nvmlGpmQueryDeviceSupport", nv.nvmlGpmQueryDeviceSupport, self._handle(index))
+        except NvmlError as exc:
+            return {"supported": False, "reason": f"GPM query failed: {exc.reason} (driver older than R520?)"}
+        if not support.isSupportedDevice:
+            return {"supported": False, "reason": "GPM is not supported on this GPU (needs Hopper or newer)"}
+        return {"supported": True, "reason": "GPM supported"}
+
+    def utilization_samples(self, index: int, window_s: float) -> dict:
+        """NVML's utilization samples of the last window_s, as [age_s, percent] (age from this call)."""
+        nv = self._nv
+        h = self._handle(index)
+        now_us = time.time() * 1e6
+        since_us = int(now_us - window_s * 1e6)
+        out = {}
+        for key, kind in (("gpu", GPU_UTILIZATION_SAMPLES), ("memory", MEMORY_UTILIZATION_SAMPLES)):
+            try:
+                _, samples = self._call("nvmlDeviceGetSamples", nv.nvmlDeviceGetSamples, h, kind, since_us)
+            except NvmlError as exc:
+                if "Not Found" in exc.reason:  # no sample newer than since_us yet
+                    samples = []
+                else:
+                    raise
+            out[key] = [
+                [round((now_us - s.timeStamp) / 1e6, 6), float(s.sampleValue.uiVal)]
+                for s in samples
+                if s.timeStamp > since_us
+            ]
+        return out
+
+    def utilization_rates(self, index: int) -> dict:
+        rates = self._call("nvmlDeviceGetUtilizationRates", self._nv.nvmlDeviceGetUtilizationRates, self._handle(index))
+        return {"gpu": float(rates.gpu), "memory": float(rates.memory)}
+
+    def memory(self, index: int) -> dict:
+        info = self._call("nvmlDeviceGetMemoryInfo", self._nv.nvmlDeviceGetMemoryInfo, self._handle(index))
+        return {"used": int(info.used), "total": int(info.total)}
+
+    def power_watts(self, index: int) -> float:
+        return self._call("nvmlDeviceGetPowerUsage", self._nv.nvmlDeviceGetPowerUsage, self._handle(index)) / 1000.0
+
+    def sm_clock_hz(self, index: int) -> float:
+        mhz = self._call("nvmlDeviceGetClockInfo", self._nv.nvmlDeviceGetClockInfo, self._handle(index), SM_CLOCK)
+        return float(mhz) * 1e6
+
+    def temperature_celsius(self, index: int) -> float:
+        fn = self._nv.nvmlDeviceGetTemperature
+        return float(self._call("nvmlDeviceGetTemperature", fn, self._handle(index), TEMPERATURE_GPU))
+
+    def process_utilization(self, index: int, window_s: float) -> list[dict]:
+        """Per-process SM and memory time utilization over the last window_s (newest sample per pid)."""
+        nv = self._nv
+        since_us = int(time.time() * 1e6 - window_s * 1e6)
+        try:
+            samples = self._call(
+                "nvmlDeviceGetProcessUtilization", nv.nvmlDeviceGetProcessUtilization, self._handle(index), since_us
+            )
+        except NvmlError as exc:
+            if "Not Found" in exc.reason:  # no process ran in the window
+                return []
+            raise
+        newest: dict[int, object] = {}
+        for s in samples:
+            if s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp:
+                newest[s.pid] = s
+        return [
+            {"pid": int(pid), "command": self._process_name(pid), "sm": float(s.smUtil), "memory": float(s.memUtil)}
+            for pid, s in sorted(newest.items())
+        ]
+
+    def _process_name(self, pid: int) -> str:
+        try:
+            name = self._text(self._nv.nvmlSystemGetProcessName(pid))
+        except Exception:  # noqa: BLE001 - the process may be gone already
+            return ""
+        return name.rsplit("/", 1)[-1]
+
+    def gpm_metrics(self, index: int) -> dict | None:
+        """GPM metrics (percent) between the previous call and this one; None on the first call."""
+        nv = self._nv
+        h = self._handle(index)
+        with self._lock:
+            sample = self._call("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
+            try:
+                self._call("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, h, sample)
+            except NvmlError:
+                nv.nvmlGpmSampleFree(sample)
+                raise
+            taken = time.monotonic()
+            previous = self._gpm_previous.get(index)
+            self._gpm_previous[index] = (sample, taken)
+        if previous is None:
+            return None
+        old, old_taken = previous
+        try:
+            request = nv.c_nvmlGpmMetricsGet_t()
+            request.version = nv.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(GPM_METRICS)
+            request.sample1 = old
+            request.sample2 = sample
+            for slot, metric_id in enumerate(GPM_METRICS.values()):
+                request.metrics[slot].metricId = metric_id
+            self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
+        finally:
+            nv.nvmlGpmSampleFree(old)
+        values: dict = {"window_s": round(taken - old_taken, 6)}
+        for slot, name in enumerate(GPM_METRICS):
+            metric = request.metrics[slot]
+            values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
+        return values

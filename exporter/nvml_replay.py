@@ -1,0 +1,179 @@
+"""Record the live NVML wrapper's answers on a GPU host; replay them where there is no GPU.
+
+The recording is the only fake in the project: it sits exactly at the `Nvml` interface and returns
+what a real GPU returned, call for call. Each (method, device) keeps its own list of answers, played
+in order and then looped; since the sampler calls every method once per tick, answers recorded in
+one tick are replayed together. Errors are recorded too and replayed as the same `NvmlError`.
+
+    python -m exporter.nvml_replay record OUT.json --seconds 10 --interval 0.5
+    python -m exporter.nvml_replay cut IN.json OUT.json --frame 12
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import threading
+from pathlib import Path
+
+from exporter.nvml import NvmlError
+
+# Methods answered once (identity does not change); the others are per-tick streams.
+STATIC_METHODS = ("driver_version", "device_count", "identity", "gpm_support")
+STREAM_METHODS = (
+    "utilization_samples",
+    "utilization_rates",
+    "memory",
+    "power_watts",
+    "sm_clock_hz",
+    "temperature_celsius",
+    "process_utilization",
+    "gpm_metrics",
+)
+FORMAT = "gpu-exporter-nvml-recording/1"
+
+
+def _key(method: str, args: tuple) -> str:
+    # Only the device index identifies a call: window lengths vary from tick to tick.
+    return f"{method}/{args[0]}" if args else method
+
+
+class RecordingNvml:
+    """Wraps a live `Nvml` and keeps every answer (or error) it gives."""
+
+    def __init__(self, live):
+        self._live = live
+        self._lock = threading.Lock()
+        self.calls: dict[str, list] = {}
+
+    def __getattr__(self, method):
+        if method not in STATIC_METHODS + STREAM_METHODS:
+            return getattr(self._live, method)
+
+        def call(*args):
+            try:
+                answer = {"value": getattr(self._live, method)(*args)}
+            except NvmlError as exc:
+                answer = exc.to_json()
+            # gpm_metrics answers None on its first call only (no previous sample): nothing to replay.
+            if not (method == "gpm_metrics" and answer.get("value", 0) is None):
+                with self._lock:
+                    self.calls.setdefault(_key(method, args), []).append(answer)
+            if "error" in answer:
+                raise NvmlError.from_json(answer)
+            return answer["value"]
+
+        return call
+
+    def aligned_calls(self) -> dict[str, list]:
+        """Streams trimmed at their start to one length per device: GPM answers from its second tick on,
+        so without this a replay would pair GPM windows with utilization samples two ticks older."""
+        lengths: dict[str, int] = {}
+        for key, answers in self.calls.items():
+            method, _, device = key.partition("/")
+            if method in STREAM_METHODS:
+                lengths[device] = min(lengths.get(device, len(answers)), len(answers))
+        out = {}
+        for key, answers in self.calls.items():
+            method, _, device = key.partition("/")
+            out[key] = answers[len(answers) - lengths[device]:] if method in STREAM_METHODS else answers
+        return out
+
+    def save(self, path: Path, note: str = "") -> None:
+        data = {"format": FORMAT, "note": note, "calls": self.aligned_calls()}
+        Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+class ReplayNvml:
+    """Answers the `Nvml` interface from a recording, looping each stream."""
+
+    def __init__(self, path: str | Path):
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise NvmlError("replay", f"cannot read NVML recording {path}: {exc}") from None
+        if data.get("format") != FORMAT:
+            raise NvmlError("replay", f"{path} is not an NVML recording (format {data.get('format')!r}, want {FORMAT})")
+        self.path = path
+        self._lock = threading.Lock()
+        self._streams = {key: itertools.cycle(answers) for key, answers in data["calls"].items() if answers}
+        self._static = {key: answers[0] for key, answers in data["calls"].items() if answers}
+
+    def __getattr__(self, method):
+        if method not in STATIC_METHODS + STREAM_METHODS:
+            raise AttributeError(method)
+
+        def call(*args):
+            key = _key(method, args)
+            with self._lock:
+                if method in STATIC_METHODS:
+                    answer = self._static.get(key)
+                else:
+                    stream = self._streams.get(key)
+                    answer = next(stream) if stream else None
+            if answer is None:
+                raise NvmlError(method, "not in this recording", unsupported=True)
+            if "error" in answer:
+                raise NvmlError.from_json(answer)
+            return answer["value"]
+
+        return call
+
+    def shutdown(self) -> None:
+        pass
+
+
+def cut(source: Path, target: Path, frame: int) -> None:
+    """Keep one tick of every stream: a recording whose every tick looks the same (golden tests)."""
+    data = json.loads(Path(source).read_text())
+    for key, answers in data["calls"].items():
+        method = key.split("/", 1)[0]
+        if method in STREAM_METHODS and answers:
+            data["calls"][key] = [answers[min(frame, len(answers) - 1)]]
+    data["note"] = f"{data.get('note', '')} (frame {frame} of {source.name})".strip()
+    Path(target).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m exporter.nvml_replay", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rec = sub.add_parser("record", help="run the NVML and GPM samplers on this host and record every answer")
+    rec.add_argument("output", type=Path)
+    rec.add_argument("--seconds", type=float, default=10.0)
+    rec.add_argument("--interval", type=float, default=0.5)
+    rec.add_argument("--note", default="")
+    cutp = sub.add_parser("cut", help="keep one tick of a recording")
+    cutp.add_argument("source", type=Path)
+    cutp.add_argument("target", type=Path)
+    cutp.add_argument("--frame", type=int, required=True)
+    args = parser.parse_args(argv)
+    if args.command == "cut":
+        cut(args.source, args.target, args.frame)
+        return 0
+    import time
+
+    from exporter.engine import Engine
+    from exporter.nvml import Nvml
+    from exporter.samplers.gpm import GpmSource
+    from exporter.samplers.nvml import NvmlSampler
+
+    try:
+        recorder = RecordingNvml(Nvml())
+    except NvmlError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    # The exporter's own device tick, so the recording holds exactly the calls a replay will get.
+    engine = Engine(NvmlSampler(recorder, interval=args.interval), gpm=GpmSource(), interval=args.interval)
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        engine.tick_devices()
+        time.sleep(args.interval)
+    recorder.save(args.output, args.note)
+    print(f"recorded {sum(len(v) for v in recorder.calls.values())} answers to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

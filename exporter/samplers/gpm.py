@@ -1,0 +1,80 @@
+"""NVML GPM spatial source (Hopper and newer): SM activity and occupancy between two GPM samples."""
+from __future__ import annotations
+
+import logging
+import time
+
+from exporter.nvml import NvmlError
+from exporter.snapshot import ERROR, OK, PENDING, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading
+
+log = logging.getLogger(__name__)
+MIN_WINDOW_S = 0.1  # NVML wants GPM samples at least 100 ms apart
+
+
+class GpmSource:
+    """Driven by the NVML sampler's thread, right before it reads utilization samples, so that the
+    time utilization of the same tick can be averaged over exactly this window."""
+
+    name = "gpm"
+
+    def __init__(self):
+        self.results: dict[str, SourceResult] = {}
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._support: dict[str, tuple[bool, str]] = {}
+        self._log = LogOnce(log)
+
+    def tick(self, backend, gpus) -> None:
+        started = time.perf_counter()
+        if backend is None:
+            self.results = {}
+            self.health = CollectorHealth(False, 0.0, "NVML unavailable")
+            return
+        results, errors = {}, []
+        for gpu in gpus:
+            results[gpu.uuid] = self._sample(backend, gpu)
+            if results[gpu.uuid].state == ERROR:
+                errors.append(f"GPU {gpu.index}: {results[gpu.uuid].reason}")
+        self.results = results
+        self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
+
+    def _sample(self, backend, gpu) -> SourceResult:
+        support = self._support.get(gpu.uuid)
+        if support is None:
+            try:
+                answer = backend.gpm_support(gpu.index)
+            except NvmlError as exc:
+                answer = {"supported": False, "reason": f"GPM support query failed: {exc.reason}"}
+            support = self._support[gpu.uuid] = (answer["supported"], answer["reason"])
+            if not support[0]:
+                log.info("GPU %d (%s): GPM not used: %s", gpu.index, gpu.uuid, support[1])
+        if not support[0]:
+            return SourceResult(UNSUPPORTED, support[1])
+        key = f"gpm GPU {gpu.index} ({gpu.uuid})"
+        try:
+            metrics = backend.gpm_metrics(gpu.index)
+        except NvmlError as exc:
+            self._log.problem(key, str(exc))
+            return SourceResult(ERROR, f"GPM sampling failed: {exc.reason}")
+        self._log.clear(key)
+        if metrics is None:
+            return SourceResult(PENDING, "waiting for a second GPM sample")
+        end = time.time()
+        window = max(float(metrics["window_s"]), MIN_WINDOW_S)
+        ratios = {name: _ratio(metrics.get(name)) for name in ("sm_active", "sm_occupancy", "tensor_active", "dram_active")}
+        reading = SpatialReading(
+            source=self.name,
+            window_start=end - window,
+            window_end=end,
+            graphics_engine_active=_ratio(metrics.get("graphics_engine_active")),
+            **ratios,
+        )
+        if reading.sm_active is None:
+            return SourceResult(ERROR, "GPM answered without SM activity")
+        return SourceResult(OK, f"GPM sample over {window:.2f} s", reading)
+
+
+def _ratio(percent) -> float | None:
+    """GPM percent to a 0..1 ratio; NaN or a missing value is no value (never exported as NaN)."""
+    if percent is None or percent != percent:
+        return None
+    return min(max(float(percent) / 100.0, 0.0), 1.0)

@@ -1,0 +1,180 @@
+"""NVML sampler: time utilization samples and device telemetry, once per tick, off the scrape path."""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+
+from exporter.nvml import NvmlError
+from exporter.snapshot import CollectorHealth, DeviceTelemetry, GpuIdentity, LogOnce, ProcessUtilization
+
+log = logging.getLogger(__name__)
+SAMPLE_HISTORY_S = 120.0  # long enough for any source's window (nsys live windows included)
+REINIT_AFTER_S = 30.0
+STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
+
+
+class NvmlSampler:
+    """Keeps the newest telemetry per GPU and a history of NVML utilization samples.
+
+    `backend` is an `Nvml` or a `ReplayNvml`; or give `factory`, a callable that makes one, retried
+    while it fails (an exporter started before the driver came up finds the GPUs later). Neither:
+    NVML is switched off (--no-nvml).
+    """
+
+    name = "nvml"
+
+    def __init__(self, backend=None, interval: float = 1.0, factory=None):
+        self._factory = factory
+        self.backend = backend
+        self.interval = interval
+        self.gpus: tuple[GpuIdentity, ...] = ()
+        self.telemetry: dict[str, DeviceTelemetry] = {}
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._history: dict[str, tuple[deque, deque]] = {}
+        self._lost: set[int] = set()
+        self._last_init_try = -REINIT_AFTER_S
+        self._log = LogOnce(log)
+
+    # -- discovery ------------------------------------------------------------------------------
+    def _ensure_backend(self) -> bool:
+        if self.backend is not None:
+            return True
+        if self._factory is None:
+            return False
+        now = time.monotonic()
+        if now - self._last_init_try < REINIT_AFTER_S:
+            return False
+        self._last_init_try = now
+        try:
+            self.backend = self._factory()
+        except NvmlError as exc:
+            self._log.problem("nvml", f"NVML unavailable, serving everything else: {exc.reason}")
+            return False
+        self._log.clear("nvml", "NVML initialised")
+        return True
+
+    def _discover(self) -> None:
+        if self.gpus:
+            return
+        gpus = []
+        for index in range(self.backend.device_count()):
+            ident = self.backend.identity(index)
+            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"]))
+        if not gpus:
+            self._log.problem("nvml", "NVML found no GPU on this host")
+        self.gpus = tuple(gpus)
+
+    # -- one tick -------------------------------------------------------------------------------
+    def tick(self) -> None:
+        started = time.perf_counter()
+        if not self._ensure_backend():
+            why = "NVML switched off (--no-nvml)" if self._factory is None else "NVML unavailable"
+            self.health = CollectorHealth(self._factory is None, time.perf_counter() - started, why)
+            return
+        try:
+            self._discover()
+        except NvmlError as exc:
+            self._log.problem("nvml", f"cannot list GPUs: {exc}")
+            self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
+            return
+        errors = []
+        telemetry = dict(self.telemetry)
+        for gpu in self.gpus:
+            reading = self._read(gpu)
+            telemetry[gpu.uuid] = reading
+            errors.extend(f"GPU {gpu.index}: {e}" for e in reading.errors)
+        self.telemetry = telemetry
+        self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
+
+    def _read(self, gpu: GpuIdentity) -> DeviceTelemetry:
+        key = f"nvml GPU {gpu.index} ({gpu.uuid})"
+        if gpu.index in self._lost:
+            return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost: restart needed",))
+        b = self.backend
+        errors: list[str] = []
+        values: dict = {}
+
+        def read(name, fn, *args):
+            try:
+                values[name] = fn(gpu.index, *args)
+            except NvmlError as exc:
+                if exc.gpu_lost:
+                    self._lost.add(gpu.index)
+                if not exc.unsupported:  # N/A on this GPU is normal, not a failure
+                    errors.append(str(exc))
+                values[name] = None
+
+        taken_at = time.time()
+        window = max(2 * self.interval, 1.0)
+        read("samples", b.utilization_samples, window)
+        read("memory", b.memory)
+        read("power", b.power_watts)
+        read("clock", b.sm_clock_hz)
+        read("temperature", b.temperature_celsius)
+        read("processes", b.process_utilization, max(self.interval, 1.0))
+        if gpu.index in self._lost:
+            self._log.problem(key, "GPU lost (fell off the bus?): its series stop until the exporter restarts", logging.ERROR)
+            return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
+        if errors:
+            self._log.problem(key, "; ".join(errors))
+        else:
+            self._log.clear(key)
+        gpu_history, memory_history = self._history.setdefault(gpu.uuid, (deque(), deque()))
+        samples = values["samples"] or {}
+        self._remember(gpu_history, taken_at, samples.get("gpu", []))
+        self._remember(memory_history, taken_at, samples.get("memory", []))
+        if not gpu_history:  # no sample yet (fresh driver): take the instant rate
+            try:
+                rates = b.utilization_rates(gpu.index)
+                gpu_history.append((taken_at, rates["gpu"] / 100.0))
+                memory_history.append((taken_at, rates["memory"] / 100.0))
+            except NvmlError as exc:
+                errors.append(str(exc))
+        memory = values["memory"] or {}
+        return DeviceTelemetry(
+            identity=gpu,
+            taken_at=taken_at,
+            gpu_samples=tuple(gpu_history),
+            memory_samples=tuple(memory_history),
+            memory_used_bytes=memory.get("used"),
+            memory_total_bytes=memory.get("total"),
+            power_watts=values["power"],
+            sm_clock_hertz=values["clock"],
+            temperature_celsius=values["temperature"],
+            processes=tuple(
+                ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
+                for p in values["processes"] or ()
+            ),
+            errors=tuple(errors),
+        )
+
+    @staticmethod
+    def _remember(history: deque, taken_at: float, samples) -> None:
+        """Adds samples (age, percent) as (wall time, ratio), skipping ones seen in an earlier call."""
+        newest = history[-1][0] if history else float("-inf")
+        for age, percent in sorted(samples, key=lambda s: -s[0]):
+            stamp = taken_at - age
+            if stamp > newest + 1e-3:
+                history.append((stamp, percent / 100.0))
+                newest = stamp
+        while history and history[0][0] < taken_at - SAMPLE_HISTORY_S:
+            history.popleft()
+
+
+def window_mean(samples, start: float, end: float) -> float | None:
+    """Mean of the utilization samples whose period ends inside (start, end].
+
+    When the window is shorter than NVML's sample period no sample ends inside it; then the first
+    sample after the window (its period covers the window) is used, else the newest before it.
+    """
+    inside = [v for t, v in samples if start < t <= end]
+    if inside:
+        return sum(inside) / len(inside)
+    after = [v for t, v in samples if t > end]
+    if after:
+        return after[0]
+    before = [(t, v) for t, v in samples if t <= start]
+    if before and start - before[-1][0] <= STALE_SAMPLE_S:
+        return before[-1][1]
+    return None  # the history does not reach this window

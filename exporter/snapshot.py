@@ -1,0 +1,134 @@
+"""Immutable snapshots: what the samplers measured, and the per-GPU view the scrape and API serve."""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")
+
+# States a source reports for one GPU; the chain turns "ok" and "pending" into active or standby.
+OK, PENDING, UNSUPPORTED, ERROR = "ok", "pending", "unsupported", "error"
+ACTIVE, STANDBY = "active", "standby"
+PUBLISHED_STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR)
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    model: str
+
+
+@dataclass(frozen=True)
+class SpatialReading:
+    """Spatial utilization (ratios 0..1) of one GPU over [window_start, window_end] (wall seconds)."""
+
+    source: str
+    window_start: float
+    window_end: float
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    graphics_engine_active: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    # The source's own share of busy time (nsys "GR Active") over the same window: the time side of
+    # hidden-idle when NVML has no samples of this window (replayed or old exports, no NVML GPU).
+    time_utilization: float | None = None
+
+    def values(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in SPATIAL_FIELDS if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class SourceResult:
+    """What one spatial source says about one GPU: a state, why, and a reading when it has one."""
+
+    state: str
+    reason: str
+    reading: SpatialReading | None = None
+
+
+@dataclass(frozen=True)
+class ProcessUtilization:
+    pid: int
+    command: str
+    sm: float  # ratio
+    memory: float  # ratio
+
+
+@dataclass(frozen=True)
+class DeviceTelemetry:
+    """One NVML tick of one GPU. Samples are (wall time at the end of the sample period, ratio)."""
+
+    identity: GpuIdentity
+    taken_at: float
+    gpu_samples: tuple[tuple[float, float], ...] = ()
+    memory_samples: tuple[tuple[float, float], ...] = ()
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    sm_clock_hertz: float | None = None
+    temperature_celsius: float | None = None
+    processes: tuple[ProcessUtilization, ...] = ()
+    lost: bool = False
+    errors: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SourceStatus:
+    source: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class GpuView:
+    """Everything published for one GPU, derived once per update from the latest sampler snapshots."""
+
+    identity: GpuIdentity
+    telemetry: DeviceTelemetry | None
+    time_utilization: float | None
+    memory_time_utilization: float | None
+    time_window: tuple[float, float] | None
+    spatial: SpatialReading | None
+    hidden_idle: float | None
+    sources: tuple[SourceStatus, ...]
+
+
+@dataclass(frozen=True)
+class CollectorHealth:
+    success: bool
+    duration_seconds: float
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: int
+    created: float
+    gpus: tuple[GpuView, ...] = ()
+    mps: object = None  # exporter.samplers.mps.MpsSnapshot
+    health: dict[str, CollectorHealth] = field(default_factory=dict)
+
+
+class LogOnce:
+    """Logs a condition when it starts or changes, and when it clears: never once per tick."""
+
+    def __init__(self, logger: logging.Logger):
+        self._logger = logger
+        self._current: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def problem(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        with self._lock:
+            if self._current.get(key) == message:
+                return
+            self._current[key] = message
+        self._logger.log(level, "%s: %s", key, message)
+
+    def clear(self, key: str, message: str = "recovered") -> None:
+        with self._lock:
+            if self._current.pop(key, None) is None:
+                return
+        self._logger.info("%s: %s", key, message)

@@ -1,0 +1,139 @@
+"""python -m nsys_ingest: summarise, plot, convert and scrub Nsight Systems GPU-metrics exports."""
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+from datetime import datetime
+
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, progress_bar
+
+
+def _time_arg(text: str):
+    """Seconds from capture start ('12.5'), or a wall-clock time ('2026-11-22T05:56:10Z')."""
+    try:
+        return ("relative", float(text))
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want seconds from capture start or an ISO time") from None
+    if stamp.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a time zone (e.g. Z or +00:00)")
+    return ("wall", stamp.timestamp())
+
+
+def _window(export: Export, args):
+    bounds = []
+    for arg in (args.start, args.end):
+        if arg is None:
+            bounds.append(None)
+        elif arg[0] == "relative":
+            bounds.append(int(arg[1] * 1e9))
+        else:
+            bounds.append(export.to_ns(arg[1]))
+    if None not in bounds and bounds[1] < bounds[0]:
+        raise IngestError("--end is before --start")
+    return bounds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m nsys_ingest", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name, help_text, window=True):
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep when nsys is installed")
+        if window:
+            p.add_argument("--start", type=_time_arg, help="window start: seconds from capture start, or ISO time")
+            p.add_argument("--end", type=_time_arg, help="window end: seconds from capture start, or ISO time")
+            p.add_argument("--chunk-rows", type=int, default=DEFAULT_CHUNK_ROWS, help="rows read at a time")
+        return p
+
+    p = command("summary", "per GPU: mean, p50, p95 of time and spatial utilization, hidden idle, busy-but-idle share")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("plot", "time and spatial utilization over time, one panel per GPU")
+    p.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
+    p = command("openmetrics", "OpenMetrics for `promtool tsdb create-blocks-from openmetrics`")
+    p.add_argument("-o", "--output", required=True)
+    p = command("scrub", "copy without environment, command lines, paths and host names", window=False)
+    p.add_argument("-o", "--output", required=True)
+    return parser
+
+
+def _print_summary(summary: dict) -> None:
+    print(f"{summary['file']}: schema {summary['schema']}, sampled at {summary['sampling_hz'] or '?'} Hz")
+    for gpu in summary["gpus"]:
+        print(f"GPU {gpu['gpu']} {gpu['name']} ({gpu['uuid'] or 'no uuid'}): {gpu['samples']} samples, "
+              f"{gpu['start_s']:.2f}-{gpu['end_s']:.2f} s")
+        rows = [("time: GR active", gpu["time"]["gr_active"])]
+        rows += [(f"space: {name.replace('_', ' ')}", stats) for name, stats in gpu["spatial"].items()]
+        rows.append(("hidden idle SMs", gpu["hidden_idle"]))
+        print(f"  {'':22} {'mean':>7} {'p50':>7} {'p95':>7}")
+        for label, stats in rows:
+            if stats:
+                print(f"  {label:22} {stats['mean']:7.3f} {stats['p50']:7.3f} {stats['p95']:7.3f}")
+            else:
+                print(f"  {label:22} {'n/a':>7}")
+        share = gpu["busy_but_idle_share"]
+        print(f"  busy in time but idle in space ({summary['busy_but_idle_rule']}): "
+              f"{'n/a' if share is None else f'{share:.1%}'} of samples")
+
+
+def run(args) -> int:
+    if args.command == "scrub":
+        from nsys_ingest.scrub import scrub
+
+        counts = scrub(args.file, args.output)
+        print(f"wrote {args.output}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to scrub"))
+        return 0
+    with Export(args.file) as export:
+        start_ns, end_ns = _window(export, args)
+        update, close = progress_bar(export.row_estimate, args.command)
+        try:
+            if args.command == "summary":
+                from nsys_ingest.analysis import summarise
+
+                summary = summarise(export, start_ns, end_ns, args.chunk_rows, update)
+                close()
+                if not summary["gpus"]:
+                    raise IngestError("no GPU metric samples in this window: check --start/--end")
+                if args.json:
+                    print(json.dumps(summary, indent=1))
+                else:
+                    _print_summary(summary)
+            elif args.command == "plot":
+                from nsys_ingest.plot import plot
+
+                plot(export, args.output, start_ns, end_ns, args.chunk_rows, update)
+                print(f"wrote {args.output}")
+            elif args.command == "openmetrics":
+                from nsys_ingest.openmetrics import write_openmetrics
+
+                n = write_openmetrics(export, args.output, start_ns, end_ns, args.chunk_rows, update)
+                print(f"wrote {n} samples to {args.output}")
+        finally:
+            close()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except IngestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    except sqlite3.DatabaseError as exc:  # corruption found part-way through a read
+        print(f"error: {args.file} is truncated or corrupt ({exc}): export it again", file=sys.stderr)
+    except OSError as exc:
+        print(f"error: {exc.filename or args.file}: {exc.strerror or exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
