@@ -28,8 +28,8 @@ def build_engine(args):
     elif not args.no_nvml:
         factory = Nvml  # retried while the driver is missing
     nvml = NvmlSampler(backend, interval=args.interval, factory=factory)
-    spatial, disabled, upload = build_spatial_sources(args, nvml)
     gpm = GpmSource() if "gpm" in args.spatial_sources and not args.no_nvml else None
+    spatial, disabled, upload = build_spatial_sources(args, nvml, gpm)
     if gpm is None and "gpm" in args.spatial_sources:
         disabled["gpm"] = "NVML switched off (--no-nvml)"
     mps = None

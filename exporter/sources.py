@@ -1,13 +1,55 @@
 """Builds the spatial sources that run in their own threads (dcgm, nsys) from the flags."""
 from __future__ import annotations
 
+import logging
+import tempfile
 
-def build_spatial_sources(args, nvml):
+log = logging.getLogger(__name__)
+
+
+def _dcgm(args, nvml):
+    from exporter.samplers.dcgm import DcgmBindingsSource, DcgmExporterSource
+
+    if args.dcgm_hostengine:
+        try:
+            return DcgmBindingsSource(args.dcgm_hostengine, args.dcgm_window, args.interval, nvml), None
+        except ImportError:
+            if not args.dcgm_exporter_url:
+                return None, "DCGM's Python bindings (pydcgm) are not importable: install DCGM, or use --dcgm-exporter-url"
+            log.warning("DCGM bindings not importable: reading dcgm-exporter at %s instead", args.dcgm_exporter_url)
+        except Exception as exc:  # noqa: BLE001 - the host engine refused: say so, serve the rest
+            if not args.dcgm_exporter_url:
+                return None, f"DCGM host engine {args.dcgm_hostengine}: {exc}"
+    if args.dcgm_exporter_url:
+        return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
+                                  max(args.interval, 1.0), nvml), None
+    return None, "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
+
+
+def build_spatial_sources(args, nvml, gpm=None):
     """Returns (sources by name, reasons for the candidates not built, upload spool or None)."""
     spatial, disabled, upload = {}, {}, None
     order = args.spatial_sources
     if "dcgm" in order:
-        disabled["dcgm"] = "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
+        source, reason = _dcgm(args, nvml)
+        if source is not None:
+            spatial["dcgm"] = source
+        else:
+            disabled["dcgm"] = reason
     if "nsys" in order:
-        disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir or --nsys-live"
+        from exporter.samplers.nsys import NsysSource, UploadSpool
+
+        watch_dir = args.nsys_watch_dir
+        if args.nsys_upload_token:
+            spool = args.nsys_spool_dir or watch_dir or tempfile.mkdtemp(prefix="nsys-spool-")
+            upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes)
+            watch_dir = watch_dir or spool
+        if args.replay or watch_dir or args.nsys_live:
+            others = {**spatial, **({"gpm": gpm} if gpm is not None else {})}
+            spatial["nsys"] = NsysSource(
+                interval=args.interval if args.replay else max(args.interval, 1.0), replay=args.replay,
+                watch_dir=watch_dir, live=args.nsys_live, window_s=args.nsys_window, frequency=args.nsys_frequency,
+                binary=args.nsys_binary, nvml=nvml, other_sources=others)
+        else:
+            disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token"
     return spatial, disabled, upload

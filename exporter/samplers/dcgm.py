@@ -1,0 +1,188 @@
+"""DCGM profiling (DCP) spatial source: from a dcgm-exporter endpoint, or DCGM's Python bindings.
+
+GPUs are matched by UUID, never by index: dcgm-exporter's gpu label is DCGM's own numbering, which
+need not be NVML's (CUDA_VISIBLE_DEVICES, MIG, containers).
+"""
+from __future__ import annotations
+
+import logging
+import time
+import urllib.error
+import urllib.request
+
+from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading
+
+log = logging.getLogger(__name__)
+
+# Our quantity -> (DCGM field id, legacy exporter name). DCGM 4.6 renamed fields with a unit suffix
+# (e.g. ..._RATIO); a name is accepted when it is the legacy one or starts with it plus a suffix.
+FIELDS = {
+    "graphics_engine_active": (1001, "DCGM_FI_PROF_GR_ENGINE_ACTIVE"),
+    "sm_active": (1002, "DCGM_FI_PROF_SM_ACTIVE"),
+    "sm_occupancy": (1003, "DCGM_FI_PROF_SM_OCCUPANCY"),
+    "tensor_active": (1004, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"),
+    "dram_active": (1005, "DCGM_FI_PROF_DRAM_ACTIVE"),
+}
+PERCENT_SUFFIXES = ("_PERCENT", "_PCT")
+NOT_LOADED = "module of DCGM that is not currently loaded"
+
+
+def quantity_of(metric_name: str) -> tuple[str, float] | None:
+    """(our quantity, multiplier to a ratio) for a dcgm-exporter metric name, or None."""
+    for quantity, (_, legacy) in FIELDS.items():
+        if metric_name == legacy:
+            return quantity, 1.0
+        if metric_name.startswith(legacy + "_"):
+            suffix = metric_name[len(legacy):]
+            if suffix.endswith(("_TOTAL", "_BUCKET", "_COUNT", "_SUM")):
+                continue
+            return quantity, 0.01 if suffix.endswith(PERCENT_SUFFIXES) else 1.0
+    return None
+
+
+def parse_exposition(text: str) -> dict[str, dict]:
+    """Profiling values per GPU UUID from dcgm-exporter's /metrics text.
+
+    Returns {uuid: {"index": str, "model": str, quantity: ratio...}}. Raises ValueError on text that
+    is not Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gpus: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            match = quantity_of(sample.name)
+            if match is None:
+                continue
+            labels = sample.labels
+            uuid = labels.get("UUID") or labels.get("uuid")
+            if not uuid or labels.get("GPU_I_ID"):  # MIG instances are not the whole GPU
+                continue
+            entry = gpus.setdefault(uuid, {"index": labels.get("gpu", ""),
+                                           "model": labels.get("modelName", labels.get("model_name", ""))})
+            value = sample.value * match[1]
+            if value == value:  # NaN: no value
+                entry[match[0]] = min(max(value, 0.0), 1.0)
+    return gpus
+
+
+class DcgmExporterSource:
+    """Scrapes dcgm-exporter with a timeout; a down, slow or garbled endpoint is an error state."""
+
+    name = "dcgm"
+
+    def __init__(self, url: str, timeout: float = 2.0, window_s: float = 1.0, interval: float = 1.0, nvml=None):
+        self.url = url
+        self.timeout = timeout
+        self.window_s = window_s
+        self.interval = interval
+        self._nvml = nvml
+        self.results: dict[str, SourceResult] = {}
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._log = LogOnce(log)
+
+    def _fetch(self) -> str:
+        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            body = response.read(64 * 1024 * 1024)
+            if NOT_LOADED.encode() in body:
+                raise LookupError("DCGM's profiling module is not loaded: " + body.decode(errors="replace")[:200])
+            return body.decode("utf-8", errors="replace")
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        known = {gpu.uuid for gpu in getattr(self._nvml, "gpus", ())}
+        try:
+            gpus = parse_exposition(self._fetch())
+        except LookupError as exc:  # profiling unsupported on this host: a state, not a failure
+            self.results = {uuid: SourceResult(UNSUPPORTED, str(exc)) for uuid in known}
+            self.health = CollectorHealth(True, time.perf_counter() - started)
+            self._log.problem("dcgm", str(exc), logging.INFO)
+            return
+        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+            reason = _reason(exc, self.url, self.timeout)
+            self.results = {uuid: SourceResult(ERROR, reason) for uuid in known}
+            self.health = CollectorHealth(False, time.perf_counter() - started, reason)
+            self._log.problem("dcgm", reason)
+            return
+        self._log.clear("dcgm", f"dcgm-exporter at {self.url} answers")
+        end = time.time()
+        results = {}
+        for uuid in known | set(gpus):
+            values = gpus.get(uuid)
+            if not values or "sm_active" not in values:
+                results[uuid] = SourceResult(UNSUPPORTED, "dcgm-exporter serves no profiling fields for this GPU "
+                                             "(profiling unsupported, or DCP fields not enabled in its counters CSV)")
+                continue
+            reading = SpatialReading("dcgm", end - self.window_s, end,
+                                     **{q: values.get(q) for q in FIELDS})
+            results[uuid] = SourceResult(OK, f"dcgm-exporter {self.url}", reading)
+        self.results = results
+        self.health = CollectorHealth(True, time.perf_counter() - started)
+
+
+def _reason(exc: Exception, url: str, timeout: float) -> str:
+    if isinstance(exc, ValueError):
+        return f"dcgm-exporter at {url} answered something that is not Prometheus text ({exc})"
+    inner = getattr(exc, "reason", exc)
+    if isinstance(inner, TimeoutError) or "timed out" in str(inner):
+        return f"dcgm-exporter at {url} did not answer within {timeout} s"
+    if isinstance(exc, urllib.error.HTTPError):
+        return f"dcgm-exporter at {url} answered HTTP {exc.code}"
+    return f"dcgm-exporter at {url} unreachable: {inner}"
+
+
+class DcgmBindingsSource:
+    """Reads the profiling fields through DCGM's own Python bindings (pydcgm) from an nv-hostengine.
+
+    Only where the bindings import (they ship with DCGM, not on PyPI); fields are watched once at
+    start and read as latest values each tick."""
+
+    name = "dcgm"
+
+    def __init__(self, host: str, window_s: float = 1.0, interval: float = 1.0, nvml=None):
+        import dcgm_structs  # noqa: F401 - raises ImportError where DCGM is not installed
+        import pydcgm
+
+        self.window_s = window_s
+        self.interval = interval
+        self._nvml = nvml
+        self.results: dict[str, SourceResult] = {}
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._log = LogOnce(log)
+        self._handle = pydcgm.DcgmHandle(ipAddress=host)
+        self._system = self._handle.GetSystem()
+        self._group = self._system.GetDefaultGroup()
+        field_ids = [fid for fid, _ in FIELDS.values()]
+        self._fields = pydcgm.DcgmFieldGroup(self._handle, name="gpu-spatial-exporter", fieldIds=field_ids)
+        self._group.samples.WatchFields(self._fields, int(interval * 1e6), 60.0, 0)
+        self._uuids = {gpu_id: self._system.discovery.GetGpuAttributes(gpu_id).identifiers.uuid
+                       for gpu_id in self._group.GetGpuIds()}
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            latest = self._group.samples.GetLatest(self._fields).values
+        except Exception as exc:  # noqa: BLE001 - any DCGM error is this source's error state
+            reason = f"DCGM host engine: {exc}"
+            state = UNSUPPORTED if "not currently loaded" in str(exc) or "NOT_SUPPORTED" in str(exc) else ERROR
+            self.results = {uuid: SourceResult(state, reason) for uuid in self._uuids.values()}
+            self.health = CollectorHealth(state != ERROR, time.perf_counter() - started, reason)
+            self._log.problem("dcgm", reason)
+            return
+        end = time.time()
+        results = {}
+        by_id = {fid: quantity for quantity, (fid, _) in FIELDS.items()}
+        for gpu_id, fields in latest.items():
+            uuid = self._uuids.get(gpu_id)
+            values = {}
+            for fid, series in fields.items():
+                if fid in by_id and len(series) and not getattr(series[-1], "isBlank", False):
+                    values[by_id[fid]] = float(series[-1].value)
+            if "sm_active" in values:
+                results[uuid] = SourceResult(OK, "DCGM host engine", SpatialReading("dcgm", end - self.window_s, end, **values))
+            else:
+                results[uuid] = SourceResult(UNSUPPORTED, "DCGM answers no profiling fields for this GPU")
+        self.results = results
+        self.health = CollectorHealth(True, time.perf_counter() - started)
+        self._log.clear("dcgm")
+
