@@ -71,7 +71,7 @@ def build_view(
         if busy is None:
             busy = spatial.time_utilization
         if busy is not None:
-            hidden = max(0.0, busy - spatial.sm_active)
+            hidden = round(max(0.0, busy - spatial.sm_active), 6)
         if not live and spatial.time_utilization is not None:
             # A GPU only a recorded export knows: its time utilization is the export's GR Active.
             time_util, time_window = spatial.time_utilization, (spatial.window_start, spatial.window_end)

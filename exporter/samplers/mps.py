@@ -148,7 +148,9 @@ class MpsSampler:
                 continue
             pid = int(entry.name)
             try:
-                stat = parse_stat((self.proc_root / entry.name / "stat").read_text(errors="replace"))
+                text = ""
+                text = (self.proc_root / entry.name / "stat").read_text(errors="replace")
+                stat = parse_stat(text)
                 role = self._role(pid, stat)
                 alive.add((pid, str(stat["starttime"])))
                 if role is None:
@@ -157,7 +159,8 @@ class MpsSampler:
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between listing and reading: normal
             except StatError as exc:
-                problems.append(f"pid {pid}: unreadable stat ({exc})")
+                if COMM_PREFIX in text:  # only a daemon's garbage is this collector's problem
+                    problems.append(f"pid {pid}: unreadable stat ({exc})")
                 continue
             except OSError as exc:
                 problems.append(f"pid {pid}: {exc}")
@@ -238,7 +241,7 @@ class MpsSampler:
             daemons=tuple(sorted(daemons, key=lambda d: (d.role, d.user, d.start_time))),
             clients=dict(self._clients),
             default_active_thread_percentage=self._thread_pct,
-            control_reachable=control_up and not self._control_error,
+            control_reachable=control_up and self.query_control and not self._control_error,
             control_error=self._control_error,
         )
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))

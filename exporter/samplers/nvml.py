@@ -170,7 +170,7 @@ def window_mean(samples, start: float, end: float) -> float | None:
     """
     inside = [v for t, v in samples if start < t <= end]
     if inside:
-        return sum(inside) / len(inside)
+        return round(sum(inside) / len(inside), 6)
     after = [v for t, v in samples if t > end]
     if after:
         return after[0]

@@ -1,0 +1,100 @@
+"""End to end, node_exporter style: the real exporter on 127.0.0.1 with NVML answers recorded on the
+device's H100 (tests/fixtures/nvml_h100_quarter_sms_frame.json: 33 of 132 SMs spinning) and the fake
+proc tree; its full /metrics must match tests/fixtures/golden_metrics.prom.
+
+Regenerate after an intended change: UPDATE_GOLDEN=1 pytest tests/test_exporter_e2e.py
+"""
+import math
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import FIXTURES, Exporter, parse_metrics, wait_for
+
+GOLDEN = FIXTURES / "golden_metrics.prom"
+VOLATILE = ("gpu_exporter_collector_duration_seconds", "gpu_spatial_sample_timestamp_seconds")
+REPLAY_ARGS = ("--nvml-replay", str(FIXTURES / "nvml_h100_quarter_sms_frame.json"),
+               "--proc-root", str(FIXTURES / "proc"), "--mps-control-binary", str(FIXTURES / "fake-mps-control"),
+               "--interval", "0.2")
+
+
+def normalise(text: str) -> str:
+    """Drops the exporter's own process_* metrics and masks values that are wall time or durations."""
+    lines = []
+    for line in text.splitlines():
+        if re.match(r"^(# (HELP|TYPE) )?process_", line):
+            continue
+        if line.startswith(VOLATILE):
+            line = line.rsplit(" ", 1)[0] + " <volatile>"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def exporter():
+    with Exporter(*REPLAY_ARGS) as running:
+        wait_for(lambda: running.gpus()["gpus"] and running.gpus()["gpus"][0]["spatial"]
+                 and running.gpus()["mps"]["clients"], 20, what="first full snapshot")
+        yield running
+
+
+def test_metrics_match_the_golden_file(exporter):
+    got = normalise(exporter.metrics())
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN.write_text(got)
+    assert got == GOLDEN.read_text()
+
+
+def test_quarter_of_the_sms_reads_busy_in_time_and_a_quarter_in_space(exporter):
+    samples = parse_metrics(exporter.metrics())
+    assert samples["gpu_time_utilization_ratio"][0][1] == pytest.approx(0.99)
+    (labels, sm_active), = samples["gpu_sm_active_ratio"]
+    assert labels["source"] == "gpm" and sm_active == pytest.approx(0.2495, abs=1e-3)
+    assert samples["gpu_hidden_idle_sm_ratio"][0][1] == pytest.approx(0.99 - sm_active, abs=1e-6)
+    states = {(l["source"], l["state"]): v for l, v in samples["gpu_spatial_source_state"]}
+    assert states[("gpm", "active")] == 1 and states[("dcgm", "unsupported")] == 1
+    assert states[("nsys", "unsupported")] == 1
+
+
+def test_no_nan_and_contract_labels(exporter):
+    for name, rows in parse_metrics(exporter.metrics()).items():
+        for labels, value in rows:
+            assert not math.isnan(value), name
+            if name.startswith("gpu_") and not name.startswith("gpu_exporter_"):
+                assert {"gpu", "uuid", "model"} <= set(labels), name
+
+
+def test_api_serves_the_same_snapshot_with_reasons(exporter):
+    body = exporter.gpus()
+    gpu = body["gpus"][0]
+    assert gpu["uuid"].startswith("GPU-") and gpu["time_utilization"] == pytest.approx(0.99)
+    reasons = {s["source"]: s["reason"] for s in gpu["sources"]}
+    assert "--dcgm-exporter-url" in reasons["dcgm"]
+    assert body["collectors"]["nvml"]["success"] is True
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promtool_check_metrics_is_silent(exporter):
+    done = subprocess.run(["promtool", "check", "metrics"], input=exporter.metrics(), capture_output=True, text=True)
+    assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
+
+
+def test_healthz(exporter):
+    from tests.helpers import http_get
+
+    status, body = http_get(exporter.url + "/healthz")
+    assert status == 200 and b'"ok"' in body
+
+
+def test_no_gpu_host_still_serves():
+    with Exporter("--interval", "0.2", "--proc-root", str(FIXTURES / "proc"),
+                  env={"LD_LIBRARY_PATH": "/nonexistent"}) as running:
+        body = running.gpus()
+        assert body["gpus"] == []
+        text = running.metrics()
+        assert 'gpu_exporter_collector_success{collector="nvml"} 0.0' in text
+        assert "mps_daemon_up" in text
+    assert running.log().count("NVML unavailable") == 1  # one clear line, not one per tick
