@@ -34,7 +34,7 @@ def quantity_of(metric_name: str) -> tuple[str, float] | None:
             return quantity, 1.0
         if metric_name.startswith(legacy + "_"):
             suffix = metric_name[len(legacy):]
-            if suffix.endswith(("_TOTAL", "_BUCKET", "_COUNT", "_SUM")):
+            if suffix.upper().endswith(("_TOTAL", "_BUCKET", "_COUNT", "_SUM", "_CREATED")):
                 continue
             return quantity, 0.01 if suffix.endswith(PERCENT_SUFFIXES) else 1.0
     return None

@@ -171,7 +171,7 @@ def window_mean(samples, start: float, end: float) -> float | None:
     inside = [v for t, v in samples if start < t <= end]
     if inside:
         return round(sum(inside) / len(inside), 6)
-    after = [v for t, v in samples if t > end]
+    after = [v for t, v in samples if end < t <= end + STALE_SAMPLE_S]
     if after:
         return after[0]
     before = [(t, v) for t, v in samples if t <= start]

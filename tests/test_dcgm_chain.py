@@ -1,0 +1,174 @@
+"""DCGM source against a real HTTP server on 127.0.0.1, and the per-GPU source chain."""
+import itertools
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from exporter.chain import choose_source
+from exporter.engine import Engine
+from exporter.nvml_replay import ReplayNvml
+from exporter.samplers.dcgm import DcgmExporterSource, parse_exposition, quantity_of
+from exporter.samplers.gpm import GpmSource
+from exporter.samplers.nvml import NvmlSampler
+from exporter.snapshot import ERROR, OK, PENDING, UNSUPPORTED, SourceResult, SpatialReading
+from tests.helpers import FIXTURES, free_port
+
+TEXT = (FIXTURES / "dcgm_exporter_metrics.txt").read_text()
+H100 = "GPU-b2071921-9a0c-9128-f80c-5300b638b846"
+T4 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
+
+
+class FakeDcgmExporter:
+    """A real HTTP server whose behaviour the test switches: ok, slow, garbage, error, not loaded."""
+
+    def __init__(self):
+        self.mode = "ok"
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                if outer.mode == "slow":
+                    time.sleep(1.5)
+                body, status = {
+                    "ok": (TEXT, 200), "slow": (TEXT, 200), "garbage": ("<html>{not prometheus</html>\x00", 200),
+                    "error": ("internal error", 500),
+                    "not_loaded": ("Not collecting DCP metrics: This request is serviced by a module of DCGM "
+                                   "that is not currently loaded", 200),
+                }[outer.mode]
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                try:
+                    self.wfile.write(body.encode())
+                except BrokenPipeError:
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def dcgm():
+    server = FakeDcgmExporter()
+    yield server
+    server.close()
+
+
+class KnownGpus:
+    gpus = [type("G", (), {"uuid": H100})(), type("G", (), {"uuid": T4})()]
+
+
+def test_parses_profiling_fields_by_uuid():
+    gpus = parse_exposition(TEXT)
+    assert set(gpus) == {H100}  # the T4 has no profiling fields at all
+    assert gpus[H100]["sm_active"] == pytest.approx(0.249451)
+    assert gpus[H100]["graphics_engine_active"] == pytest.approx(0.997904)
+    assert gpus[H100]["index"] == "0" and gpus[H100]["model"] == "NVIDIA H100 80GB HBM3"
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("DCGM_FI_PROF_SM_ACTIVE", ("sm_active", 1.0)),
+    ("DCGM_FI_PROF_SM_ACTIVE_RATIO", ("sm_active", 1.0)),
+    ("DCGM_FI_PROF_SM_OCCUPANCY_PERCENT", ("sm_occupancy", 0.01)),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", ("tensor_active", 1.0)),
+    ("DCGM_FI_DEV_GPU_UTIL", None),
+    ("DCGM_FI_PROF_SM_ACTIVE_bucket", None),
+])
+def test_legacy_and_renamed_field_names(name, expected):
+    assert quantity_of(name) == expected
+
+
+def test_source_reads_the_endpoint_and_marks_gpus_without_profiling(dcgm):
+    source = DcgmExporterSource(dcgm.url, timeout=1.0, nvml=KnownGpus())
+    source.tick()
+    assert source.results[H100].state == OK
+    assert source.results[H100].reading.sm_active == pytest.approx(0.249451)
+    assert source.results[T4].state == UNSUPPORTED and "profiling" in source.results[T4].reason
+    assert source.health.success
+
+
+@pytest.mark.parametrize("mode, state, words", [
+    ("slow", ERROR, "did not answer within"),
+    ("garbage", ERROR, "not Prometheus text"),
+    ("error", ERROR, "HTTP 500"),
+    ("not_loaded", UNSUPPORTED, "not loaded"),
+])
+def test_broken_endpoints_become_source_states(dcgm, mode, state, words):
+    dcgm.mode = mode
+    source = DcgmExporterSource(dcgm.url, timeout=0.5, nvml=KnownGpus())
+    started = time.monotonic()
+    source.tick()
+    assert time.monotonic() - started < 1.4  # the timeout bounds a slow endpoint
+    assert source.results[H100].state == state and words in source.results[H100].reason
+
+
+def test_a_down_endpoint_is_an_error():
+    source = DcgmExporterSource(f"http://127.0.0.1:{free_port()}/metrics", timeout=0.5, nvml=KnownGpus())
+    source.tick()
+    assert source.results[H100].state == ERROR and "unreachable" in source.results[H100].reason
+    assert not source.health.success
+
+
+def test_engine_falls_back_to_gpm_when_dcgm_fails_and_back_when_it_recovers(dcgm):
+    backend = ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json")
+    nvml = NvmlSampler(backend, interval=0.2)
+    source = DcgmExporterSource(dcgm.url, timeout=0.3, nvml=nvml)
+    engine = Engine(nvml, gpm=GpmSource(), spatial={"dcgm": source}, interval=0.2)
+    for _ in range(2):
+        engine.tick_devices()
+    source.tick()
+
+    def states():
+        view = engine.publish().gpus[0]
+        return view.spatial.source, {s.source: s.state for s in view.sources}
+
+    assert states() == ("dcgm", {"dcgm": "active", "gpm": "standby", "nsys": "unsupported"})
+    dcgm.mode = "garbage"
+    source.tick()
+    assert states() == ("gpm", {"dcgm": "error", "gpm": "active", "nsys": "unsupported"})
+    dcgm.mode = "ok"
+    source.tick()
+    assert states()[0] == "dcgm"
+
+
+# -- the chain over every combination --------------------------------------------------------------
+READING = {name: SpatialReading(name, 0.0, 1.0, sm_active=0.5) for name in ("dcgm", "gpm", "nsys")}
+KINDS = ("ok", "pending", "unsupported", "error", "absent")
+
+
+def result(name, kind):
+    if kind == "absent":
+        return None
+    return SourceResult({"ok": OK, "pending": PENDING, "unsupported": UNSUPPORTED, "error": ERROR}[kind],
+                        f"{name} {kind}", READING[name] if kind == "ok" else None)
+
+
+@pytest.mark.parametrize("kinds", list(itertools.product(KINDS, repeat=3)))
+def test_chain_picks_the_first_working_source_and_explains_the_rest(kinds):
+    order = ("dcgm", "gpm", "nsys")
+    results = {name: result(name, kind) for name, kind in zip(order, kinds)}
+    active, statuses = choose_source(order, results, {"dcgm": "not configured"})
+    first_ok = next((name for name, kind in zip(order, kinds) if kind == "ok"), None)
+    assert (active.reading.source if active else None) == first_ok
+    assert [s.source for s in statuses] == list(order)
+    assert sum(s.state == "active" for s in statuses) == (1 if first_ok else 0)
+    for status, kind in zip(statuses, kinds):
+        expected = {"ok": "active" if status.source == first_ok else "standby", "pending": "standby",
+                    "unsupported": "unsupported", "error": "error", "absent": "unsupported"}[kind]
+        assert status.state == expected and status.reason
+
+
+def test_chain_order_is_configurable():
+    results = {name: result(name, "ok") for name in ("dcgm", "gpm", "nsys")}
+    active, _ = choose_source(("nsys", "gpm"), results, {})
+    assert active.reading.source == "nsys"
