@@ -1,0 +1,97 @@
+"""Small synthetic exports built from a real one, for what no device capture can give us: the old
+schema era (nsys up to 2023.3), other chips' metric names, and several GPUs in one file."""
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+from nsys_ingest.names import split_unit
+
+# Names as other nsys versions and chips spell them (Turing/Ampere/Ada name lists of nsys' metric sets).
+CHIP_VARIANTS = {
+    "GR Active [Throughput %]": "GR Active",
+    "SMs Active [Throughput %]": "SM Active [Throughput %]",
+    "Compute Warps in Flight [Throughput %]": "Compute Warps In Flight [Throughput %]",
+    "Tensor Active [Throughput %]": "Tensor Active / FP16 Active [Throughput %]",
+    "DRAM Read Bandwidth [Throughput %]": "DRAM Read Throughput [Throughput %]",
+    "DRAM Write Bandwidth [Throughput %]": "DRAM Write Throughput [Throughput %]",
+}
+
+
+def rows(real: Path):
+    con = sqlite3.connect(real)
+    names = {(t, m): n for t, m, n in con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS")}
+    data = con.execute("select timestamp, typeId, metricId, value from GPU_METRICS order by timestamp").fetchall()
+    con.close()
+    return names, data
+
+
+def old_era(real: Path, out: Path) -> Path:
+    """GENERIC_EVENTS(timestamp, typeId, data JSON) with unit-less names, as nsys 2023.3 wrote them."""
+    shutil.copyfile(real, out)
+    names, data = rows(real)
+    con = sqlite3.connect(out)
+    con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;"
+                      "create table GENERIC_EVENTS (rawTimestamp INTEGER, timestamp INTEGER, typeId INTEGER, data TEXT);")
+    events: dict[tuple, dict] = {}
+    for ts, type_id, metric_id, value in data:
+        stem, unit = split_unit(names[(type_id, metric_id)])
+        if unit not in (None, "Throughput %", "MHz"):
+            continue  # old exports had one value per metric: the throughput percentage
+        events.setdefault((ts, type_id), {})[stem] = value
+    con.executemany("insert into GENERIC_EVENTS values (?, ?, ?, ?)",
+                    [(ts, ts, t, json.dumps(d)) for (ts, t), d in events.items()])
+    con.commit()
+    con.close()
+    return out
+
+
+def renamed(real: Path, out: Path, variants=CHIP_VARIANTS) -> Path:
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    for old, new in variants.items():
+        con.execute("update TARGET_INFO_GPU_METRICS set metricName=? where metricName=?", (new, old))
+    con.commit()
+    con.close()
+    return out
+
+
+def two_gpus(real: Path, out: Path) -> Path:
+    """GPU 1 repeats GPU 0's samples with SM activity halved, under its own typeId and shifted
+    metricIds: only a join on (typeId, metricId) reads it right."""
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    (type0,) = con.execute("select distinct typeId from TARGET_INFO_GPU_METRICS").fetchone()
+    type1 = type0 + 1
+    sm_ids = [m for m, n in con.execute("select metricId, metricName from TARGET_INFO_GPU_METRICS")
+              if n.startswith("SMs Active")]
+    con.execute("insert into TARGET_INFO_GPU_METRICS select ?, sourceId, typeName, metricId + 100, metricName "
+                "from TARGET_INFO_GPU_METRICS where typeId=?", (type1, type0))
+    con.execute("insert into GPU_METRICS select rawTimestamp, timestamp, ?, metricId + 100, "
+                f"case when metricId in ({','.join(map(str, sm_ids))}) then value / 2 else value end "
+                "from GPU_METRICS where typeId=?", (type1, type0))
+    con.execute("insert into TARGET_INFO_GPU (vmId, id, name, uuid, smCount) values (0, 1, 'NVIDIA H100 80GB HBM3', "
+                "'11111111-2222-3333-4444-555555555555', 132)")
+    con.commit()
+    con.close()
+    return out
+
+
+def without_gpu_metrics(real: Path, out: Path) -> Path:
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;")
+    con.close()
+    return out
+
+
+def empty_gpu_metrics(real: Path, out: Path) -> Path:
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    con.execute("delete from GPU_METRICS")
+    con.commit()
+    con.execute("vacuum")
+    con.close()
+    return out
