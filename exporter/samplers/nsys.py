@@ -19,6 +19,8 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
+from fastapi import Request  # at module level: FastAPI resolves the handler's annotation here
+
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading
 
 log = logging.getLogger(__name__)
@@ -216,7 +218,6 @@ class UploadSpool:
         self.max_bytes = max_bytes
 
     def mount(self, app) -> None:
-        from fastapi import Request
         from fastapi.concurrency import run_in_threadpool
         from fastapi.responses import JSONResponse
 
