@@ -138,6 +138,8 @@ class NsysSource:
         except IngestError as exc:
             raise RuntimeError(f"{newest.name}: {exc}") from None
         log.info("nsys: published the last %.1f s of %s", self.window_s, newest.name)
+        # GPUs NVML does not know here (exports from another host, no NVML) are published too.
+        self.identities = {**self.identities, **{uuid: ident for uuid, (ident, _) in windows.items()}}
         return {uuid: SourceResult(OK, f"{newest.name}, captured {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(r.window_end))}", r)
                 for uuid, (_, r) in windows.items()}
 
