@@ -41,9 +41,11 @@ class MetricsCache:
     def render(self) -> bytes:
         snapshot = self._engine.snapshot
         if snapshot.version != self._version:
-            self._body = generate_latest(self._registry)
+            # The exporter's own process metrics refresh with each snapshot too: reading /proc/self
+            # on every scrape would double a scrape's cost for no news.
+            self._body = generate_latest(self._registry) + generate_latest(self._process)
             self._version = snapshot.version
-        return self._body + generate_latest(self._process)
+        return self._body
 
 
 def snapshot_json(snapshot) -> dict:
@@ -94,9 +96,11 @@ def create_app(engine, upload=None) -> FastAPI:
     app = FastAPI(title="GPU utilization exporter", lifespan=lifespan)
     cache = MetricsCache(engine, build_registry(engine))
 
-    @app.get("/metrics")
-    async def metrics():
+    async def metrics(_request):
         return Response(cache.render(), media_type=CONTENT_TYPE_LATEST)
+
+    # A plain route: the hot path needs none of FastAPI's validation.
+    app.add_route("/metrics", metrics, methods=["GET"])
 
     @app.get("/healthz")
     async def healthz():

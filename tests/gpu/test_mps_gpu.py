@@ -19,6 +19,30 @@ def _server(mps: dict) -> dict | None:
     return next((d for d in mps["daemons"] if d["role"] == "server"), None)
 
 
+def _reclaim(pid: int, env: dict) -> None:
+    group = "/sys/fs/cgroup/mps-test-reclaim"
+    os.makedirs(group, exist_ok=True)
+    with open(f"{group}/cgroup.procs", "w") as f:
+        f.write(str(pid))
+    try:
+        with open(f"{group}/memory.reclaim", "w") as f:
+            f.write("1G")
+    except OSError:
+        pass  # reclaims what it can, then says it could not reach the amount
+    subprocess.run([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "4:1"], env=env,
+                   stdout=subprocess.DEVNULL, check=False, timeout=60)
+
+
+def _control_answers(env: dict, server_pid: int) -> dict:
+    """What the real control daemon prints: recorded for tests/fixtures/fake-mps-control."""
+    answers = {}
+    for command in ("get_server_list", f"get_client_list {server_pid}", "get_default_active_thread_percentage"):
+        done = subprocess.run(["nvidia-cuda-mps-control"], input=command + "\n", env=env, capture_output=True,
+                              text=True, timeout=10)
+        answers[command] = done.stdout
+    return answers
+
+
 @pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="nvidia-cuda-mps-control not installed")
 @pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")
 def test_mps_daemons_clients_and_major_faults():
@@ -48,11 +72,20 @@ def test_mps_daemons_clients_and_major_faults():
             # A second client makes the server run code it had not touched since the drop.
             subprocess.run([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "4:1"], env=env,
                            stdout=subprocess.DEVNULL, check=False, timeout=60)
-            after = wait_for(lambda: (_server(exporter.gpus()["mps"]) or {}).get("major_faults", 0) > before
-                             and _server(exporter.gpus()["mps"])["major_faults"], 15, 0.5, "major faults growing")
+            faults = lambda: (_server(exporter.gpus()["mps"]) or {}).get("major_faults", 0)  # noqa: E731
+            time.sleep(2)
+            after_drop = faults()
+            how = "drop_caches"
+            if after_drop <= before:
+                # drop_caches leaves pages that are mapped alone; reclaim the server's own cgroup
+                # instead, as a host short of memory would (cgroup v2 memory.reclaim).
+                how = "memory.reclaim"
+                _reclaim(_server(mps)["pid"], env)
+            after = wait_for(lambda: faults() > before and faults(), 15, 0.5, "major faults growing")
             metrics = exporter.metrics()
-            record = {"server_major_faults_before": before, "after": after, "clients": mps["clients"],
-                      "server_rss_bytes": _server(mps)["resident_bytes"]}
+            record = {"server_major_faults_before": before, "after_drop_caches": after_drop, "after": after,
+                      "grown_by": how, "clients": mps["clients"], "server_rss_bytes": _server(mps)["resident_bytes"],
+                      "control_answers": _control_answers(env, _server(mps)["pid"])}
             print(json.dumps(record))
             if os.environ.get("OUT"):
                 with open(os.path.join(os.environ["OUT"], "gpu_mps_test.json"), "w") as f:
@@ -61,6 +94,10 @@ def test_mps_daemons_clients_and_major_faults():
             assert 'mps_daemon_up{role="control"} 1.0' in metrics
             assert "mps_server_clients{user=" in metrics
     finally:
+        if os.path.isdir("/sys/fs/cgroup/mps-test-reclaim"):
+            subprocess.run("cat /sys/fs/cgroup/mps-test-reclaim/cgroup.procs | while read p; do "
+                           "echo $p > /sys/fs/cgroup/cgroup.procs; done; rmdir /sys/fs/cgroup/mps-test-reclaim",
+                           shell=True, check=False)
         if client is not None:
             client.kill()
             client.wait()
