@@ -20,6 +20,7 @@ GPM_METRICS = {
 }
 GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 MEMORY_UTILIZATION_SAMPLES = 2  # NVML_MEMORY_UTILIZATION_SAMPLES
+SAMPLE_BUFFER = 256  # utilization samples read in one call (NVML keeps about 100 per kind)
 SM_CLOCK = 1  # NVML_CLOCK_SM
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
 
@@ -54,23 +55,27 @@ class Nvml:
         self._lock = threading.Lock()
         self._handles: dict[int, object] = {}
         self._gpm_previous: dict[int, tuple[object, float]] = {}
+        self._last_sample_us: dict[tuple[int, int], int] = {}
         self._call("nvmlInit", pynvml.nvmlInit)
 
     # -- plumbing -------------------------------------------------------------------------------
     def _call(self, name, fn, *args):
-        nv = self._nv
         try:
             return fn(*args)
-        except nv.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            lost = code in (nv.NVML_ERROR_GPU_IS_LOST, getattr(nv, "NVML_ERROR_GPU_NOT_FOUND", -1))
-            unsupported = code in (nv.NVML_ERROR_NOT_SUPPORTED, getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", -1))
-            reason = str(exc)
-            if code == nv.NVML_ERROR_LIBRARY_NOT_FOUND:
-                reason = "libnvidia-ml.so.1 not found: no NVIDIA driver on this host (or not mounted into the container)"
-            elif code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", -1):
-                reason = "NVIDIA driver not loaded"
-            raise NvmlError(name, reason, gpu_lost=lost, unsupported=unsupported) from None
+        except self._nv.NVMLError as exc:
+            raise self._error(name, exc) from None
+
+    def _error(self, name: str, exc) -> NvmlError:
+        nv = self._nv
+        code = getattr(exc, "value", None)
+        lost = code in (nv.NVML_ERROR_GPU_IS_LOST, getattr(nv, "NVML_ERROR_GPU_NOT_FOUND", -1))
+        unsupported = code in (nv.NVML_ERROR_NOT_SUPPORTED, getattr(nv, "NVML_ERROR_FUNCTION_NOT_FOUND", -1))
+        reason = str(exc)
+        if code == nv.NVML_ERROR_LIBRARY_NOT_FOUND:
+            reason = "libnvidia-ml.so.1 not found: no NVIDIA driver on this host (or not mounted into the container)"
+        elif code == getattr(nv, "NVML_ERROR_DRIVER_NOT_LOADED", -1):
+            reason = "NVIDIA driver not loaded"
+        return NvmlError(name, reason, gpu_lost=lost, unsupported=unsupported)
 
     def _handle(self, index: int):
         handle = self._handles.get(index)
@@ -123,26 +128,39 @@ class Nvml:
             return {"supported": False, "reason": "GPM is not supported on this GPU (needs Hopper or newer)"}
         return {"supported": True, "reason": "GPM supported"}
 
-    def utilization_samples(self, index: int, window_s: float) -> dict:
-        """NVML's utilization samples of the last window_s, as [age_s, percent] (age from this call)."""
+    def _samples(self, handle, kind: int, since_us: int) -> list:
+        """nvmlDeviceGetSamples in one call into a fixed buffer: pynvml's wrapper calls twice (size,
+        then data), and each call costs about a millisecond of driver time on an H100."""
+        import ctypes
+
         nv = self._nv
+        fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+        count = ctypes.c_uint(SAMPLE_BUFFER)
+        value_type = nv._nvmlValueType_t()
+        buffer = (nv.c_nvmlSample_t * SAMPLE_BUFFER)()
+        ret = fn(handle, nv._nvmlSamplingType_t(kind), ctypes.c_ulonglong(since_us), ctypes.byref(value_type),
+                 ctypes.byref(count), buffer)
+        if ret == nv.NVML_ERROR_NOT_FOUND:  # no sample newer than since_us yet
+            return []
+        if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            return self._call("nvmlDeviceGetSamples", nv.nvmlDeviceGetSamples, handle, kind, since_us)[1]
+        if ret != nv.NVML_SUCCESS:
+            raise self._error("nvmlDeviceGetSamples", nv.NVMLError(ret))
+        return buffer[: count.value]
+
+    def utilization_samples(self, index: int, window_s: float) -> dict:
+        """NVML's utilization samples of the last window_s not returned before, as [age_s, percent]
+        (age from this call)."""
         h = self._handle(index)
         now_us = time.time() * 1e6
-        since_us = int(now_us - window_s * 1e6)
+        oldest_us = int(now_us - window_s * 1e6)
         out = {}
         for key, kind in (("gpu", GPU_UTILIZATION_SAMPLES), ("memory", MEMORY_UTILIZATION_SAMPLES)):
-            try:
-                _, samples = self._call("nvmlDeviceGetSamples", nv.nvmlDeviceGetSamples, h, kind, since_us)
-            except NvmlError as exc:
-                if "Not Found" in exc.reason:  # no sample newer than since_us yet
-                    samples = []
-                else:
-                    raise
-            out[key] = [
-                [round((now_us - s.timeStamp) / 1e6, 6), float(s.sampleValue.uiVal)]
-                for s in samples
-                if s.timeStamp > since_us
-            ]
+            since_us = max(oldest_us, self._last_sample_us.get((index, kind), 0))
+            samples = [s for s in self._samples(h, kind, since_us) if s.timeStamp > since_us]
+            if samples:
+                self._last_sample_us[(index, kind)] = max(s.timeStamp for s in samples)
+            out[key] = [[round((now_us - s.timeStamp) / 1e6, 6), float(s.sampleValue.uiVal)] for s in samples]
         return out
 
     def utilization_rates(self, index: int) -> dict:

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters: both daemons read the same there
 CONTROL_QUERY_EVERY_S = 2.0
+FULL_RESCAN_EVERY_S = 30.0  # pids seen as something else are skipped until then (pid reuse is rare)
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,9 @@ class MpsSampler:
         self._roles: dict[tuple[int, str], str | None] = {}  # (pid, stat start) -> role or None
         self._high_water: dict[tuple, tuple[int, int, float]] = {}
         self._last_query = float("-inf")
+        self._btime: float | None = None  # boot time: fixed while the host runs
+        self._others: set[int] = set()  # pids that are not MPS daemons
+        self._last_rescan = float("-inf")
         self._clients: dict[str, int] = {}
         self._thread_pct: float | None = None
         self._control_error = ""
@@ -124,9 +128,12 @@ class MpsSampler:
 
     # -- /proc ----------------------------------------------------------------------------------
     def _boot_time(self) -> float:
+        if self._btime is not None:
+            return self._btime
         for line in (self.proc_root / "stat").read_text().splitlines():
             if line.startswith("btime "):
-                return float(line.split()[1])
+                self._btime = float(line.split()[1])
+                return self._btime
         raise StatError("no btime in stat")
 
     def _role(self, pid: int, stat: dict) -> str | None:
@@ -143,19 +150,24 @@ class MpsSampler:
         boot = self._boot_time()
         daemons, problems = [], []
         alive = set()
-        for entry in os.scandir(self.proc_root):
-            if not entry.name.isdigit():
+        if time.monotonic() - self._last_rescan >= FULL_RESCAN_EVERY_S:
+            self._others.clear()
+            self._last_rescan = time.monotonic()
+        pids = [int(e.name) for e in os.scandir(self.proc_root) if e.name.isdigit()]
+        self._others.intersection_update(pids)
+        for pid in pids:
+            if pid in self._others:
                 continue
-            pid = int(entry.name)
+            folder = self.proc_root / str(pid)
             try:
-                text = ""
-                text = (self.proc_root / entry.name / "stat").read_text(errors="replace")
+                text = (folder / "stat").read_text(errors="replace")
                 stat = parse_stat(text)
                 role = self._role(pid, stat)
                 alive.add((pid, str(stat["starttime"])))
                 if role is None:
+                    self._others.add(pid)
                     continue
-                status = parse_status((self.proc_root / entry.name / "status").read_text(errors="replace"))
+                status = parse_status((folder / "status").read_text(errors="replace"))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between listing and reading: normal
             except StatError as exc:
@@ -168,7 +180,7 @@ class MpsSampler:
             if stat["state"] == "Z":
                 continue
             daemons.append(self._stats(pid, role, stat, status, boot))
-        self._roles = {k: v for k, v in self._roles.items() if k in alive}
+        self._roles = {k: v for k, v in self._roles.items() if k in alive and v is not None}
         return daemons, problems
 
     def _stats(self, pid, role, stat, status, boot) -> DaemonStats:

@@ -11,6 +11,7 @@ from exporter.snapshot import CollectorHealth, DeviceTelemetry, GpuIdentity, Log
 log = logging.getLogger(__name__)
 SAMPLE_HISTORY_S = 120.0  # long enough for any source's window (nsys live windows included)
 REINIT_AFTER_S = 30.0
+PROCESSES_EVERY_S = 2.0  # per-process utilization costs ~3 ms of driver time a call: not every tick
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
 
 
@@ -33,6 +34,7 @@ class NvmlSampler:
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._history: dict[str, tuple[deque, deque]] = {}
         self._lost: set[int] = set()
+        self._processes_read_at: dict[str, float] = {}
         self._last_init_try = -REINIT_AFTER_S
         self._log = LogOnce(log)
 
@@ -112,7 +114,13 @@ class NvmlSampler:
         read("power", b.power_watts)
         read("clock", b.sm_clock_hz)
         read("temperature", b.temperature_celsius)
-        read("processes", b.process_utilization, max(self.interval, 1.0))
+        if time.monotonic() - self._processes_read_at.get(gpu.uuid, float("-inf")) >= PROCESSES_EVERY_S:
+            self._processes_read_at[gpu.uuid] = time.monotonic()
+            read("processes", b.process_utilization, PROCESSES_EVERY_S)
+        else:
+            previous = self.telemetry.get(gpu.uuid)
+            values["processes"] = None
+            values["kept_processes"] = previous.processes if previous else ()
         if gpu.index in self._lost:
             self._log.problem(key, "GPU lost (fell off the bus?): its series stop until the exporter restarts", logging.ERROR)
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
@@ -142,7 +150,7 @@ class NvmlSampler:
             power_watts=values["power"],
             sm_clock_hertz=values["clock"],
             temperature_celsius=values["temperature"],
-            processes=tuple(
+            processes=values["kept_processes"] if "kept_processes" in values else tuple(
                 ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
                 for p in values["processes"] or ()
             ),
