@@ -1,0 +1,1 @@
+"""grafanalib dashboards; `python -m dashboards` writes their JSON to dashboards/generated/."""

@@ -1,0 +1,52 @@
+"""GPU utilization: time vs spatial. Per GPU, NVML's time utilization next to SM activity."""
+from grafanalib.core import Dashboard, GridPos, Repeat, RowPanel, Table, Templating, Time
+
+from dashboards.common import DATASOURCE, GPU_SELECTOR, host_and_gpu_variables, target, timeseries
+
+UID = "gpu-time-vs-spatial"
+SEL = GPU_SELECTOR
+
+
+def build() -> Dashboard:
+    per_gpu = [
+        timeseries("GPU $gpu: time vs spatial utilization",
+                   [(f"gpu_time_utilization_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} time (NVML)"),
+                    (f"gpu_sm_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} SM active ({{source}})")],
+                   (9, 12, 0, 1), repeat=Repeat("h", "gpu"),
+                   description="Time utilization is the share of time any kernel ran; SM active is the share "
+                               "of SMs that had work. The gap between them is capacity that '100%' hides."),
+        timeseries("GPU $gpu: SM occupancy and tensor activity",
+                   [(f"gpu_sm_occupancy_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} SM occupancy ({{source}})"),
+                    (f"gpu_tensor_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} tensor active ({{source}})"),
+                    (f"gpu_dram_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} DRAM active ({{source}})")],
+                   (9, 12, 12, 1), repeat=Repeat("h", "gpu")),
+    ]
+    fleet = [
+        timeseries("Hidden idle SMs (time utilization - SM active)",
+                   [(f"gpu_hidden_idle_sm_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}}"),
+                    (f"gpu:hidden_idle_sm_ratio:avg5m{{{SEL}}}", "{{instance}} GPU {{gpu}} 5m average")],
+                   (8, 12, 0, 11)),
+        Table(title="Fleet: GPUs ranked by hidden idle SMs (5m)", dataSource=DATASOURCE,
+              targets=[target(f"sort_desc(avg_over_time(gpu_hidden_idle_sm_ratio{{{SEL}}}[5m]))", instant=True,
+                              table=True)],
+              gridPos=GridPos(h=8, w=12, x=12, y=11), unit="percentunit",
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
+                                                              "renameByName": {"Value": "hidden idle (5m)"}}}]),
+        Table(title="Live spatial source per GPU", dataSource=DATASOURCE,
+              targets=[target(f'gpu_spatial_source_state{{{SEL}, state="active"}} == 1', instant=True, table=True)],
+              gridPos=GridPos(h=7, w=12, x=0, y=19),
+              description="Which source (dcgm, gpm, nsys) is live per GPU; /api/v1/gpus says why the others are not.",
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "Value": True,
+                                                                                "__name__": True, "job": True}}}]),
+        timeseries("Spatial sample age", [(f"gpu:spatial_sample_age_seconds{{{SEL}}}", "{{instance}} GPU {{gpu}} ({{source}})")],
+                   (7, 6, 12, 19), unit="s", ratio=False,
+                   description="Seconds since the window the spatial values describe: replayed or stuck data shows here."),
+        timeseries("Exporter collectors", [('gpu_exporter_collector_success{instance=~"$host"}', "{{instance}} {{collector}}")],
+                   (7, 6, 18, 19), unit="none"),
+    ]
+    return Dashboard(
+        title="GPU utilization: time vs spatial", uid=UID, tags=["gpu", "utilization"], refresh="10s",
+        time=Time("now-1h", "now"), templating=Templating(host_and_gpu_variables()),
+        panels=[RowPanel(title="Per GPU", gridPos=GridPos(h=1, w=24, x=0, y=0)), *per_gpu,
+                RowPanel(title="Fleet", gridPos=GridPos(h=1, w=24, x=0, y=10)), *fleet],
+    ).auto_panel_ids()
