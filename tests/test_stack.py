@@ -1,0 +1,171 @@
+"""The monitoring stack with its real parts: promtool, docker-compose's own validation, the
+dashboards' code, and an end-to-end run of the exporter (replaying real H100 exports), Debian's
+Prometheus with our rules and node-exporter, where every dashboard query must return data and
+HiddenIdleSMs must fire on the hidden-idle replay only."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards.common import queries
+from tests.helpers import FIXTURES, ROOT, Exporter, free_port, http_get, wait_for
+
+RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
+DASHBOARDS = sorted((ROOT / "dashboards" / "generated").glob("*.json"))
+needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
+
+
+def run(*cmd):
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+
+
+@needs("promtool")
+def test_promtool_checks_config_rules_and_rule_unit_tests():
+    for cmd in (["promtool", "check", "config", "prometheus.yaml"], ["promtool", "check", "rules", str(RULES)],
+                ["promtool", "test", "rules", "tests/rules/alerts.test.yaml"]):
+        done = run(*cmd)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_alert_has_a_firing_and_a_quiet_unit_test():
+    alerts = [r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r]
+    tests = yaml.safe_load((ROOT / "tests" / "rules" / "alerts.test.yaml").read_text())["tests"]
+    cases = [c for t in tests for c in t.get("alert_rule_test", [])]
+    for alert in alerts:
+        mine = [c for c in cases if c["alertname"] == alert]
+        assert any(c["exp_alerts"] for c in mine), f"{alert}: no firing case"
+        # quiet: an eval with no alert, or a firing eval that leaves out some of the series given
+        assert any(not c["exp_alerts"] for c in mine) or alert in ("MPSDaemonMajorPageFaults", "HostSwapping",
+                                                                     "ExporterCollectorFailing"), f"{alert}: no quiet case"
+
+
+@needs("docker-compose")
+def test_compose_file_is_valid_and_complete():
+    done = run("docker-compose", "-f", "docker-compose.yaml", "config")
+    assert done.returncode == 0, done.stderr
+    config = yaml.safe_load(done.stdout)
+    services = config["services"]
+    assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "grafana"}
+    assert all("healthcheck" in s for s in services.values())
+    assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
+    assert "1000" in services["dcgm-exporter"]["command"]
+    for name in ("dcgm-exporter", "gpu-spatial-exporter"):
+        assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert set(config["volumes"]) == {"prometheus-data", "grafana-data"}
+    counters = (ROOT / "deploy" / "dcgm-counters.csv").read_text().splitlines()
+    assert any(line.startswith("DCGM_FI_PROF_SM_ACTIVE,") for line in counters)
+    assert any(line.startswith("DCGM_FI_PROF_SM_OCCUPANCY,") for line in counters)
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert re.search(r"^USER (?!root)", dockerfile, re.M)
+
+
+def test_dashboards_json_is_what_the_code_builds():
+    done = run(sys.executable, "-m", "dashboards", "--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_metric_a_dashboard_or_rule_uses_is_in_the_golden_output():
+    golden = {line.split("{")[0].split(" ")[0] for line in (FIXTURES / "golden_metrics.prom").read_text().splitlines()
+              if line and not line.startswith("#")}
+    exprs = [q for d in DASHBOARDS for _, q in queries(json.loads(d.read_text()))]
+    exprs += [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    used = {m for e in exprs for m in re.findall(r"\b((?:gpu|mps)_[a-z_]+)\b", e)}
+    used -= {"gpu_exporter"}  # a prefix inside names, not a name
+    missing = sorted(m for m in used if m not in golden)
+    assert not missing, f"not in tests/fixtures/golden_metrics.prom: {missing}"
+
+
+# -- end to end ------------------------------------------------------------------------------------
+def shorten_for(rules_text: str) -> str:
+    return re.sub(r"^(\s*for:) \d+m$", r"\1 3s", rules_text, flags=re.M)
+
+
+class Prometheus:
+    def __init__(self, tmp: Path, exporters: list[str], node: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text()))
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(tmp / "rules.yaml")],
+            "scrape_configs": [
+                {"job_name": "gpu-spatial-exporter", "static_configs": [{"targets": exporters}]},
+                {"job_name": "node-exporter", "static_configs": [{"targets": [node]}]},
+            ],
+        }
+        (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
+                                      f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def query(self, expr: str) -> list:
+        status, body = http_get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        data = json.loads(body)
+        assert status == 200 and data["status"] == "success", (expr, data)
+        return data["data"]["result"]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()
+
+
+def as_promql(expr: str) -> str:
+    """A dashboard query as Grafana would send it with every variable on All."""
+    match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", expr)
+    if match:
+        expr = f"count by ({match.group(2)}) ({match.group(1)})"
+    for var, value in (("$__rate_interval", "10s"), ("$host", ".*"), ("$gpu", ".*"), ("$node", ".*")):
+        expr = expr.replace(var, value)
+    return expr
+
+
+@needs("prometheus")
+@needs("prometheus-node-exporter")
+def test_stack_end_to_end(tmp_path):
+    node_port = free_port()
+    node = subprocess.Popen(["prometheus-node-exporter", f"--web.listen-address=127.0.0.1:{node_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    mps = ("--proc-root", str(FIXTURES / "proc"), "--mps-control-binary", str(FIXTURES / "fake-mps-control"))
+    prometheus = None
+    try:
+        with Exporter("--no-nvml", "--replay", str(FIXTURES / "h100_quarter_sms_50hz.sqlite"), "--interval", "0.5",
+                      *mps) as hidden, \
+             Exporter("--no-nvml", "--no-mps", "--replay", str(FIXTURES / "h100_matmul_50hz.sqlite"),
+                      "--interval", "0.5") as busy:
+            targets = [f"127.0.0.1:{hidden.port}", f"127.0.0.1:{busy.port}"]
+            prometheus = Prometheus(tmp_path, targets, f"127.0.0.1:{node_port}")
+            wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 3, 60, 0.5, "three targets up")
+            time.sleep(12)  # rate() windows and the shortened for: of the alerts
+
+            empty = []
+            for dashboard in DASHBOARDS:
+                for title, expr in queries(json.loads(dashboard.read_text())):
+                    if "node_pressure_" in expr and not os.path.exists("/proc/pressure/memory"):
+                        continue  # this kernel has no pressure stall information to export
+                    if not prometheus.query(as_promql(expr)):
+                        empty.append(f"{dashboard.name}: {title}: {expr}")
+            assert not empty, "queries without data:\n" + "\n".join(empty)
+
+            def firing():
+                return {r["metric"]["instance"] for r in
+                        prometheus.query('ALERTS{alertname="HiddenIdleSMs", alertstate="firing"}')}
+
+            fired = wait_for(firing, 40, 1, "HiddenIdleSMs firing")
+            assert fired == {targets[0]}  # the quarter-SM replay, never the matmul one
+            stuck = prometheus.query('ALERTS{alertname="SpatialSourceStuck", alertstate="firing"}')
+            assert not stuck
+    finally:
+        if prometheus:
+            prometheus.stop()
+        node.terminate()
+        node.wait(10)
