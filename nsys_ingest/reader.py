@@ -23,7 +23,7 @@ import pandas as pd
 
 from nsys_ingest.names import clock_scale, normalise
 
-DEFAULT_CHUNK_ROWS = 1_000_000
+DEFAULT_CHUNK_ROWS = 200_000  # ~50 MB of Python rows in flight: bounded memory on any export
 NO_METRICS = "this export has no GPU metrics: profile with --gpu-metrics-devices=all"
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
