@@ -79,19 +79,17 @@ def two_gpus(real: Path, out: Path) -> Path:
     return out
 
 
-def without_gpu_metrics(real: Path, out: Path) -> Path:
+def _edited_copy(real: Path, out: Path, script: str) -> Path:
     shutil.copyfile(real, out)
     con = sqlite3.connect(out)
-    con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;")
+    con.executescript(script)
     con.close()
     return out
+
+
+def without_gpu_metrics(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, "drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;")
 
 
 def empty_gpu_metrics(real: Path, out: Path) -> Path:
-    shutil.copyfile(real, out)
-    con = sqlite3.connect(out)
-    con.execute("delete from GPU_METRICS")
-    con.commit()
-    con.execute("vacuum")
-    con.close()
-    return out
+    return _edited_copy(real, out, "delete from GPU_METRICS; vacuum;")

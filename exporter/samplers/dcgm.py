@@ -65,20 +65,27 @@ def parse_exposition(text: str) -> dict[str, dict]:
     return gpus
 
 
-class DcgmExporterSource:
-    """Scrapes dcgm-exporter with a timeout; a down, slow or garbled endpoint is an error state."""
+class _DcgmSource:
+    """What both ways of reading DCGM keep: results per GPU UUID, health, the window a value covers."""
 
     name = "dcgm"
 
-    def __init__(self, url: str, timeout: float = 2.0, window_s: float = 1.0, interval: float = 1.0, nvml=None):
-        self.url = url
-        self.timeout = timeout
+    def __init__(self, window_s: float, interval: float, nvml):
         self.window_s = window_s
         self.interval = interval
         self._nvml = nvml
         self.results: dict[str, SourceResult] = {}
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._log = LogOnce(log)
+
+
+class DcgmExporterSource(_DcgmSource):
+    """Scrapes dcgm-exporter with a timeout; a down, slow or garbled endpoint is an error state."""
+
+    def __init__(self, url: str, timeout: float = 2.0, window_s: float = 1.0, interval: float = 1.0, nvml=None):
+        super().__init__(window_s, interval, nvml)
+        self.url = url
+        self.timeout = timeout
 
     def _fetch(self) -> str:
         request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
@@ -131,24 +138,17 @@ def _reason(exc: Exception, url: str, timeout: float) -> str:
     return f"dcgm-exporter at {url} unreachable: {inner}"
 
 
-class DcgmBindingsSource:
+class DcgmBindingsSource(_DcgmSource):
     """Reads the profiling fields through DCGM's own Python bindings (pydcgm) from an nv-hostengine.
 
     Only where the bindings import (they ship with DCGM, not on PyPI); fields are watched once at
     start and read as latest values each tick."""
 
-    name = "dcgm"
-
     def __init__(self, host: str, window_s: float = 1.0, interval: float = 1.0, nvml=None):
         import dcgm_structs  # noqa: F401 - raises ImportError where DCGM is not installed
         import pydcgm
 
-        self.window_s = window_s
-        self.interval = interval
-        self._nvml = nvml
-        self.results: dict[str, SourceResult] = {}
-        self.health = CollectorHealth(False, 0.0, "not sampled yet")
-        self._log = LogOnce(log)
+        super().__init__(window_s, interval, nvml)
         self._handle = pydcgm.DcgmHandle(ipAddress=host)
         self._system = self._handle.GetSystem()
         self._group = self._system.GetDefaultGroup()
