@@ -45,12 +45,12 @@ def _identity(info) -> GpuIdentity:
     return GpuIdentity(info.index, info.label_uuid, info.name)
 
 
-def last_window(path: Path, window_s: float) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
+def last_window(path: Path, window_s: float, nsys: str = "nsys") -> dict[str, tuple[GpuIdentity, SpatialReading]]:
     """Per GPU UUID: the mean of the export's last `window_s` seconds, placed in wall-clock time."""
     from nsys_ingest.analysis import bucket_means
     from nsys_ingest.reader import Export
 
-    with Export(path) as export:
+    with Export(path, nsys=nsys) as export:
         _, last = export.time_range()
         start_ns = max(0, last - int(window_s * 1e9))
         means = bucket_means(export, window_s + 1.0, start_ns=start_ns)  # one bucket holds the whole window
@@ -134,7 +134,7 @@ class NsysSource:
             return None
         self._seen = key
         try:
-            windows = last_window(newest, self.window_s)
+            windows = last_window(newest, self.window_s, self.binary)
         except IngestError as exc:
             raise RuntimeError(f"{newest.name}: {exc}") from None
         log.info("nsys: published the last %.1f s of %s", self.window_s, newest.name)
@@ -162,6 +162,8 @@ class NsysSource:
         return targets, refused
 
     def _tick_live(self) -> dict[str, SourceResult]:
+        from nsys_ingest.reader import IngestError
+
         binary = shutil.which(self.binary)
         if binary is None:
             raise RuntimeError(f"--nsys-live: {self.binary} not found on the PATH (install Nsight Systems)")
@@ -179,7 +181,10 @@ class NsysSource:
             if done.returncode != 0 or not rep.exists():
                 tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
                 raise RuntimeError(f"nsys profile failed: {tail[0]}")
-            windows = last_window(rep, self.window_s)
+            try:
+                windows = last_window(rep, self.window_s, binary)
+            except IngestError as exc:
+                raise RuntimeError(f"live capture unreadable: {exc}") from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
         for gpu in targets:
