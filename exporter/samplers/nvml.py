@@ -119,12 +119,12 @@ class NvmlSampler:
         read("power", b.power_watts)
         read("clock", b.sm_clock_hz)
         read("temperature", b.temperature_celsius)
+        previous = self.telemetry.get(gpu.uuid)
+        processes = previous.processes if previous else ()
         if slow:
             read("processes", b.process_utilization, SLOW_EVERY_S)
-        else:
-            previous = self.telemetry.get(gpu.uuid)
-            values["processes"] = None
-            values["kept_processes"] = previous.processes if previous else ()
+            processes = tuple(ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
+                              for p in values["processes"] or ())
         if gpu.index in self._lost:
             self._log.problem(key, "GPU lost (fell off the bus?): its series stop until the exporter restarts", logging.ERROR)
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
@@ -154,10 +154,7 @@ class NvmlSampler:
             power_watts=values["power"],
             sm_clock_hertz=values["clock"],
             temperature_celsius=values["temperature"],
-            processes=values["kept_processes"] if "kept_processes" in values else tuple(
-                ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
-                for p in values["processes"] or ()
-            ),
+            processes=processes,
             errors=tuple(errors),
         )
 
