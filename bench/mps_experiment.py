@@ -117,12 +117,13 @@ def cmd_run(args) -> int:
     return 0
 
 
-def measure_overhead(segments: int, seconds: float, pipe_dir: str) -> dict:
-    """One worker trains throughout; the exporter (0.1 s interval) runs in every other segment."""
+def measure_overhead(segments: int, seconds: float, pipe_dir: str, workers: int = 8) -> dict:
+    """`workers` train throughout (time-sliced); the exporter (0.1 s interval) runs in every other
+    segment. Their summed steps per second are compared: one worker alone is too noisy (~13%)."""
     total = segments * seconds
-    start_at = time.time() + 15
-    worker = subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at", str(start_at),
-                               "--seconds", str(total)], stdout=subprocess.PIPE, text=True)
+    start_at = time.time() + 20
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at", str(start_at),
+                               "--seconds", str(total)], stdout=subprocess.PIPE, text=True) for _ in range(workers)]
     plan = []
     exporter = None
     while time.time() < start_at:
@@ -138,16 +139,23 @@ def measure_overhead(segments: int, seconds: float, pipe_dir: str) -> dict:
         if on:
             exporter.terminate()
             exporter.wait(10)
-    out, _ = worker.communicate(timeout=120)
-    per_second = json.loads(out.strip().splitlines()[-1])["per_second"]
+    per_second = [0] * int(total)
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        for i, steps in enumerate(json.loads(out.strip().splitlines()[-1])["per_second"]):
+            per_second[i] += steps
     rates = {True: [], False: []}
     for i, on in enumerate(plan):
         seg = per_second[int(i * seconds) + 2: int((i + 1) * seconds)]  # skip the exporter's start-up seconds
         rates[on].extend(seg)
     with_exporter, without = statistics.mean(rates[True]), statistics.mean(rates[False])
-    return {"segments": segments, "segment_seconds": seconds, "steps_per_s_with_exporter_0.1s": with_exporter,
-            "steps_per_s_without": without, "slowdown_percent": round(100 * (1 - with_exporter / without), 3),
-            "per_second_stdev": round(statistics.stdev(rates[False]), 2)}
+    spread = statistics.stdev(rates[False])
+    return {"workers": workers, "segments": segments, "segment_seconds": seconds,
+            "steps_per_s_with_exporter_0.1s": round(with_exporter, 1), "steps_per_s_without": round(without, 1),
+            "slowdown_percent": round(100 * (1 - with_exporter / without), 3),
+            "per_second_stdev": round(spread, 2),
+            # two standard errors of the difference of the two means: slowdowns inside it are noise
+            "resolution_percent": round(100 * 2 * spread * (2 / len(rates[False])) ** 0.5 / without, 2)}
 
 
 def cmd_report(args) -> int:
@@ -236,10 +244,21 @@ def main() -> int:
     run.add_argument("--warmup", type=float, default=25.0, help="seconds the workers get to start CUDA")
     run.add_argument("--overhead-segments", type=int, default=6)
     run.add_argument("--segment-seconds", type=float, default=8.0)
+    over = sub.add_parser("overhead", help="only the exporter-cost measurement")
+    over.add_argument("--out", required=True)
+    over.add_argument("--segments", type=int, default=10)
+    over.add_argument("--segment-seconds", type=float, default=8.0)
+    over.add_argument("--workers", type=int, default=8)
     rep = sub.add_parser("report")
     rep.add_argument("--out", required=True)
     rep.add_argument("--nsys", required=True)
     args = parser.parse_args()
+    if args.command == "overhead":
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        result = measure_overhead(args.segments, args.segment_seconds, tempfile.mkdtemp(), args.workers)
+        (Path(args.out) / "overhead.json").write_text(json.dumps(result, indent=1))
+        print(json.dumps(result, indent=1))
+        return 0
     return cmd_run(args) if args.command == "run" else cmd_report(args)
 
 
