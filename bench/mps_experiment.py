@@ -7,7 +7,7 @@ On the device (see bench/RESULTS.md for the exact command):
 `run`: N small training processes time-sliced, a pause, the same N under MPS (own pipe and log
 directories, quit afterwards), a compute-saturated phase (bf16 matrix products), with the exporter
 sampling at 0.5 s; then the exporter's cost: one worker's throughput with the exporter sampling at
-0.1 s against without it, alternating. `report`: per phase the exporter's time utilization, SM
+0.1 s against without it, alternating segments over 8 time-sliced workers. `report`: per phase the exporter's time utilization, SM
 active, occupancy, tensor active, hidden idle and MPS server metrics, the workers' throughput, and
 nsys' values for the same wall-clock window; exits 1 if SM active differs from nsys' by > 0.05.
 """

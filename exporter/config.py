@@ -32,29 +32,30 @@ def _bool(text: str) -> bool:
     return str(text).lower() in ("1", "true", "yes", "on")
 
 
-class _EnvParser(argparse.ArgumentParser):
-    """Takes a flag's default from its environment variable and says so in --help."""
+def _apply_environment(parser: argparse.ArgumentParser) -> None:
+    """Takes each flag's default from its environment variable, and says so in --help."""
+    for action in parser._actions:
+        flag = next((n for n in action.option_strings if n.startswith("--")), None)
+        if flag is None or flag == "--help":
+            continue
+        env = _env_name(flag)
+        action.help = f"{action.help or ''} [env {env}]".strip()
+        if "token" in flag:  # a secret: never printed as a default
+            action.help += "%(default).0s"
+        if env not in os.environ:
+            continue
+        raw = os.environ[env]
+        try:
+            if isinstance(action, argparse._StoreTrueAction):
+                action.default = _bool(raw)
+            else:
+                action.default = (action.type or str)(raw)
+        except (argparse.ArgumentTypeError, ValueError) as exc:
+            parser.error(f"{env}={raw!r}: {exc}")
 
-    def add_argument(self, *names, **kwargs):
-        flag = next((n for n in names if n.startswith("--")), None)
-        if flag and kwargs.get("action") not in ("help", "version"):
-            env = _env_name(flag)
-            if env in os.environ:
-                raw = os.environ[env]
-                if kwargs.get("action") == "store_true":
-                    kwargs["default"] = _bool(raw)
-                else:
-                    convert = kwargs.get("type", str)
-                    try:
-                        kwargs["default"] = convert(raw)
-                    except (argparse.ArgumentTypeError, ValueError) as exc:
-                        self.error(f"{env}={raw!r}: {exc}")
-            kwargs["help"] = f"{kwargs.get('help', '')} [env {env}]".strip()
-        return super().add_argument(*names, **kwargs)
 
-
-def build_parser() -> _EnvParser:
-    p = _EnvParser(
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
         prog="python -m exporter",
         description="GPU utilization exporter: NVML time utilization next to spatial utilization "
                     "(DCGM profiling, NVML GPM or Nsight Systems GPU metrics), and CUDA MPS daemons.",
@@ -106,6 +107,7 @@ def build_parser() -> _EnvParser:
                    help="MPS control pipe directory (CUDA_MPS_PIPE_DIRECTORY)")
     g.add_argument("--mps-control-binary", default="nvidia-cuda-mps-control", help="the MPS control program")
     g.add_argument("--mps-timeout", type=float, default=2.0, help="timeout of one MPS control query, seconds")
+    _apply_environment(p)
     return p
 
 

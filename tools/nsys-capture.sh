@@ -2,6 +2,7 @@
 # On the device: record system-wide GPU metrics with Nsight Systems while COMMAND runs, and write a scrubbed
 # SQLite export. Usage: nsys-capture.sh OUT.sqlite [FREQ_HZ] -- COMMAND [ARGS...]
 # The device has nsys but not on its PATH, and its importer lacks libdw: this script brings both together.
+# NSYS_EXTRA_LIB names the folder with libdw.so.1 and its companions (shared/tools/lib; not in this repo).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=$1; shift; freq=100
