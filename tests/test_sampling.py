@@ -199,3 +199,19 @@ def test_a_crashing_sampler_never_stops_the_others(tmp_path):
 def test_recordings_stay_aligned_between_gpm_and_utilization_streams():
     calls = json.loads(RECORDING.read_text())["calls"]
     assert len(calls["gpm_metrics/0"]) == len(calls["utilization_samples/0"])
+
+
+def test_recorder_trims_streams_so_gpm_windows_pair_with_their_own_samples():
+    from exporter.nvml_replay import RecordingNvml
+
+    recorder = RecordingNvml(None)
+    recorder.calls = {
+        "identity/0": [{"value": {"uuid": "GPU-x", "model": "m"}}],
+        "utilization_samples/0": [{"value": i} for i in range(5)],
+        "memory/0": [{"value": i} for i in range(5)],
+        "gpm_metrics/0": [{"value": i} for i in range(2, 5)],  # answers from the third tick on
+    }
+    aligned = recorder.aligned_calls()
+    assert [a["value"] for a in aligned["utilization_samples/0"]] == [2, 3, 4]
+    assert [a["value"] for a in aligned["gpm_metrics/0"]] == [2, 3, 4]
+    assert aligned["identity/0"] == recorder.calls["identity/0"]
