@@ -101,9 +101,6 @@ class Nvml:
         except Exception:  # noqa: BLE001
             pass
 
-    def driver_version(self) -> str:
-        return self._text(self._call("nvmlSystemGetDriverVersion", self._nv.nvmlSystemGetDriverVersion))
-
     def device_count(self) -> int:
         return int(self._call("nvmlDeviceGetCount", self._nv.nvmlDeviceGetCount))
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from exporter.nvml import NvmlError
 
 # Methods answered once (identity does not change); the others are per-tick streams.
-STATIC_METHODS = ("driver_version", "device_count", "identity", "gpm_support")
+STATIC_METHODS = ("device_count", "identity", "gpm_support")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",

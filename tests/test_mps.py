@@ -1,7 +1,6 @@
 """MPS collector against a fake proc tree (tests/fixtures/proc), node_exporter style."""
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 

@@ -10,7 +10,7 @@ import pytest
 from nsys_ingest.analysis import bucket_means, summarise
 from nsys_ingest.names import clock_scale, normalise
 from nsys_ingest.openmetrics import write_openmetrics
-from nsys_ingest.reader import Export, IngestError
+from nsys_ingest.reader import Export
 from tests import synthetic_exports as synth
 from tests.helpers import FIXTURES, ROOT
 

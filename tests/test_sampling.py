@@ -1,5 +1,4 @@
 """Sampler windows, hidden idle, and the error paths of the NVML boundary."""
-import copy
 import json
 import logging
 
@@ -35,13 +34,11 @@ def test_window_after_the_last_sample_takes_a_recent_one_but_never_a_stale_one()
 
 
 def test_repeated_nvml_samples_are_counted_once():
-    sampler = NvmlSampler(ReplayNvml(RECORDING), interval=0.5)
-    history = []
     from collections import deque
 
     history = deque()
-    sampler._remember(history, 100.0, [[0.8, 10.0], [0.6, 20.0], [0.4, 30.0]])
-    sampler._remember(history, 100.2, [[0.8, 20.0], [0.6, 30.0], [0.4, 40.0], [0.2, 50.0]])
+    NvmlSampler._remember(history, 100.0, [[0.8, 10.0], [0.6, 20.0], [0.4, 30.0]])
+    NvmlSampler._remember(history, 100.2, [[0.8, 20.0], [0.6, 30.0], [0.4, 40.0], [0.2, 50.0]])
     assert [round(t, 3) for t, _ in history] == [99.2, 99.4, 99.6, 99.8, 100.0]
     assert [v for _, v in history] == [0.1, 0.2, 0.3, 0.4, 0.5]
 
