@@ -13,6 +13,14 @@ ACTIVE, STANDBY = "active", "standby"
 PUBLISHED_STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR)
 
 
+def as_ratio(value, per: float = 1.0) -> float | None:
+    """A source's value as a contract ratio: divided by `per` (100 for percent), clamped to 0..1;
+    missing or NaN is no value (never published as NaN)."""
+    if value is None or value != value:
+        return None
+    return min(max(float(value) / per, 0.0), 1.0)
+
+
 @dataclass(frozen=True)
 class GpuIdentity:
     index: int

@@ -119,7 +119,7 @@ class Export:
         self.gpus = self._gpus()
         self.start_ns = self._start_ns()
         self.sampling_hz = self._sampling_hz()
-        if self._row_estimate() == 0:
+        if self.row_estimate == 0:
             raise IngestError(f"{self.source_path}: the GPU metrics tables are empty (the capture ended before the first "
                               "sample?): profile for longer, or at a higher --gpu-metrics-frequency")
 
@@ -179,14 +179,12 @@ class Export:
         except ValueError:
             return None
 
-    def _row_estimate(self) -> int:
+    @property
+    def row_estimate(self) -> int:
+        """Rows of the metrics table, from its last rowid: no scan."""
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
         row = self.con.execute(f"select max(rowid) from {table}").fetchone()
         return int(row[0] or 0)
-
-    @property
-    def row_estimate(self) -> int:
-        return self._row_estimate()
 
     # -- reading --------------------------------------------------------------------------------
     def metric_codes(self, quantities=None) -> list[int]:

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
-from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading
+from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading, as_ratio
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,9 @@ def parse_exposition(text: str) -> dict[str, dict]:
                 continue
             entry = gpus.setdefault(uuid, {"index": labels.get("gpu", ""),
                                            "model": labels.get("modelName", labels.get("model_name", ""))})
-            value = sample.value * match[1]
-            if value == value:  # NaN: no value
-                entry[match[0]] = min(max(value, 0.0), 1.0)
+            value = as_ratio(sample.value * match[1])
+            if value is not None:
+                entry[match[0]] = value
     return gpus
 
 

@@ -5,7 +5,18 @@ import logging
 import time
 
 from exporter.nvml import NvmlError
-from exporter.snapshot import ERROR, OK, PENDING, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading
+from exporter.snapshot import (
+    ERROR,
+    OK,
+    PENDING,
+    SPATIAL_FIELDS,
+    UNSUPPORTED,
+    CollectorHealth,
+    LogOnce,
+    SourceResult,
+    SpatialReading,
+    as_ratio,
+)
 
 log = logging.getLogger(__name__)
 MIN_WINDOW_S = 0.1  # NVML wants GPM samples at least 100 ms apart
@@ -60,21 +71,9 @@ class GpmSource:
             return SourceResult(PENDING, "waiting for a second GPM sample")
         end = time.time()
         window = max(float(metrics["window_s"]), MIN_WINDOW_S)
-        ratios = {name: _ratio(metrics.get(name)) for name in ("sm_active", "sm_occupancy", "tensor_active", "dram_active")}
-        reading = SpatialReading(
-            source=self.name,
-            window_start=end - window,
-            window_end=end,
-            graphics_engine_active=_ratio(metrics.get("graphics_engine_active")),
-            **ratios,
-        )
+        reading = SpatialReading(self.name, end - window, end,
+                                 **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
         if reading.sm_active is None:
             return SourceResult(ERROR, "GPM answered without SM activity")
         return SourceResult(OK, f"GPM sample over {window:.2f} s", reading)
 
-
-def _ratio(percent) -> float | None:
-    """GPM percent to a 0..1 ratio; NaN or a missing value is no value (never exported as NaN)."""
-    if percent is None or percent != percent:
-        return None
-    return min(max(float(percent) / 100.0, 0.0), 1.0)

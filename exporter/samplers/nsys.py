@@ -21,23 +21,18 @@ from pathlib import Path
 
 from fastapi import Request  # at module level: FastAPI resolves the handler's annotation here
 
-from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading
+from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading, as_ratio
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # a watched file must be this old before it is read: nsys may still be writing it
 
 
 def _reading(row, start: float, end: float) -> SpatialReading:
-    def value(name):
-        v = row.get(name)
-        return None if v is None or v != v else float(min(max(v, 0.0), 1.0))
-
-    dram = None
-    if value("dram_read") is not None or value("dram_write") is not None:
-        dram = min((value("dram_read") or 0.0) + (value("dram_write") or 0.0), 1.0)
+    """A bucket of nsys_ingest.analysis.bucket_means (which already sums DRAM read and write)."""
+    value = lambda name: as_ratio(row.get(name))  # noqa: E731
     return SpatialReading(source="nsys", window_start=start, window_end=end, sm_active=value("sm_active"),
                           sm_occupancy=value("sm_occupancy"), graphics_engine_active=value("gr_active"),
-                          tensor_active=value("tensor_active"), dram_active=dram,
+                          tensor_active=value("tensor_active"), dram_active=value("dram_active"),
                           time_utilization=value("gr_active"))
 
 
