@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from exporter.config import parse_args
@@ -37,8 +38,27 @@ def build_engine(args):
         mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                          interval=max(args.interval, 1.0))
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
-                    disabled_reasons=disabled, interval=args.interval)
+                    disabled_reasons=disabled, interval=args.interval, kubelet=build_kubelet(args, nvml),
+                    process_series=(args.process_series, args.process_series_limit))
     return engine, upload
+
+
+def build_kubelet(args, nvml):
+    """The kubelet sampler, or None. Without --kubelet-socket it runs where the default socket exists
+    (a Kubernetes node); a socket named explicitly is watched even while it is missing."""
+    from exporter.samplers.kubelet import DEFAULT_SOCKET, KubeletSampler
+
+    socket = args.kubelet_socket
+    if socket is None:
+        if not os.path.exists(DEFAULT_SOCKET):
+            return None
+        socket = DEFAULT_SOCKET
+    if socket.lower() == "none":
+        return None
+    logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
+    log.info("pod attribution from the kubelet at %s", socket)
+    return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
+                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval))
 
 
 def main(argv=None) -> int:

@@ -70,8 +70,10 @@ class MetricsFastPath:
 
 def snapshot_json(snapshot) -> dict:
     gpus = []
+    kubelet = snapshot.kubelet
     for view in snapshot.gpus:
         tel = view.telemetry
+        pods = None if kubelet is None or kubelet.error else kubelet.pods.get(view.identity.uuid, ())
         gpus.append({
             "index": view.identity.index,
             "uuid": view.identity.uuid,
@@ -82,6 +84,7 @@ def snapshot_json(snapshot) -> dict:
             "spatial": dataclasses.asdict(view.spatial) if view.spatial else None,
             "hidden_idle_sm_ratio": view.hidden_idle,
             "sources": [dataclasses.asdict(s) for s in view.sources],
+            "pods": None if pods is None else [dataclasses.asdict(ref) for ref in pods],
             "telemetry": None if tel is None else {
                 "lost": tel.lost,
                 "memory_used_bytes": tel.memory_used_bytes,
@@ -90,6 +93,10 @@ def snapshot_json(snapshot) -> dict:
                 "sm_clock_hertz": tel.sm_clock_hertz,
                 "temperature_celsius": tel.temperature_celsius,
                 "processes": [dataclasses.asdict(p) for p in tel.processes],
+                "compute_processes": None if tel.compute_processes is None else
+                [dataclasses.asdict(p) for p in tel.compute_processes],
+                "mig_enabled": tel.mig_enabled,
+                "mig_devices": [dataclasses.asdict(m) for m in tel.mig_devices],
                 "errors": list(tel.errors),
             },
         })
@@ -99,6 +106,7 @@ def snapshot_json(snapshot) -> dict:
         "gpus": gpus,
         "collectors": {name: dataclasses.asdict(h) for name, h in snapshot.health.items()},
         "mps": snapshot.mps.to_json() if snapshot.mps is not None else None,
+        "kubelet": kubelet.to_json() if kubelet is not None else None,
     }
 
 

@@ -107,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="MPS control pipe directory (CUDA_MPS_PIPE_DIRECTORY)")
     g.add_argument("--mps-control-binary", default="nvidia-cuda-mps-control", help="the MPS control program")
     g.add_argument("--mps-timeout", type=float, default=2.0, help="timeout of one MPS control query, seconds")
+    g = p.add_argument_group("kubernetes")
+    g.add_argument("--kubelet-socket", default=None,
+                   help="the kubelet's PodResources socket, for the pods holding each GPU; 'none' to switch off "
+                        "(default: /var/lib/kubelet/pod-resources/kubelet.sock when it exists at start)")
+    g.add_argument("--kubelet-interval", type=float, default=5.0, help="seconds between two PodResources List calls")
+    g.add_argument("--kubelet-container-logs", default="/var/log/containers",
+                   help="the kubelet's container log links, whose names map a process's container ID to its pod "
+                        "(only names are read); 'none' to label processes by command only")
+    g.add_argument("--process-series", choices=["container", "pid", "off"], default="container",
+                   help="per-process utilization series: summed per container (pod) or command, per pid "
+                        "(a new series per process), or none")
+    g.add_argument("--process-series-limit", type=int, default=20,
+                   help="at most this many per-process series per GPU; the rest are summed as command=\"other\"")
     _apply_environment(p)
     return p
 

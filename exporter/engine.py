@@ -19,7 +19,7 @@ class Engine:
     """
 
     def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
-                 disabled_reasons=None, interval: float = 1.0):
+                 disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20)):
         self.nvml = nvml
         self.gpm = gpm
         self.spatial = dict(spatial or {})
@@ -27,6 +27,8 @@ class Engine:
         self.order = tuple(order)
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
+        self.kubelet = kubelet
+        self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -47,6 +49,8 @@ class Engine:
             yield source.name, source.tick, getattr(source, "interval", self.interval)
         if self.mps is not None:
             yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
+        if self.kubelet is not None:
+            yield "kubelet", self.kubelet.tick, self.kubelet.interval
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
@@ -61,7 +65,7 @@ class Engine:
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
-        for source in self.spatial.values():
+        for source in (*self.spatial.values(), self.kubelet):
             if hasattr(source, "close"):
                 source.close()
 
@@ -90,6 +94,7 @@ class Engine:
                 created=time.time(),
                 gpus=self._views(),
                 mps=getattr(self.mps, "snapshot", None),
+                kubelet=getattr(self.kubelet, "snapshot", None),
                 health=self._health(),
             )
             return self.snapshot
@@ -102,6 +107,8 @@ class Engine:
             health[name] = source.health
         if self.mps is not None:
             health["mps"] = self.mps.health
+        if self.kubelet is not None:
+            health["kubelet"] = self.kubelet.health
         return health
 
     def _views(self):

@@ -202,6 +202,53 @@ class Nvml:
             for pid, s in sorted(newest.items())
         ]
 
+    def compute_processes(self, index: int) -> dict:
+        """Processes with a compute context on the GPU, {"compute": [...], "mps": [...]} of
+        {"pid", "command"}: NVML lists MPS clients apart (nvmlDeviceGetMPSComputeRunningProcesses),
+        and the MPS server itself among the compute processes."""
+        nv = self._nv
+        h = self._handle(index)
+        out = {}
+        for key, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                          ("mps", "nvmlDeviceGetMPSComputeRunningProcesses")):
+            try:
+                infos = self._call(name, getattr(nv, name), h)
+            except NvmlError as exc:
+                if key == "mps" and exc.unsupported:  # no MPS support in this driver: no MPS clients
+                    infos = []
+                else:
+                    raise
+            pids = sorted({int(info.pid) for info in infos})
+            out[key] = [{"pid": pid, "command": self._process_name(pid)} for pid in pids]
+        return out
+
+    def mig_devices(self, index: int) -> dict:
+        """MIG mode and the MIG devices of a GPU: {"enabled", "devices": [{"uuid", "gpu_instance",
+        "compute_instance"}]}. The device plugin hands MIG devices out by these UUIDs."""
+        nv = self._nv
+        h = self._handle(index)
+        try:
+            current, _pending = self._call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, h)
+        except NvmlError as exc:
+            if exc.unsupported:  # no MIG on this GPU
+                return {"enabled": False, "devices": []}
+            raise
+        devices = []
+        if current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+            count = self._call("nvmlDeviceGetMaxMigDeviceCount", nv.nvmlDeviceGetMaxMigDeviceCount, h)
+            for slot in range(int(count)):
+                try:
+                    mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
+                except nv.NVMLError:  # an empty slot
+                    continue
+                devices.append({
+                    "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
+                    "gpu_instance": int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)),
+                    "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
+                                                       nv.nvmlDeviceGetComputeInstanceId, mig)),
+                })
+        return {"enabled": current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1), "devices": devices}
+
     def _process_name(self, pid: int) -> str:
         try:
             name = self._text(self._nv.nvmlSystemGetProcessName(pid))

@@ -20,7 +20,7 @@ from pathlib import Path
 from exporter.nvml import NvmlError
 
 # Methods answered once (identity does not change); the others are per-tick streams.
-STATIC_METHODS = ("device_count", "identity", "gpm_support")
+STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",
@@ -29,6 +29,7 @@ STREAM_METHODS = (
     "sm_clock_hz",
     "temperature_celsius",
     "process_utilization",
+    "compute_processes",
     "gpm_metrics",
 )
 FORMAT = "gpu-exporter-nvml-recording/1"

@@ -66,6 +66,23 @@ class ProcessUtilization:
 
 
 @dataclass(frozen=True)
+class ComputeProcess:
+    """A process with a compute context on the GPU. kind: "mps" (an MPS client), "time_sliced" (its
+    own context, sharing the GPU by time slices) or "mps_server" (not a workload: never counted)."""
+
+    pid: int
+    command: str
+    kind: str
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+
+
+@dataclass(frozen=True)
 class DeviceTelemetry:
     """One NVML tick of one GPU. Samples are (wall time at the end of the sample period, ratio)."""
 
@@ -79,6 +96,9 @@ class DeviceTelemetry:
     sm_clock_hertz: float | None = None
     temperature_celsius: float | None = None
     processes: tuple[ProcessUtilization, ...] = ()
+    compute_processes: tuple[ComputeProcess, ...] | None = None  # None: NVML could not say
+    mig_enabled: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
     lost: bool = False
     errors: tuple[str, ...] = ()
 
@@ -117,6 +137,7 @@ class Snapshot:
     created: float
     gpus: tuple[GpuView, ...] = ()
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
+    kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 
 
@@ -128,11 +149,12 @@ class LogOnce:
         self._current: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def problem(self, key: str, message: str, level: int = logging.WARNING) -> None:
+    def problem(self, key: str, message: str, level: int = logging.WARNING, kind: str | None = None) -> None:
+        """`kind`: what makes two messages the same problem when their details vary (an error code)."""
         with self._lock:
-            if self._current.get(key) == message:
+            if self._current.get(key) == (kind or message):
                 return
-            self._current[key] = message
+            self._current[key] = kind or message
         self._logger.log(level, "%s: %s", key, message)
 
     def clear(self, key: str, message: str = "recovered") -> None:

@@ -53,13 +53,15 @@ def test_compose_file_is_valid_and_complete():
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
     services = config["services"]
-    assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "grafana"}
+    assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "alertmanager",
+                             "grafana"}
+    assert services["alertmanager"]["image"].startswith("prom/alertmanager:v")  # pinned
     assert all("healthcheck" in s for s in services.values())
     assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
     assert "1000" in services["dcgm-exporter"]["command"]
     for name in ("dcgm-exporter", "gpu-spatial-exporter"):
         assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
-    assert set(config["volumes"]) == {"prometheus-data", "grafana-data"}
+    assert set(config["volumes"]) == {"prometheus-data", "alertmanager-data", "grafana-data"}
     counters = (ROOT / "deploy" / "dcgm-counters.csv").read_text().splitlines()
     assert any(line.startswith("DCGM_FI_PROF_SM_ACTIVE,") for line in counters)
     assert any(line.startswith("DCGM_FI_PROF_SM_OCCUPANCY,") for line in counters)

@@ -24,6 +24,30 @@ TELEMETRY = (
 )
 
 
+PROCESS_KINDS = ("mps", "time_sliced")  # an MPS server is infrastructure, not a workload
+OTHER = "other"
+
+
+def process_groups(processes, owners, limit: int) -> list[tuple[list[str], float, float]]:
+    """Per-process utilization summed per (namespace, pod, container, command): a label set lives as
+    long as the container, not the pid. The `limit` largest by SM time stay; the rest are summed
+    into command="other" so a node running thousands of short processes keeps a bounded series count."""
+    groups: dict[tuple, list[float]] = {}
+    for proc in processes:
+        owner = owners.get(proc.pid)
+        key = (owner.namespace, owner.pod, owner.container, proc.command) if owner else ("", "", "", proc.command)
+        sums = groups.setdefault(key, [0.0, 0.0])
+        sums[0] += proc.sm
+        sums[1] += proc.memory
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][0], kv[0]))
+    kept, rest = ranked[:limit], ranked[limit:]
+    out = [(list(key), round(min(sm, 1.0), 6), round(min(mem, 1.0), 6)) for key, (sm, mem) in kept]
+    if rest:
+        out.append((["", "", "", OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
+                    round(min(sum(v[1] for _, v in rest), 1.0), 6)))
+    return out
+
+
 def gpu_labels(view) -> list[str]:
     ident = view.identity
     return [str(ident.index), ident.uuid, ident.model]
@@ -41,16 +65,26 @@ class GpuCollector:
         return []  # registered without a description: collect() never runs at registration
 
     def collect(self):
-        gpus = self._engine.snapshot.gpus
+        snapshot = self._engine.snapshot
+        gpus = snapshot.gpus
+        mode, limit = self._engine.process_series
+        process_labels = ["pid", "command"] if mode == "pid" else ["namespace", "pod", "container", "command"]
+        kubelet = snapshot.kubelet
+        owners = kubelet.owners if kubelet is not None else {}
+        compute = _gauge("gpu_compute_processes", "Processes with a compute context on the GPU, by kind: mps "
+                         "(MPS clients) or time_sliced (own context); the MPS server is not counted (NVML).", ["kind"])
+        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources); "
+                          "join on uuid.", ["namespace", "pod", "container", "resource"])
+        pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
         time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
         memory_util = _gauge("gpu_memory_time_utilization_ratio",
                              "Share of time device memory was read or written (NVML utilization.memory).")
         telemetry = {attr: _gauge(name, doc) for attr, name, doc in TELEMETRY}
         proc_sm = _gauge("gpu_process_sm_utilization_ratio",
                          "Per-process share of time the process had a kernel running (NVML process utilization).",
-                         ["pid", "command"])
+                         process_labels)
         proc_mem = _gauge("gpu_process_memory_utilization_ratio",
-                          "Per-process share of time the process read or wrote device memory (NVML).", ["pid", "command"])
+                          "Per-process share of time the process read or wrote device memory (NVML).", process_labels)
         spatial = {f: _gauge(f"gpu_{f}_ratio", SPATIAL_HELP[f], ["source"]) for f in SPATIAL_FIELDS}
         hidden = _gauge("gpu_hidden_idle_sm_ratio",
                         "max(0, time utilization - SM active) over the same window: SM capacity that 100% hides.",
@@ -72,9 +106,22 @@ class GpuCollector:
                     value = getattr(tel, attr)
                     if value is not None:
                         family.add_metric(labels, value)
-                for proc in tel.processes:
-                    proc_sm.add_metric(labels + [str(proc.pid), proc.command], proc.sm)
-                    proc_mem.add_metric(labels + [str(proc.pid), proc.command], proc.memory)
+                if mode == "pid":
+                    for proc in tel.processes:
+                        proc_sm.add_metric(labels + [str(proc.pid), proc.command], proc.sm)
+                        proc_mem.add_metric(labels + [str(proc.pid), proc.command], proc.memory)
+                elif mode == "container":
+                    for group, sm, mem in process_groups(tel.processes, owners, limit):
+                        proc_sm.add_metric(labels + group, sm)
+                        proc_mem.add_metric(labels + group, mem)
+                if tel.compute_processes is not None:
+                    for kind in PROCESS_KINDS:
+                        compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
+            if kubelet is not None and not kubelet.error and view.identity.uuid in kubelet.pods:
+                refs = kubelet.pods[view.identity.uuid]
+                for ref in refs:
+                    pod_info.add_metric(labels + [ref.namespace, ref.pod, ref.container, ref.resource], 1.0)
+                pod_count.add_metric(labels, len({(r.namespace, r.pod) for r in refs}))
             if view.spatial is not None:
                 source = view.spatial.source
                 for field, value in view.spatial.values().items():
@@ -94,3 +141,6 @@ class GpuCollector:
         yield from telemetry.values()
         yield proc_sm
         yield proc_mem
+        yield compute
+        yield pod_info
+        yield pod_count

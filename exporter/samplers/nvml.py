@@ -6,7 +6,15 @@ import time
 from collections import deque
 
 from exporter.nvml import NvmlError
-from exporter.snapshot import CollectorHealth, DeviceTelemetry, GpuIdentity, LogOnce, ProcessUtilization
+from exporter.snapshot import (
+    CollectorHealth,
+    ComputeProcess,
+    DeviceTelemetry,
+    GpuIdentity,
+    LogOnce,
+    MigDevice,
+    ProcessUtilization,
+)
 
 log = logging.getLogger(__name__)
 SAMPLE_HISTORY_S = 120.0  # long enough for any source's window (nsys live windows included)
@@ -14,6 +22,8 @@ REINIT_AFTER_S = 30.0
 # Driver time per call on the device's H100: per-process utilization ~3 ms, each utilization-sample
 # kind ~2.7 ms. Memory samples and processes are read every 2 s (NVML keeps the samples meanwhile).
 SLOW_EVERY_S = 2.0
+MIG_EVERY_S = 30.0  # MIG layouts change only when an administrator repartitions the GPU
+MPS_SERVER = "nvidia-cuda-mps-server"
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
 
 
@@ -37,6 +47,7 @@ class NvmlSampler:
         self._history: dict[str, tuple[deque, deque]] = {}
         self._lost: set[int] = set()
         self._slow_read_at: dict[str, float] = {}
+        self._mig_read_at: dict[str, float] = {}
         self._last_init_try = -REINIT_AFTER_S
         self._log = LogOnce(log)
 
@@ -121,10 +132,21 @@ class NvmlSampler:
         read("temperature", b.temperature_celsius)
         previous = self.telemetry.get(gpu.uuid)
         processes = previous.processes if previous else ()
+        compute = previous.compute_processes if previous else None
         if slow:
             read("processes", b.process_utilization, SLOW_EVERY_S)
             processes = tuple(ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
                               for p in values["processes"] or ())
+            read("compute", b.compute_processes)
+            compute = compute_processes(values["compute"])
+        mig_enabled, mig_devices = (previous.mig_enabled, previous.mig_devices) if previous else (None, ())
+        if time.monotonic() - self._mig_read_at.get(gpu.uuid, float("-inf")) >= MIG_EVERY_S:
+            self._mig_read_at[gpu.uuid] = time.monotonic()
+            read("mig", b.mig_devices)
+            mig = values["mig"]
+            mig_enabled = None if mig is None else bool(mig["enabled"])
+            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"])
+                                for d in (mig or {}).get("devices", ()))
         if gpu.index in self._lost:
             self._log.problem(key, "GPU lost (fell off the bus?): its series stop until the exporter restarts", logging.ERROR)
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
@@ -155,6 +177,9 @@ class NvmlSampler:
             sm_clock_hertz=values["clock"],
             temperature_celsius=values["temperature"],
             processes=processes,
+            compute_processes=compute,
+            mig_enabled=mig_enabled,
+            mig_devices=mig_devices,
             errors=tuple(errors),
         )
 
@@ -169,6 +194,19 @@ class NvmlSampler:
                 newest = stamp
         while history and history[0][0] < taken_at - SAMPLE_HISTORY_S:
             history.popleft()
+
+
+def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:
+    """NVML's compute and MPS process lists as one list with a kind each; None when unknown."""
+    if answer is None:
+        return None
+    clients = {p["pid"]: p for p in answer.get("mps", ())}
+    everyone = {p["pid"]: p for p in answer.get("compute", ())} | clients
+    out = []
+    for pid, p in sorted(everyone.items()):
+        kind = "mps_server" if p["command"] == MPS_SERVER else "mps" if pid in clients else "time_sliced"
+        out.append(ComputeProcess(pid, p["command"], kind))
+    return tuple(out)
 
 
 def window_mean(samples, start: float, end: float) -> float | None:

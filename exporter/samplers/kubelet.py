@@ -1,0 +1,262 @@
+"""Kubelet sampler: which pods hold each GPU (PodResources v1 `List` over the kubelet's unix socket),
+and which container each GPU process runs in (its cgroup's container ID).
+
+Device IDs the NVIDIA device plugin hands out, all mapped to the physical GPU's UUID:
+  GPU-<uuid>                 a whole GPU
+  GPU-<uuid>::<n>            replica n of a time-sliced or MPS-shared GPU
+  MIG-<uuid>                 a MIG device (its parent from NVML's MIG device list)
+  MIG-GPU-<uuid>/<gi>/<ci>   a MIG device, older plugins
+  <index>, <index>::<n>, <index>:<mig>   the same with deviceIDStrategy=index
+A device ID that is none of these GPUs is logged once and attributed to nobody.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.snapshot import CollectorHealth, LogOnce
+
+log = logging.getLogger(__name__)
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+DEFAULT_CONTAINER_LOGS = "/var/log/containers"
+RESOURCE_PREFIX = "nvidia.com/"
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a node with hundreds of pods answers more than gRPC's 4 MB default
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+# The kubelet's log links: <pod>_<namespace>_<container>-<container id>.log (names hold no '_').
+LOG_LINK = re.compile(r"^(?P<pod>[^_]+)_(?P<namespace>[^_]+)_(?P<container>[^_]+)-(?P<id>[0-9a-f]{64})\.log$")
+REPLICA = re.compile(r"^(?P<base>.+?)::\d+$")
+OLD_MIG = re.compile(r"^MIG-(?P<parent>GPU-[0-9a-fA-F-]+)/\d+/\d+$")
+INDEX = re.compile(r"^(?P<index>\d+)(?::\d+)?$")
+
+
+@dataclass(frozen=True, order=True)
+class PodRef:
+    """A container holding a GPU or a share of it."""
+
+    namespace: str
+    pod: str
+    container: str
+    resource: str = ""
+
+
+@dataclass(frozen=True)
+class KubeletSnapshot:
+    pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)  # GPU UUID -> holders
+    owners: dict[int, PodRef] = field(default_factory=dict)  # host pid -> container (resource "")
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return {"error": self.error,
+                "pods": {uuid: [ref.__dict__ for ref in refs] for uuid, refs in self.pods.items()},
+                "process_owners": {str(pid): ref.__dict__ for pid, ref in self.owners.items()}}
+
+
+class DeviceMap:
+    """Resolves device-plugin IDs to GPU UUIDs from what NVML knows of this node."""
+
+    def __init__(self, gpus, telemetry):
+        self.by_uuid = {g.uuid: g.uuid for g in gpus}
+        self.by_index = {str(g.index): g.uuid for g in gpus}
+        for g in gpus:
+            tel = telemetry.get(g.uuid)
+            for mig in getattr(tel, "mig_devices", ()) or ():
+                self.by_uuid[mig.uuid] = g.uuid
+
+    def resolve(self, device_id: str) -> str | None:
+        replica = REPLICA.match(device_id)
+        base = replica.group("base") if replica else device_id
+        if base in self.by_uuid:
+            return self.by_uuid[base]
+        old = OLD_MIG.match(base)
+        if old:
+            return self.by_uuid.get(old.group("parent"))
+        index = INDEX.match(base)
+        if index:
+            return self.by_index.get(index.group("index"))
+        return None
+
+
+def attribute(pod_resources, devices: DeviceMap) -> tuple[dict[str, tuple[PodRef, ...]], list[str]]:
+    """GPU UUID -> containers holding it, and the problems found (unknown or doubly-held IDs)."""
+    holders: dict[str, set[tuple[str, str]]] = {}  # device ID -> pods listing it
+    claims: list[tuple[str, str, PodRef]] = []
+    problems = []
+    for pod in pod_resources:
+        for container in pod.containers:
+            for dev in container.devices:
+                if not dev.resource_name.startswith(RESOURCE_PREFIX):
+                    continue
+                ref = PodRef(pod.namespace, pod.name, container.name, dev.resource_name)
+                for device_id in dev.device_ids:
+                    uuid = devices.resolve(device_id)
+                    if uuid is None:
+                        problems.append(f"device ID {device_id!r} of {dev.resource_name} held by "
+                                        f"{pod.namespace}/{pod.name}/{container.name} is no GPU on this node")
+                        continue
+                    holders.setdefault(device_id, set()).add((pod.namespace, pod.name))
+                    claims.append((device_id, uuid, ref))
+    # An ID is one device: several containers of one pod may share it (the kubelet hands an init
+    # container's devices on), two pods never. Then neither is credited.
+    doubled = {d for d, pods in holders.items() if len(pods) > 1}
+    for device_id in sorted(doubled):
+        names = ", ".join(f"{ns}/{name}" for ns, name in sorted(holders[device_id]))
+        problems.append(f"device ID {device_id!r} is listed for several pods ({names}): not attributed")
+    pods: dict[str, set[PodRef]] = {uuid: set() for uuid in set(devices.by_index.values())}
+    for device_id, uuid, ref in claims:
+        if device_id not in doubled:
+            pods[uuid].add(ref)
+    return {uuid: tuple(sorted(refs)) for uuid, refs in pods.items()}, problems
+
+
+def container_links(folder: Path) -> dict[str, PodRef]:
+    """Container ID -> (namespace, pod, container) from the names of the kubelet's log links. Only
+    names are read: no log is ever opened."""
+    out = {}
+    for name in os.listdir(folder):
+        match = LOG_LINK.match(name)
+        if match:
+            out[match.group("id")] = PodRef(match.group("namespace"), match.group("pod"), match.group("container"))
+    return out
+
+
+def cgroup_container_id(text: str) -> str | None:
+    """The container ID a /proc/PID/cgroup names (cri-containerd-<id>.scope, crio-<id>, docker-<id>,
+    or cgroupfs's .../<id>); None for a process outside any container."""
+    found = CONTAINER_ID.findall(text)
+    return found[-1] if found else None
+
+
+class KubeletSampler:
+    name = "kubelet"
+
+    def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,
+                 interval: float = 5.0, timeout: float = 2.0):
+        self.socket_path = socket_path
+        self.nvml = nvml
+        self.proc_root = Path(proc_root)
+        self.container_logs = Path(container_logs) if container_logs else None
+        self.interval = interval
+        self.timeout = timeout
+        self.snapshot = KubeletSnapshot()
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._channel = None
+        self._list = None
+        self._pid_containers: dict[int, str | None] = {}
+        self._log = LogOnce(log)
+
+    # -- the PodResources API -------------------------------------------------------------------
+    def _connect(self):
+        if self._list is None:
+            grpc = import_grpc()
+            from exporter.kubelet import podresources_pb2
+
+            self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+            self._list = self._channel.unary_unary(
+                "/v1.PodResourcesLister/List",
+                request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=podresources_pb2.ListPodResourcesResponse.FromString)
+            self._request = podresources_pb2.ListPodResourcesRequest()
+        return self._list
+
+    def _disconnect(self) -> None:
+        # A kubelet restart makes a new socket: a fresh channel finds it at once, where the old one
+        # would back off for up to minutes.
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._list = None
+
+    def close(self) -> None:
+        self._disconnect()
+
+    def list_pods(self):
+        grpc = import_grpc()
+        try:
+            return self._connect()(self._request, timeout=self.timeout).pod_resources
+        except grpc.RpcError as exc:
+            self._disconnect()
+            code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
+            detail = exc.details() if hasattr(exc, "details") else str(exc)
+            if not os.path.exists(self.socket_path):
+                raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
+                                   "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
+            raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
+
+    # -- processes ------------------------------------------------------------------------------
+    def _owners(self, listed: set[tuple[str, str, str]], problems: list[str]) -> dict[int, PodRef]:
+        pids = {p.pid for tel in self.nvml.telemetry.values() for p in tel.processes}
+        pids |= {p.pid for tel in self.nvml.telemetry.values() for p in (tel.compute_processes or ())}
+        if not pids or self.container_logs is None:
+            self._pid_containers.clear()
+            return {}
+        try:
+            links = container_links(self.container_logs)
+        except OSError as exc:
+            problems.append(f"cannot list {self.container_logs} (processes keep their command label): {exc}")
+            return {}
+        self._pid_containers = {pid: cid for pid, cid in self._pid_containers.items() if pid in pids}
+        owners = {}
+        for pid in pids:
+            if pid not in self._pid_containers:
+                try:
+                    text = (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")
+                except OSError:  # gone, or another PID namespace: unattributed
+                    continue
+                self._pid_containers[pid] = cgroup_container_id(text)
+            ref = links.get(self._pid_containers[pid] or "")
+            if ref is not None and (ref.namespace, ref.pod, ref.container) in listed:
+                owners[pid] = ref
+        return owners
+
+    # -- one tick -------------------------------------------------------------------------------
+    def tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            pod_resources = self.list_pods()
+        except KubeletError as exc:
+            self._log.problem("kubelet", str(exc), kind=exc.kind)  # details vary from call to call
+            # Gone, not frozen: pods that may have left are never shown as still there.
+            self.snapshot = KubeletSnapshot(error=str(exc))
+            self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
+            return
+        self._log.clear("kubelet")
+        gpus = self.nvml.gpus
+        if not gpus:
+            why = "NVML knows no GPU on this node: nothing to attribute pods to"
+            self._log.problem("kubelet", why)
+            self.snapshot = KubeletSnapshot(error=why)
+            self.health = CollectorHealth(False, time.perf_counter() - started, why)
+            return
+        pods, problems = attribute(pod_resources, DeviceMap(gpus, self.nvml.telemetry))
+        if not any(pods.values()):
+            self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
+                                              f"({len(pod_resources)} pods listed)", logging.INFO)
+        else:
+            self._log.clear("kubelet pods", "containers holding NVIDIA devices listed again")
+        listed = {(r.namespace, r.pod, r.container) for refs in pods.values() for r in refs}
+        owners = self._owners(listed, problems)
+        if problems:  # one line whenever the set of problems changes, not one per tick
+            self._log.problem("kubelet attribution", "; ".join(problems))
+        else:
+            self._log.clear("kubelet attribution")
+        self.snapshot = KubeletSnapshot(pods=pods, owners=owners)
+        self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+
+
+class KubeletError(Exception):
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+def import_grpc():
+    """grpc, imported only when pod attribution is on: every other host would pay its memory."""
+    # gRPC's C core logs each GOAWAY of a restarting kubelet to stderr: we log once ourselves.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    import grpc
+
+    return grpc

@@ -1,0 +1,233 @@
+"""Pod attribution from the kubelet's PodResources API: a real gRPC server on a unix socket, the real
+exporter over HTTP replaying NVML answers recorded on the H100 while 4 processes shared it
+(tests/fixtures/nvml_h100_time_sliced.json), and a proc tree whose cgroups name the containers."""
+import json
+import time
+
+import pytest
+
+from exporter.kubelet import podresources_pb2 as pb
+from exporter.nvml_replay import cut
+from exporter.samplers.kubelet import DeviceMap, PodRef, attribute, cgroup_container_id
+from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
+from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
+from tests.kubelet_server import GarbageServer, KubeletServer, pod
+
+UUID = "GPU-0cc7d789-89a7-98d7-87e6-31b003867920"  # the recording's H100
+GPU = "nvidia.com/gpu"
+TRAINER_ID, NOTEBOOK_ID = "a" * 64, "b" * 64
+
+
+# -- device IDs -> GPUs ----------------------------------------------------------------------------
+def two_gpus_one_mig():
+    gpus = (GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-bbbb", "H100"))
+    telemetry = {"GPU-bbbb": DeviceTelemetry(gpus[1], 0.0, mig_enabled=True,
+                                             mig_devices=(MigDevice("MIG-1111", 1, 0), MigDevice("MIG-2222", 2, 0)))}
+    return DeviceMap(gpus, telemetry)
+
+
+@pytest.mark.parametrize("device_id, uuid", [
+    ("GPU-aaaa", "GPU-aaaa"),                # exclusive
+    ("GPU-aaaa::3", "GPU-aaaa"),             # time-slicing or MPS replica
+    ("MIG-2222", "GPU-bbbb"),                # MIG device -> its parent
+    ("MIG-2222::1", "GPU-bbbb"),             # a replica of a MIG device
+    ("MIG-GPU-bbbb/1/0", "GPU-bbbb"),        # older plugins' MIG IDs
+    ("1", "GPU-bbbb"), ("0::2", "GPU-aaaa"), ("1:0", "GPU-bbbb"),  # deviceIDStrategy=index
+    ("GPU-cccc", None), ("MIG-9999", None), ("7", None), ("", None), ("::1", None),
+])
+def test_device_ids_resolve_to_the_physical_gpu(device_id, uuid):
+    assert two_gpus_one_mig().resolve(device_id) == uuid
+
+
+def test_attribution_of_exclusive_shared_and_mig_allocations_and_bad_ids():
+    answer = [
+        pod("ml", "train", {"main": [(GPU, ["GPU-aaaa"])], "sidecar": [("cpu", ["0"])]}),
+        pod("ml", "infer-1", {"srv": [("nvidia.com/mig-1g.10gb", ["MIG-1111"])]}),
+        pod("ml", "infer-2", {"srv": [("nvidia.com/mig-1g.10gb", ["MIG-2222"])]}),
+        pod("nb", "x", {"c": [("nvidia.com/gpu.shared", ["GPU-bbbb::0"])]}),
+        pod("nb", "y", {"c": [("nvidia.com/gpu.shared", ["GPU-bbbb::1", "GPU-bbbb::1"])]}),  # one ID twice
+        pod("init", "z", {"init": [(GPU, ["GPU-bbbb::4"])], "app": [(GPU, ["GPU-bbbb::4"])]}),  # handed on
+        pod("bad", "ghost", {"c": [(GPU, ["GPU-not-here"])]}),
+        pod("bad", "dup-1", {"c": [(GPU, ["GPU-bbbb::9"])]}),
+        pod("bad", "dup-2", {"c": [(GPU, ["GPU-bbbb::9"])]}),
+    ]
+    pods, problems = attribute(answer, two_gpus_one_mig())
+    assert pods["GPU-aaaa"] == (PodRef("ml", "train", "main", GPU),)
+    assert {(r.namespace, r.pod, r.container) for r in pods["GPU-bbbb"]} == {
+        ("ml", "infer-1", "srv"), ("ml", "infer-2", "srv"), ("nb", "x", "c"), ("nb", "y", "c"),
+        ("init", "z", "init"), ("init", "z", "app")}
+    assert len(problems) == 2
+    assert "'GPU-not-here'" in problems[0] and "bad/ghost/c" in problems[0] and "no GPU on this node" in problems[0]
+    assert "'GPU-bbbb::9'" in problems[1] and "bad/dup-1, bad/dup-2" in problems[1]
+
+
+def test_an_empty_answer_attributes_nothing():
+    pods, problems = attribute([], two_gpus_one_mig())
+    assert pods == {"GPU-aaaa": (), "GPU-bbbb": ()} and problems == []
+
+
+@pytest.mark.parametrize("text, found", [
+    ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1b2c.slice/cri-containerd-"
+     + "c" * 64 + ".scope\n", "c" * 64),
+    ("12:memory:/kubepods/besteffort/pod1b2c/" + "d" * 64 + "\n11:cpu:/kubepods/besteffort/pod1b2c/" + "d" * 64,
+     "d" * 64),
+    ("0::/system.slice/sshd.service\n", None),
+    ("", None),
+])
+def test_container_id_from_cgroup(text, found):
+    assert cgroup_container_id(text) == found
+
+
+# -- end to end over HTTP --------------------------------------------------------------------------
+@pytest.fixture()
+def node(tmp_path):
+    """One frame of the time-sliced recording (pids 417-420 at 30/10/40/20 % SM time), a proc tree in
+    which 417 and 418 run in the trainer's container, 419 in the notebook's and 420 on the host, and
+    the kubelet's log links that name those containers."""
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
+    proc = tmp_path / "proc"
+    for pid, cid in ((417, TRAINER_ID), (418, TRAINER_ID), (419, NOTEBOOK_ID), (420, None)):
+        (proc / str(pid)).mkdir(parents=True)
+        path = f"/kubepods.slice/kubepods-pod1.slice/cri-containerd-{cid}.scope" if cid else "/user.slice/session-1.scope"
+        (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
+    logs = tmp_path / "containers"
+    logs.mkdir()
+    for name in (f"train-0_team-a_trainer-{TRAINER_ID}.log", f"notebook_team-b_nb-{NOTEBOOK_ID}.log",
+                 "garbage.log", f"other_team-c_x-{'e' * 64}.log"):
+        (logs / name).symlink_to("/nonexistent")  # only names are read
+    server = KubeletServer(str(tmp_path / "kubelet.sock"))
+    args = ("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2",
+            "--kubelet-socket", server.path, "--kubelet-interval", "0.2", "--kubelet-container-logs", str(logs),
+            "--proc-root", str(proc))
+    yield server, args
+    server.stop()
+
+
+def pods_of(samples):
+    return {(l["namespace"], l["pod"], l["container"], l["resource"]) for l, _ in samples.get("gpu_pod_info", [])}
+
+
+def kubelet_success(samples):
+    return {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}.get("kubelet")
+
+
+def scrape(exporter):
+    started = time.monotonic()
+    samples = parse_metrics(exporter.metrics())
+    assert time.monotonic() - started < 1.0  # never waits on the kubelet
+    return samples
+
+
+def settle(exporter, predicate, what):
+    return wait_for(lambda: predicate(scrape(exporter)) and scrape(exporter), 15, 0.2, what)
+
+
+def test_pods_per_gpu_and_processes_per_container_over_http(node):
+    server, args = node
+    server.service.pods = [
+        pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0", f"{UUID}::1"])]}),
+        pod("team-b", "notebook", {"nb": [(GPU, [f"{UUID}::2"])]}),
+        pod("team-c", "ghost", {"x": [(GPU, ["GPU-00000000-not-on-this-node"])]}),
+        pod("kube-system", "dns", {"dns": [("cpu", ["1"])]}),
+    ]
+    server.start()
+    with Exporter(*args) as exporter:
+        samples = settle(exporter, lambda s: pods_of(s) and s.get("gpu_compute_processes")
+                         and any(l.get("pod") == "train-0" for l, _ in s["gpu_process_sm_utilization_ratio"]),
+                         "pods and process owners")
+        assert pods_of(samples) == {("team-a", "train-0", "trainer", GPU), ("team-b", "notebook", "nb", GPU)}
+        assert samples["gpu_pods"] == [({"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3"}, 2.0)]
+        assert kubelet_success(samples) == 0.0  # the ghost's ID is a problem worth a look
+        per_owner = {(l["namespace"], l["pod"], l["container"], l["command"]): v
+                     for l, v in samples["gpu_process_sm_utilization_ratio"]}
+        assert per_owner == pytest.approx({("team-a", "train-0", "trainer", "python3"): 0.4,
+                                           ("team-b", "notebook", "nb", "python3"): 0.4,
+                                           ("", "", "", "python3"): 0.2})
+        assert {l["kind"]: v for l, v in samples["gpu_compute_processes"]} == {"time_sliced": 4.0, "mps": 0.0}
+        gpu = exporter.gpus()["gpus"][0]
+        assert {p["pod"] for p in gpu["pods"]} == {"train-0", "notebook"}
+        assert exporter.gpus()["kubelet"]["process_owners"]["419"]["pod"] == "notebook"
+
+        # Pods come and go; two pods claiming one replica are credited to neither.
+        server.service.pods = [
+            pod("team-b", "notebook", {"nb": [(GPU, [f"{UUID}::2"])]}),
+            pod("team-d", "dup-1", {"c": [(GPU, [f"{UUID}::5"])]}),
+            pod("team-d", "dup-2", {"c": [(GPU, [f"{UUID}::5"])]}),
+        ]
+        samples = settle(exporter, lambda s: pods_of(s) == {("team-b", "notebook", "nb", GPU)}, "train-0 gone")
+        per_owner = {(l["pod"], l["command"]): v for l, v in samples["gpu_process_sm_utilization_ratio"]}
+        assert per_owner == pytest.approx({("notebook", "python3"): 0.4, ("", "python3"): 0.6})
+
+        server.service.pods = []  # an empty List answer: no pods, and that is no failure
+        samples = settle(exporter, lambda s: not pods_of(s) and kubelet_success(s) == 1.0, "empty answer")
+        assert samples["gpu_pods"][0][1] == 0.0
+
+        log = exporter.log()
+        assert log.count("GPU-00000000-not-on-this-node") == 1  # one line per problem, not per tick
+        assert log.count(f"'{UUID}::5' is listed for several pods (team-d/dup-1, team-d/dup-2)") == 1
+        assert log.count("lists no container holding an NVIDIA device") == 1
+        assert "Traceback" not in log
+
+
+def test_slow_missing_garbage_and_restarting_kubelet_never_fail_a_scrape(node):
+    server, args = node
+    server.service.pods = [pod("team-b", "notebook", {"nb": [(GPU, [UUID])]})]
+    server.start()
+    with Exporter(*args) as exporter:
+        settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "pods")
+
+        server.service.delay = 1.0  # slower than the exporter's timeout
+        samples = settle(exporter, lambda s: kubelet_success(s) == 0.0, "slow kubelet noticed")
+        assert "gpu_pods" not in samples and not pods_of(samples)  # gone, never frozen
+        assert samples["gpu_time_utilization_ratio"]  # the rest is served
+        server.service.delay = 0.0
+        settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "back after the slow spell")
+
+        server.stop()  # the kubelet goes away with its socket
+        settle(exporter, lambda s: kubelet_success(s) == 0.0 and not pods_of(s), "missing socket noticed")
+        garbage = GarbageServer(server.path)
+        time.sleep(1.0)
+        assert kubelet_success(scrape(exporter)) == 0.0 and not pods_of(scrape(exporter))
+        garbage.stop()
+        missing = f"no kubelet pod-resources socket at {server.path}"
+        wait_for(lambda: exporter.log().count(missing) == 2, 10, 0.2, "missing again")
+
+        server.start()  # a restarted kubelet: a new socket at the same path
+        settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "restarted kubelet found")
+        status, body = http_get(exporter.url + "/healthz")
+        assert status == 200, body
+
+        log = exporter.log()
+        assert log.count("DEADLINE_EXCEEDED") == 1
+        # missing, then garbage, then missing again (the garbage server took its socket along)
+        assert log.count(missing) == 2, log
+        assert log.count("Failed parsing HTTP/2") == 1, log
+        assert "Traceback" not in log and "chttp2" not in log  # gRPC's own chatter stays quiet
+        errors = json.loads(http_get(exporter.url + "/api/v1/gpus")[1])["collectors"]["kubelet"]
+        assert errors["success"] is True
+
+
+def test_no_kubelet_socket_on_a_plain_host_means_no_pod_series():
+    with Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.2",
+                  "--kubelet-socket", "none") as exporter:
+        samples = parse_metrics(exporter.metrics())
+        assert "gpu_pods" not in samples and "gpu_pod_info" not in samples
+        assert "kubelet" not in {l["collector"] for l, _ in samples["gpu_exporter_collector_success"]}
+
+
+def test_pid_series_are_opt_in_and_the_limit_folds_the_rest(node):
+    server, args = node
+    with Exporter(*args, "--kubelet-socket", "none", "--process-series", "pid") as exporter:
+        samples = wait_for(lambda: parse_metrics(exporter.metrics()).get("gpu_process_sm_utilization_ratio"), 10)
+        assert {l["pid"] for l, _ in samples} == {"417", "418", "419", "420"}
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]}),
+                           pod("team-b", "notebook", {"nb": [(GPU, [f"{UUID}::2"])]})]
+    server.start()
+    with Exporter(*args, "--process-series-limit", "1") as exporter:
+        def two_groups():
+            found = parse_metrics(exporter.metrics()).get("gpu_process_sm_utilization_ratio", [])
+            return len(found) == 2 and found
+        samples = wait_for(two_groups, 15, 0.2, "one kept, the rest folded")
+        groups = {(l["pod"], l["command"]): v for l, v in samples}
+        # team-a and team-b tie at 0.4: the first by name stays, notebook and the host process fold.
+        assert groups == pytest.approx({("train-0", "python3"): 0.4, ("", "other"): 0.6})
