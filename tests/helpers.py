@@ -107,3 +107,54 @@ def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
         for sample in family.samples:
             out.setdefault(sample.name, []).append((sample.labels, sample.value))
     return out
+
+
+RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
+
+
+def shorten_for(rules_text: str, to: str = "3s") -> str:
+    """The rules with every `for:` cut to seconds, so a test sees alerts fire."""
+    import re
+
+    return re.sub(r"^(\s*for:) \d+m$", rf"\1 {to}", rules_text, flags=re.M)
+
+
+class Prometheus:
+    """Debian's Prometheus on a free port with our rules (for: shortened), scraping `jobs`
+    ({job: [targets]}) every second; alerts go to `alertmanager` (host:port) when given."""
+
+    def __init__(self, tmp: Path, jobs: dict[str, list[str]], alertmanager: str | None = None,
+                 external_labels: dict | None = None, target_labels: dict | None = None):
+        import yaml
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text()))
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": external_labels or {}},
+            "rule_files": [str(tmp / "rules.yaml")],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets, "labels": target_labels or {}}]}
+                               for job, targets in jobs.items()],
+        }
+        if alertmanager:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}],
+                                  "alert_relabel_configs": [{"action": "labeldrop",
+                                                             "regex": "runbook_base_url|grafana_url"}]}
+        (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
+        self.log = open(tmp / "prometheus.log", "w")
+        self.proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
+                                      f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+
+    def query(self, expr: str) -> list:
+        import urllib.parse
+
+        status, body = http_get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+        data = json.loads(body)
+        assert status == 200 and data["status"] == "success", (expr, data)
+        return data["data"]["result"]
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(10)
+        self.log.close()

@@ -13,8 +13,10 @@ import subprocess
 import pytest
 
 from tests.helpers import FIXTURES, Exporter, parse_metrics, wait_for
+from tests.kubelet_server import GPU, SLICED_UUID, kubernetes_node, pod
 
 GOLDEN = FIXTURES / "golden_metrics.prom"
+GOLDEN_K8S = FIXTURES / "golden_metrics_k8s.prom"
 VOLATILE = ("gpu_exporter_collector_duration_seconds", "gpu_spatial_sample_timestamp_seconds")
 REPLAY_ARGS = ("--nvml-replay", str(FIXTURES / "nvml_h100_quarter_sms_frame.json"),
                "--proc-root", str(FIXTURES / "proc"), "--mps-control-binary", str(FIXTURES / "fake-mps-control"),
@@ -98,3 +100,26 @@ def test_no_gpu_host_still_serves():
         assert 'gpu_exporter_collector_success{collector="nvml"} 0.0' in text
         assert "mps_daemon_up" in text
     assert running.log().count("NVML unavailable") == 1  # one clear line, not one per tick
+
+
+def test_kubernetes_node_metrics_match_their_golden_file(tmp_path):
+    """A GPU node of a cluster: 4 time-sliced processes recorded on the H100, two pods holding
+    replicas of it, processes attributed to their containers through their cgroups."""
+    server, args = kubernetes_node(tmp_path)
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{SLICED_UUID}::0"])]}),
+                           pod("team-b", "notebook", {"nb": [(GPU, [f"{SLICED_UUID}::1"])]})]
+    server.start()
+    try:
+        with Exporter(*args) as running:
+            wait_for(lambda: running.gpus()["gpus"][0]["spatial"] and running.gpus()["gpus"][0]["pods"]
+                     and running.gpus()["kubelet"]["process_owners"], 20, what="pods and owners")
+            text = running.metrics()
+    finally:
+        server.stop()
+    got = normalise(text)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN_K8S.write_text(got)
+    assert got == GOLDEN_K8S.read_text()
+    if shutil.which("promtool"):
+        done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr

@@ -7,15 +7,10 @@ import time
 import pytest
 
 from exporter.kubelet import podresources_pb2 as pb
-from exporter.nvml_replay import cut
 from exporter.samplers.kubelet import DeviceMap, PodRef, attribute, cgroup_container_id
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
-from tests.kubelet_server import GarbageServer, KubeletServer, pod
-
-UUID = "GPU-0cc7d789-89a7-98d7-87e6-31b003867920"  # the recording's H100
-GPU = "nvidia.com/gpu"
-TRAINER_ID, NOTEBOOK_ID = "a" * 64, "b" * 64
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, kubernetes_node, pod
 
 
 # -- device IDs -> GPUs ----------------------------------------------------------------------------
@@ -81,24 +76,7 @@ def test_container_id_from_cgroup(text, found):
 # -- end to end over HTTP --------------------------------------------------------------------------
 @pytest.fixture()
 def node(tmp_path):
-    """One frame of the time-sliced recording (pids 417-420 at 30/10/40/20 % SM time), a proc tree in
-    which 417 and 418 run in the trainer's container, 419 in the notebook's and 420 on the host, and
-    the kubelet's log links that name those containers."""
-    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
-    proc = tmp_path / "proc"
-    for pid, cid in ((417, TRAINER_ID), (418, TRAINER_ID), (419, NOTEBOOK_ID), (420, None)):
-        (proc / str(pid)).mkdir(parents=True)
-        path = f"/kubepods.slice/kubepods-pod1.slice/cri-containerd-{cid}.scope" if cid else "/user.slice/session-1.scope"
-        (proc / str(pid) / "cgroup").write_text(f"0::{path}\n")
-    logs = tmp_path / "containers"
-    logs.mkdir()
-    for name in (f"train-0_team-a_trainer-{TRAINER_ID}.log", f"notebook_team-b_nb-{NOTEBOOK_ID}.log",
-                 "garbage.log", f"other_team-c_x-{'e' * 64}.log"):
-        (logs / name).symlink_to("/nonexistent")  # only names are read
-    server = KubeletServer(str(tmp_path / "kubelet.sock"))
-    args = ("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2",
-            "--kubelet-socket", server.path, "--kubelet-interval", "0.2", "--kubelet-container-logs", str(logs),
-            "--proc-root", str(proc))
+    server, args = kubernetes_node(tmp_path)
     yield server, args
     server.stop()
 

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from dashboards.common import queries
-from tests.helpers import FIXTURES, ROOT, Exporter, free_port, http_get, wait_for
+from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, wait_for
+from tests.kubelet_server import SLICED_UUID, KubeletServer, pod
 
-RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
 DASHBOARDS = sorted((ROOT / "dashboards" / "generated").glob("*.json"))
 needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
 
@@ -75,52 +75,17 @@ def test_dashboards_json_is_what_the_code_builds():
 
 
 def test_every_metric_a_dashboard_or_rule_uses_is_in_the_golden_output():
-    golden = {line.split("{")[0].split(" ")[0] for line in (FIXTURES / "golden_metrics.prom").read_text().splitlines()
-              if line and not line.startswith("#")}
+    golden = {line.split("{")[0].split(" ")[0] for name in ("golden_metrics.prom", "golden_metrics_k8s.prom")
+              for line in (FIXTURES / name).read_text().splitlines() if line and not line.startswith("#")}
     exprs = [q for d in DASHBOARDS for _, q in queries(json.loads(d.read_text()))]
     exprs += [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     used = {m for e in exprs for m in re.findall(r"\b((?:gpu|mps)_[a-z_]+)\b", e)}
     used -= {"gpu_exporter"}  # a prefix inside names, not a name
     missing = sorted(m for m in used if m not in golden)
-    assert not missing, f"not in tests/fixtures/golden_metrics.prom: {missing}"
+    assert not missing, f"not in tests/fixtures/golden_metrics*.prom: {missing}"
 
 
 # -- end to end ------------------------------------------------------------------------------------
-def shorten_for(rules_text: str) -> str:
-    return re.sub(r"^(\s*for:) \d+m$", r"\1 3s", rules_text, flags=re.M)
-
-
-class Prometheus:
-    def __init__(self, tmp: Path, exporters: list[str], node: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text()))
-        config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(tmp / "rules.yaml")],
-            "scrape_configs": [
-                {"job_name": "gpu-spatial-exporter", "static_configs": [{"targets": exporters}]},
-                {"job_name": "node-exporter", "static_configs": [{"targets": [node]}]},
-            ],
-        }
-        (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
-        self.log = open(tmp / "prometheus.log", "w")
-        self.proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
-                                      f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-
-    def query(self, expr: str) -> list:
-        status, body = http_get(f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
-        data = json.loads(body)
-        assert status == 200 and data["status"] == "success", (expr, data)
-        return data["data"]["result"]
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.log.close()
-
-
 def as_promql(expr: str) -> str:
     """A dashboard query as Grafana would send it with every variable on All."""
     match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", expr)
@@ -139,14 +104,22 @@ def test_stack_end_to_end(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     mps = ("--proc-root", str(FIXTURES / "proc"), "--mps-control-binary", str(FIXTURES / "fake-mps-control"))
     prometheus = None
+    # A Kubernetes node: NVML answers recorded while 4 processes time-sliced the H100, and a kubelet.
+    kubelet = KubeletServer(str(tmp_path / "kubelet.sock"))
+    kubelet.service.pods = [pod("team-a", "train-0", {"trainer": [("nvidia.com/gpu", [f"{SLICED_UUID}::0"])]}),
+                            pod("team-b", "notebook", {"nb": [("nvidia.com/gpu", [f"{SLICED_UUID}::1"])]})]
+    kubelet.start()
     try:
         with Exporter("--no-nvml", "--replay", str(FIXTURES / "h100_quarter_sms_50hz.sqlite"), "--interval", "0.5",
                       *mps) as hidden, \
              Exporter("--no-nvml", "--no-mps", "--replay", str(FIXTURES / "h100_matmul_50hz.sqlite"),
-                      "--interval", "0.5") as busy:
-            targets = [f"127.0.0.1:{hidden.port}", f"127.0.0.1:{busy.port}"]
-            prometheus = Prometheus(tmp_path, targets, f"127.0.0.1:{node_port}")
-            wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 3, 60, 0.5, "three targets up")
+                      "--interval", "0.5") as busy, \
+             Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.5",
+                      "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5") as k8s:
+            targets = [f"127.0.0.1:{e.port}" for e in (hidden, busy, k8s)]
+            prometheus = Prometheus(tmp_path, {"gpu-spatial-exporter": targets,
+                                               "node-exporter": [f"127.0.0.1:{node_port}"]})
+            wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 4, 60, 0.5, "four targets up")
             time.sleep(12)  # rate() windows and the shortened for: of the alerts
 
             empty = []
@@ -163,11 +136,13 @@ def test_stack_end_to_end(tmp_path):
                         prometheus.query('ALERTS{alertname="HiddenIdleSMs", alertstate="firing"}')}
 
             fired = wait_for(firing, 40, 1, "HiddenIdleSMs firing")
-            assert fired == {targets[0]}  # the quarter-SM replay, never the matmul one
+            # the quarter-SM replay and the time-sliced node (SM active 0.06), never the matmul one
+            assert fired == {targets[0], targets[2]}
             stuck = prometheus.query('ALERTS{alertname="SpatialSourceStuck", alertstate="firing"}')
             assert not stuck
     finally:
         if prometheus:
             prometheus.stop()
+        kubelet.stop()
         node.terminate()
         node.wait(10)
