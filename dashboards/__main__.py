@@ -9,6 +9,7 @@ from pathlib import Path
 from grafanalib._gen import DashboardEncoder
 
 from dashboards import gpu_utilization, mps_host_memory
+from dashboards.generate import write_or_check
 
 GENERATED = Path(__file__).resolve().parent / "generated"
 DASHBOARDS = {"gpu-utilization.json": gpu_utilization, "mps-host-memory.json": mps_host_memory}
@@ -23,21 +24,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards", description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if the committed JSON is not what the code builds")
     args = parser.parse_args(argv)
-    stale = []
-    GENERATED.mkdir(exist_ok=True)
-    for name, module in DASHBOARDS.items():
-        text, path = render(module), GENERATED / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-            print(f"wrote {path}")
-    if stale:
-        print(f"out of date: {', '.join(stale)}: run python -m dashboards", file=sys.stderr)
-        return 1
-    return 0
-
+    files = {GENERATED / name: render(module) for name, module in DASHBOARDS.items()}
+    return write_or_check(files, args.check, "python -m dashboards")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,6 +15,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # a script in tools/: the project's packages from this checkout
+from dashboards.generate import write_or_check  # noqa: E402
+
 RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager.yaml"
 PROMETHEUS = ROOT / "prometheus.yaml"
@@ -68,21 +71,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="fail if the committed files are not what this writes")
     args = parser.parse_args(argv)
-    stale = []
-    OUT.mkdir(parents=True, exist_ok=True)
-    for name, build in FILES.items():
-        text, path = build(), OUT / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-            print(f"wrote {path.relative_to(ROOT)}")
-    if stale:
-        print(f"out of date: {', '.join(stale)}: run python3 tools/kubernetes_manifests.py", file=sys.stderr)
-        return 1
-    return 0
-
+    files = {OUT / name: build() for name, build in FILES.items()}
+    return write_or_check(files, args.check, "python3 tools/kubernetes_manifests.py")
 
 if __name__ == "__main__":
     sys.exit(main())
