@@ -208,7 +208,7 @@ class Nvml:
         and the MPS server itself among the compute processes."""
         nv = self._nv
         h = self._handle(index)
-        out = {}
+        pids = {}
         for key, name in (("compute", "nvmlDeviceGetComputeRunningProcesses"),
                           ("mps", "nvmlDeviceGetMPSComputeRunningProcesses")):
             try:
@@ -218,9 +218,10 @@ class Nvml:
                     infos = []
                 else:
                     raise
-            pids = sorted({int(info.pid) for info in infos})
-            out[key] = [{"pid": pid, "command": self._process_name(pid)} for pid in pids]
-        return out
+            pids[key] = sorted({int(info.pid) for info in infos})
+        # MPS clients stand in both lists: one driver call per process for its name, not two.
+        names = {pid: self._process_name(pid) for pid in {*pids["compute"], *pids["mps"]}}
+        return {key: [{"pid": pid, "command": names[pid]} for pid in listed] for key, listed in pids.items()}
 
     def mig_devices(self, index: int) -> dict:
         """MIG mode and the MIG devices of a GPU: {"enabled", "devices": [{"uuid", "gpu_instance",
@@ -233,8 +234,9 @@ class Nvml:
             if exc.unsupported:  # no MIG on this GPU
                 return {"enabled": False, "devices": []}
             raise
+        enabled = current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
         devices = []
-        if current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1):
+        if enabled:
             count = self._call("nvmlDeviceGetMaxMigDeviceCount", nv.nvmlDeviceGetMaxMigDeviceCount, h)
             for slot in range(int(count)):
                 try:
@@ -247,7 +249,7 @@ class Nvml:
                     "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
                                                        nv.nvmlDeviceGetComputeInstanceId, mig)),
                 })
-        return {"enabled": current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1), "devices": devices}
+        return {"enabled": enabled, "devices": devices}
 
     def _process_name(self, pid: int) -> str:
         try:

@@ -117,7 +117,7 @@ class GpuCollector:
                 if tel.compute_processes is not None:
                     for kind in PROCESS_KINDS:
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
-            if kubelet is not None and not kubelet.error and view.identity.uuid in kubelet.pods:
+            if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
                 refs = kubelet.pods[view.identity.uuid]
                 for ref in refs:
                     pod_info.add_metric(labels + [ref.namespace, ref.pod, ref.container, ref.resource], 1.0)
