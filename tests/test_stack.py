@@ -135,9 +135,12 @@ def test_stack_end_to_end(tmp_path):
                 return {r["metric"]["instance"] for r in
                         prometheus.query('ALERTS{alertname="HiddenIdleSMs", alertstate="firing"}')}
 
-            fired = wait_for(firing, 40, 1, "HiddenIdleSMs firing")
-            # the quarter-SM replay and the time-sliced node (SM active 0.06), never the matmul one
-            assert fired == {targets[0], targets[2]}
+            # the quarter-SM replay and the time-sliced node (SM active 0.06), never the matmul one;
+            # each target's alert turns firing on its own evaluation, so wait for the full set
+            expected = {targets[0], targets[2]}
+            wait_for(lambda: firing() == expected, 40, 1, f"HiddenIdleSMs firing on {expected}")
+            time.sleep(2)
+            assert firing() == expected
             stuck = prometheus.query('ALERTS{alertname="SpatialSourceStuck", alertstate="firing"}')
             assert not stuck
     finally:
