@@ -39,7 +39,8 @@ def build_engine(args):
                          interval=max(args.interval, 1.0))
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
                     disabled_reasons=disabled, interval=args.interval, kubelet=build_kubelet(args, nvml),
-                    process_series=(args.process_series, args.process_series_limit))
+                    process_series=(args.process_series, args.process_series_limit),
+                    spool=upload.retention if upload is not None else None)
     return engine, upload
 
 

@@ -1,4 +1,7 @@
-"""The FastAPI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot."""
+"""The ASGI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot.
+
+Starlette, the toolkit FastAPI is built on, without FastAPI itself: three routes need no request
+models, and FastAPI with pydantic cost 15 MB of resident memory (bench/RESULTS.md, footprint)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,10 +9,11 @@ import logging
 import time
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.health import HealthCollector
@@ -51,7 +55,7 @@ class MetricsCache:
 class MetricsFastPath:
     """Answers GET /metrics straight from the cache at the ASGI level, before routing: under fifty
     concurrent scrapers the framework's per-request work was most of a scrape's cost. Everything
-    else (lifespan included) goes to the FastAPI app."""
+    else (lifespan included) goes to the Starlette app."""
 
     def __init__(self, app, cache: MetricsCache):
         self.app = app
@@ -107,6 +111,7 @@ def snapshot_json(snapshot) -> dict:
         "collectors": {name: dataclasses.asdict(h) for name, h in snapshot.health.items()},
         "mps": snapshot.mps.to_json() if snapshot.mps is not None else None,
         "kubelet": kubelet.to_json() if kubelet is not None else None,
+        "spool": dataclasses.asdict(snapshot.spool) if snapshot.spool is not None else None,
     }
 
 
@@ -122,11 +127,7 @@ def create_app(engine, upload=None) -> MetricsFastPath:
         finally:
             engine.stop()
 
-    app = FastAPI(title="GPU utilization exporter", lifespan=lifespan)
-    cache = MetricsCache(engine, build_registry(engine))
-
-    @app.get("/healthz")
-    async def healthz():
+    async def healthz(_request):
         snapshot = engine.snapshot
         age = time.time() - snapshot.created
         healthy = snapshot.version > 0 and age < STALE_AFTER_TICKS * max(engine.interval, 1.0)
@@ -134,10 +135,12 @@ def create_app(engine, upload=None) -> MetricsFastPath:
                 "gpus": len(snapshot.gpus)}
         return JSONResponse(body, status_code=200 if healthy else 503)
 
-    @app.get("/api/v1/gpus")
-    async def gpus():
+    async def gpus(_request):
         return JSONResponse(snapshot_json(engine.snapshot))
 
+    routes = [Route("/healthz", healthz), Route("/api/v1/gpus", gpus)]
     if upload is not None:
-        upload.mount(app)
+        routes.append(Route("/api/v1/nsys", upload.handle, methods=["POST"]))
+    app = Starlette(routes=routes, lifespan=lifespan)
+    cache = MetricsCache(engine, build_registry(engine))
     return MetricsFastPath(app, cache)

@@ -28,6 +28,26 @@ def _interval(text: str) -> float:
     return value
 
 
+def _scaled(text: str, units: dict, what: str) -> float:
+    text = str(text).strip()
+    factor = units.get(text[-1:].lower(), None)
+    try:
+        value = float(text[:-1] if factor else text) * (factor or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a {what}, e.g. 1{next(iter(units))}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a {what} of at least 0")
+    return value
+
+
+def _size(text: str) -> int:
+    return int(_scaled(text, {"g": 1024**3, "m": 1024**2, "k": 1024}, "size in bytes"))
+
+
+def _duration(text: str) -> float:
+    return _scaled(text, {"d": 86400, "h": 3600, "m": 60, "s": 1}, "duration in seconds")
+
+
 def _bool(text: str) -> bool:
     return str(text).lower() in ("1", "true", "yes", "on")
 
@@ -98,7 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it)")
     g.add_argument("--nsys-spool-dir", default=None,
                    help="where uploaded exports are kept (default: the watch directory, else a temporary directory)")
-    g.add_argument("--nsys-upload-max-bytes", type=int, default=512 * 1024 * 1024, help="largest upload accepted")
+    g.add_argument("--nsys-upload-max-bytes", type=_size, default=512 * 1024 * 1024, help="largest upload accepted")
+    g.add_argument("--nsys-spool-max-files", type=int, default=100,
+                   help="uploads kept in the spool; the oldest go first (never the one published now)")
+    g.add_argument("--nsys-spool-max-bytes", type=_size, default=10 * 1024**3,
+                   help="bytes of uploads kept in the spool (suffixes K, M, G)")
+    g.add_argument("--nsys-spool-max-age", type=_duration, default=7 * 86400,
+                   help="seconds an upload is kept (suffixes m, h, d)")
 
     g = p.add_argument_group("mps")
     g.add_argument("--no-mps", action="store_true", help="do not watch CUDA MPS daemons")

@@ -19,7 +19,8 @@ class Engine:
     """
 
     def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
-                 disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20)):
+                 disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20),
+                 spool=None):
         self.nvml = nvml
         self.gpm = gpm
         self.spatial = dict(spatial or {})
@@ -28,6 +29,7 @@ class Engine:
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
         self.kubelet = kubelet
+        self.spool = spool  # exporter.spool.SpoolRetention of the upload spool, or None
         self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -51,6 +53,8 @@ class Engine:
             yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
         if self.kubelet is not None:
             yield "kubelet", self.kubelet.tick, self.kubelet.interval
+        if self.spool is not None:
+            yield "spool", self.spool.tick, self.spool.interval
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
@@ -95,6 +99,7 @@ class Engine:
                 gpus=self._views(),
                 mps=getattr(self.mps, "snapshot", None),
                 kubelet=getattr(self.kubelet, "snapshot", None),
+                spool=getattr(self.spool, "stats", None),
                 health=self._health(),
             )
             return self.snapshot
@@ -109,6 +114,8 @@ class Engine:
             health["mps"] = self.mps.health
         if self.kubelet is not None:
             health["kubelet"] = self.kubelet.health
+        if self.spool is not None:
+            health["spool"] = self.spool.health
         return health
 
     def _views(self):

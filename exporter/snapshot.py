@@ -138,6 +138,7 @@ class Snapshot:
     gpus: tuple[GpuView, ...] = ()
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
     kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
+    spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 
 

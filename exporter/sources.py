@@ -38,18 +38,23 @@ def build_spatial_sources(args, nvml, gpm=None):
             disabled["dcgm"] = reason
     if "nsys" in order:
         from exporter.samplers.nsys import NsysSource, UploadSpool
+        from exporter.spool import Retention, SpoolRetention
 
         watch_dir = args.nsys_watch_dir
         if args.nsys_upload_token:
             spool = args.nsys_spool_dir or watch_dir or tempfile.mkdtemp(prefix="nsys-spool-")
-            upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes)
+            retention = SpoolRetention(spool, Retention(args.nsys_spool_max_files, args.nsys_spool_max_bytes,
+                                                        args.nsys_spool_max_age))
+            upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes, retention)
             watch_dir = watch_dir or spool
         if args.replay or watch_dir or args.nsys_live:
             others = {**spatial, **({"gpm": gpm} if gpm is not None else {})}
-            spatial["nsys"] = NsysSource(
+            nsys = spatial["nsys"] = NsysSource(
                 interval=args.interval if args.replay else max(args.interval, 1.0), replay=args.replay,
                 watch_dir=watch_dir, live=args.nsys_live, window_s=args.nsys_window, frequency=args.nsys_frequency,
                 binary=args.nsys_binary, nvml=nvml, other_sources=others)
+            if upload is not None:
+                upload.retention.published = nsys.published_path
         else:
             disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token"
     return spatial, disabled, upload

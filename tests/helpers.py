@@ -109,6 +109,14 @@ def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
     return out
 
 
+def sample_value(samples, name: str, **labels) -> float | None:
+    """The value of the one sample of `name` whose labels include `labels`; None when there is none."""
+    for have, value in samples.get(name, ()):
+        if all(have.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
 RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
 
 

@@ -1,7 +1,7 @@
 """Per-collector health, node_exporter style: did the collector's last tick work, and how long it took."""
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class HealthCollector:
@@ -22,3 +22,11 @@ class HealthCollector:
             duration.add_metric([name], health.duration_seconds)
         yield success
         yield duration
+        spool = self._engine.snapshot.spool
+        if spool is not None:
+            yield GaugeMetricFamily("gpu_exporter_nsys_spool_files", "Uploaded exports kept in the spool.",
+                                    value=spool.files)
+            yield GaugeMetricFamily("gpu_exporter_nsys_spool_bytes", "Bytes of uploaded exports kept in the spool.",
+                                    value=spool.bytes)
+            yield CounterMetricFamily("gpu_exporter_nsys_spool_removed", "Uploads removed by the spool's retention.",
+                                      value=spool.removed)

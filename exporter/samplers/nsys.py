@@ -19,8 +19,6 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
-from fastapi import Request  # at module level: FastAPI resolves the handler's annotation here
-
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading, as_ratio
 
 log = logging.getLogger(__name__)
@@ -75,7 +73,7 @@ class NsysSource:
         self.identities: dict[str, GpuIdentity] = {}
         self.health = CollectorHealth(True, 0.0, "")
         self._log = LogOnce(log)
-        self._seen: tuple | None = None
+        self._seen: tuple | None = None  # (path, mtime, size) of the export published now
         self._replay = None
         self._replay_step = 0
         if replay:
@@ -108,6 +106,9 @@ class NsysSource:
         return results
 
     # -- watch ----------------------------------------------------------------------------------
+    def published_path(self) -> Path | None:
+        return Path(self._seen[0]) if self._seen else None
+
     def _newest_export(self) -> Path | None:
         try:
             files = [p for p in self.watch_dir.iterdir() if p.suffix in (".sqlite", ".nsys-rep") and p.is_file()]
@@ -213,43 +214,45 @@ class UploadSpool:
     watches. The body streams to a temporary file (never past the size limit), is validated as an
     export with GPU metrics, and only then renamed to a name the server chooses."""
 
-    def __init__(self, token: str, spool_dir: Path, max_bytes: int):
+    def __init__(self, token: str, spool_dir: Path, max_bytes: int, retention=None):
         self.token = token
         self.spool_dir = Path(spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
+        self.retention = retention  # exporter.spool.SpoolRetention, applied after each upload too
 
-    def mount(self, app) -> None:
-        from fastapi.concurrency import run_in_threadpool
-        from fastapi.responses import JSONResponse
+    async def handle(self, request):
+        """The route's endpoint (a Starlette Request)."""
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse
 
-        @app.post("/api/v1/nsys")
-        async def upload(request: Request):
-            given = request.headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
-                return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-            declared = request.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > self.max_bytes:
-                return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
-            fd, part = tempfile.mkstemp(prefix=".upload-", suffix=".part", dir=self.spool_dir)
-            size = 0
-            try:
-                with os.fdopen(fd, "wb") as out:
-                    async for block in request.stream():
-                        size += len(block)
-                        if size > self.max_bytes:
-                            return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
-                        out.write(block)
-                problem, summary = await run_in_threadpool(self._validate, part)
-                if problem:
-                    return JSONResponse({"error": problem}, status_code=400)
-                name = f"upload-{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:8]}.sqlite"
-                os.replace(part, self.spool_dir / name)
-                part = None
-                return JSONResponse({"stored": name, "bytes": size, **summary}, status_code=201)
-            finally:
-                if part and os.path.exists(part):
-                    os.unlink(part)
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+            return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
+        fd, part = tempfile.mkstemp(prefix=".upload-", suffix=".part", dir=self.spool_dir)
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                async for block in request.stream():
+                    size += len(block)
+                    if size > self.max_bytes:
+                        return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
+                    out.write(block)
+            problem, summary = await run_in_threadpool(self._validate, part)
+            if problem:
+                return JSONResponse({"error": problem}, status_code=400)
+            name = f"upload-{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:8]}.sqlite"
+            os.replace(part, self.spool_dir / name)
+            part = None
+            if self.retention is not None:
+                await run_in_threadpool(self.retention.tick)
+            return JSONResponse({"stored": name, "bytes": size, **summary}, status_code=201)
+        finally:
+            if part and os.path.exists(part):
+                os.unlink(part)
 
     @staticmethod
     def _validate(path) -> tuple[str | None, dict]:
