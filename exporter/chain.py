@@ -50,6 +50,11 @@ def build_view(
     disabled_reasons: dict[str, str],
     interval: float,
 ) -> GpuView:
+    if telemetry is not None and telemetry.lost:
+        # Whatever a source still serves for a GPU that fell off the bus (dcgm-exporter repeats its
+        # last values) describes nothing: the GPU publishes no value until it answers again.
+        lost = SourceResult(ERROR, "the GPU is lost (NVML): no source can measure it")
+        results = {name: lost for name in order}
     active, statuses = choose_source(order, results, disabled_reasons)
     spatial = active.reading if active else None
     live = telemetry is not None and not telemetry.lost

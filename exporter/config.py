@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dcgm-hostengine", default=None,
                    help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
     g.add_argument("--dcgm-timeout", type=float, default=2.0, help="timeout of one dcgm-exporter scrape, seconds")
+    g.add_argument("--dcgm-frozen-after", type=_duration, default=30.0,
+                   help="seconds of exactly repeated non-zero DCGM values after which they count as frozen "
+                        "(dcgm-exporter repeats its last values when its host engine restarts or hangs)")
     g.add_argument("--dcgm-window", type=float, default=1.0,
                    help="seconds of GPU time a DCGM value describes (dcgm-exporter's collect interval)")
 

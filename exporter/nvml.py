@@ -84,6 +84,17 @@ class Nvml:
             self._handles[index] = handle
         return handle
 
+    def forget(self, index: int) -> None:
+        """Drops what is kept of a device (handle, GPM sample): after a reset it is a new device."""
+        with self._lock:
+            self._handles.pop(index, None)
+            previous = self._gpm_previous.pop(index, None)
+        if previous is not None:
+            try:
+                self._nv.nvmlGpmSampleFree(previous[0])
+            except Exception:  # noqa: BLE001 - a sample of a lost device may not free cleanly
+                pass
+
     @staticmethod
     def _text(value) -> str:
         return value.decode() if isinstance(value, bytes) else str(value)

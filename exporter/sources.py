@@ -12,7 +12,8 @@ def _dcgm(args, nvml):
 
     if args.dcgm_hostengine:
         try:
-            return DcgmBindingsSource(args.dcgm_hostengine, args.dcgm_window, args.interval, nvml), None
+            return DcgmBindingsSource(args.dcgm_hostengine, args.dcgm_window, args.interval, nvml,
+                                      args.dcgm_frozen_after), None
         except ImportError:
             if not args.dcgm_exporter_url:
                 return None, "DCGM's Python bindings (pydcgm) are not importable: install DCGM, or use --dcgm-exporter-url"
@@ -22,7 +23,7 @@ def _dcgm(args, nvml):
                 return None, f"DCGM host engine {args.dcgm_hostengine}: {exc}"
     if args.dcgm_exporter_url:
         return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
-                                  max(args.interval, 1.0), nvml), None
+                                  max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None
     return None, "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
 
 

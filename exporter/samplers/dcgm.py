@@ -25,6 +25,12 @@ FIELDS = {
 }
 PERCENT_SUFFIXES = ("_PERCENT", "_PCT")
 NOT_LOADED = "module of DCGM that is not currently loaded"
+# dcgm-exporter answers ~30 KB per GPU with its default counters: 8 MB is far past any real host,
+# and parsing more would hold the source's thread and memory for nothing.
+MAX_BODY_BYTES = 8 * 1024 * 1024
+# dcgm-exporter keeps serving the last values it read when its host engine restarts or hangs. Real
+# profiling counters of a busy GPU never repeat to the last bit for this long; an idle GPU's zeros do.
+DEFAULT_FROZEN_AFTER_S = 30.0
 
 
 def quantity_of(metric_name: str) -> tuple[str, float] | None:
@@ -70,27 +76,67 @@ class _DcgmSource:
 
     name = "dcgm"
 
-    def __init__(self, window_s: float, interval: float, nvml):
+    def __init__(self, window_s: float, interval: float, nvml, frozen_after_s: float = DEFAULT_FROZEN_AFTER_S):
         self.window_s = window_s
         self.interval = interval
+        self.frozen_after_s = frozen_after_s
         self._nvml = nvml
         self.results: dict[str, SourceResult] = {}
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._log = LogOnce(log)
+        self._unchanged_since: dict[str, tuple[tuple, float]] = {}  # uuid -> (values, first seen)
+
+    def _frozen(self, uuid: str, values: dict, now: float) -> bool:
+        """True when non-zero values have repeated exactly for `frozen_after_s`."""
+        key = tuple(sorted(values.items()))
+        seen = self._unchanged_since.get(uuid)
+        if seen is None or seen[0] != key:
+            self._unchanged_since[uuid] = (key, now)
+            return False
+        return any(values.values()) and now - seen[1] >= self.frozen_after_s
+
+    def _readings(self, gpus: dict[str, dict], known: set[str], origin: str) -> dict[str, SourceResult]:
+        """Results per GPU from profiling values per UUID; GPUs this host does not have are left out."""
+        end = time.time()
+        strangers = sorted(set(gpus) - known) if known else []
+        if strangers:
+            self._log.problem("dcgm unknown GPUs", f"{origin} serves GPUs NVML does not see here, ignored: "
+                              f"{', '.join(strangers)} (another node's dcgm-exporter?)", kind="unknown")
+        else:
+            self._log.clear("dcgm unknown GPUs")
+        results = {}
+        for uuid in known or set(gpus):
+            values = gpus.get(uuid)
+            if not values or "sm_active" not in values:
+                results[uuid] = SourceResult(UNSUPPORTED, f"{origin} serves no profiling fields for this GPU "
+                                             "(profiling unsupported, or DCP fields not enabled)")
+                continue
+            fields = {q: values.get(q) for q in FIELDS}
+            if self._frozen(uuid, fields, end):
+                results[uuid] = SourceResult(ERROR, f"{origin} has served the same values for {self.frozen_after_s:.0f} s "
+                                             "or more: frozen (host engine restarted or hung?)")
+                self._log.problem(f"dcgm frozen {uuid}", results[uuid].reason)
+                continue
+            self._log.clear(f"dcgm frozen {uuid}", "values move again")
+            results[uuid] = SourceResult(OK, origin, SpatialReading("dcgm", end - self.window_s, end, **fields))
+        return results
 
 
 class DcgmExporterSource(_DcgmSource):
     """Scrapes dcgm-exporter with a timeout; a down, slow or garbled endpoint is an error state."""
 
-    def __init__(self, url: str, timeout: float = 2.0, window_s: float = 1.0, interval: float = 1.0, nvml=None):
-        super().__init__(window_s, interval, nvml)
+    def __init__(self, url: str, timeout: float = 2.0, window_s: float = 1.0, interval: float = 1.0, nvml=None,
+                 frozen_after_s: float = DEFAULT_FROZEN_AFTER_S):
+        super().__init__(window_s, interval, nvml, frozen_after_s)
         self.url = url
         self.timeout = timeout
 
     def _fetch(self) -> str:
         request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            body = response.read(64 * 1024 * 1024)
+            body = response.read(MAX_BODY_BYTES + 1)
+            if len(body) > MAX_BODY_BYTES:
+                raise ValueError(f"more than {MAX_BODY_BYTES // 2**20} MB: not dcgm-exporter's /metrics?")
             if NOT_LOADED.encode() in body:
                 raise LookupError("DCGM's profiling module is not loaded: " + body.decode(errors="replace")[:200])
             return body.decode("utf-8", errors="replace")
@@ -107,23 +153,13 @@ class DcgmExporterSource(_DcgmSource):
             return
         except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
             reason = _reason(exc, self.url, self.timeout)
+            self._unchanged_since.clear()  # values after an outage are judged afresh
             self.results = {uuid: SourceResult(ERROR, reason) for uuid in known}
             self.health = CollectorHealth(False, time.perf_counter() - started, reason)
             self._log.problem("dcgm", reason)
             return
         self._log.clear("dcgm", f"dcgm-exporter at {self.url} answers")
-        end = time.time()
-        results = {}
-        for uuid in known | set(gpus):
-            values = gpus.get(uuid)
-            if not values or "sm_active" not in values:
-                results[uuid] = SourceResult(UNSUPPORTED, "dcgm-exporter serves no profiling fields for this GPU "
-                                             "(profiling unsupported, or DCP fields not enabled in its counters CSV)")
-                continue
-            reading = SpatialReading("dcgm", end - self.window_s, end,
-                                     **{q: values.get(q) for q in FIELDS})
-            results[uuid] = SourceResult(OK, f"dcgm-exporter {self.url}", reading)
-        self.results = results
+        self.results = self._readings(gpus, known, f"dcgm-exporter {self.url}")
         self.health = CollectorHealth(True, time.perf_counter() - started)
 
 
@@ -144,11 +180,12 @@ class DcgmBindingsSource(_DcgmSource):
     Only where the bindings import (they ship with DCGM, not on PyPI); fields are watched once at
     start and read as latest values each tick."""
 
-    def __init__(self, host: str, window_s: float = 1.0, interval: float = 1.0, nvml=None):
+    def __init__(self, host: str, window_s: float = 1.0, interval: float = 1.0, nvml=None,
+                 frozen_after_s: float = DEFAULT_FROZEN_AFTER_S):
         import dcgm_structs  # noqa: F401 - raises ImportError where DCGM is not installed
         import pydcgm
 
-        super().__init__(window_s, interval, nvml)
+        super().__init__(window_s, interval, nvml, frozen_after_s)
         self._handle = pydcgm.DcgmHandle(ipAddress=host)
         self._system = self._handle.GetSystem()
         self._group = self._system.GetDefaultGroup()
@@ -169,20 +206,15 @@ class DcgmBindingsSource(_DcgmSource):
             self.health = CollectorHealth(state != ERROR, time.perf_counter() - started, reason)
             self._log.problem("dcgm", reason)
             return
-        end = time.time()
-        results = {}
         by_id = {fid: quantity for quantity, (fid, _) in FIELDS.items()}
+        gpus = {}
         for gpu_id, fields in latest.items():
-            uuid = self._uuids.get(gpu_id)
-            values = {}
+            values = gpus.setdefault(self._uuids.get(gpu_id), {})
             for fid, series in fields.items():
                 if fid in by_id and len(series) and not getattr(series[-1], "isBlank", False):
-                    values[by_id[fid]] = float(series[-1].value)
-            if "sm_active" in values:
-                results[uuid] = SourceResult(OK, "DCGM host engine", SpatialReading("dcgm", end - self.window_s, end, **values))
-            else:
-                results[uuid] = SourceResult(UNSUPPORTED, "DCGM answers no profiling fields for this GPU")
-        self.results = results
+                    values[by_id[fid]] = as_ratio(float(series[-1].value))
+        known = {gpu.uuid for gpu in getattr(self._nvml, "gpus", ())}
+        self.results = self._readings(gpus, known, "DCGM host engine")
         self.health = CollectorHealth(True, time.perf_counter() - started)
         self._log.clear("dcgm")
 

@@ -239,8 +239,10 @@ class MpsSampler:
             self.snapshot = MpsSnapshot()
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
             return
-        if problems:
-            self._log.problem("mps", "; ".join(problems))
+        if problems:  # one line while daemons stay unreadable, whichever pids they are
+            self._log.problem("mps", "; ".join(problems), kind="unreadable daemons")
+        else:
+            self._log.clear("mps")
         control_up = any(d.role == "control" for d in daemons)
         if not control_up:  # no MPS is a normal state, not an error
             self._clients, self._thread_pct, self._control_error = {}, None, ""

@@ -76,6 +76,7 @@ class NsysSource:
         self._seen: tuple | None = None  # (path, mtime, size) of the export published now
         self._replay = None
         self._replay_step = 0
+        self._live_uuids: set[str] = set()
         if replay:
             self._load_replay(Path(replay))
 
@@ -111,11 +112,18 @@ class NsysSource:
 
     def _newest_export(self) -> Path | None:
         try:
-            files = [p for p in self.watch_dir.iterdir() if p.suffix in (".sqlite", ".nsys-rep") and p.is_file()]
+            entries = [p for p in self.watch_dir.iterdir() if p.suffix in (".sqlite", ".nsys-rep")]
         except OSError as exc:
             raise RuntimeError(f"cannot read --nsys-watch-dir {self.watch_dir}: {exc}") from None
-        ready = [p for p in files if time.time() - p.stat().st_mtime >= SETTLE_S]
-        return max(ready, key=lambda p: p.stat().st_mtime, default=None)
+        ready = []
+        for path in entries:
+            try:
+                mtime = path.stat().st_mtime
+            except FileNotFoundError:  # removed between listing and looking: not an error
+                continue
+            if time.time() - mtime >= SETTLE_S and path.is_file():
+                ready.append((mtime, path))
+        return max(ready, default=(None, None))[1]
 
     def _tick_watch(self) -> dict[str, SourceResult] | None:
         """New results when a newer export appeared, else None (keep what is published)."""
@@ -124,14 +132,20 @@ class NsysSource:
         newest = self._newest_export()
         if newest is None:
             return None
-        stat = newest.stat()
+        try:
+            stat = newest.stat()
+        except FileNotFoundError:
+            return None
         key = (str(newest), stat.st_mtime, stat.st_size)
         if key == self._seen:
             return None
-        self._seen = key
+        previous, self._seen = self._seen, key
         try:
             windows = last_window(newest, self.window_s, self.binary)
         except IngestError as exc:
+            if not newest.exists():  # removed before it could be opened: the next tick looks again
+                self._seen = previous
+                return None
             raise RuntimeError(f"{newest.name}: {exc}") from None
         log.info("nsys: published the last %.1f s of %s", self.window_s, newest.name)
         # GPUs NVML does not know here (exports from another host, no NVML) are published too.
@@ -183,6 +197,7 @@ class NsysSource:
                 raise RuntimeError(f"live capture unreadable: {exc}") from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
+        self._live_uuids = {gpu.uuid for gpu in targets}
         for gpu in targets:
             match = windows.get(gpu.uuid)
             results[gpu.uuid] = (SourceResult(OK, f"live capture of {self.window_s:.0f} s", match[1]) if match else
@@ -207,6 +222,9 @@ class NsysSource:
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             self._log.problem("nsys", str(exc))
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
+            if self.live:  # a live window that failed has no value; a watched export keeps its capture time
+                self.results = {uuid: SourceResult(ERROR, str(exc)) if uuid in self._live_uuids else result
+                                for uuid, result in self.results.items()}
 
 
 class UploadSpool:

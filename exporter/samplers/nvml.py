@@ -25,6 +25,7 @@ SLOW_EVERY_S = 2.0
 MIG_EVERY_S = 30.0  # MIG layouts change only when an administrator repartitions the GPU
 MPS_SERVER = "nvidia-cuda-mps-server"
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
+LOST_RETRY_S = 10.0  # a lost GPU is asked who it is this often: after a reset it answers again
 
 
 class NvmlSampler:
@@ -45,7 +46,7 @@ class NvmlSampler:
         self.telemetry: dict[str, DeviceTelemetry] = {}
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._history: dict[str, tuple[deque, deque]] = {}
-        self._lost: set[int] = set()
+        self._lost: dict[int, float] = {}  # index -> monotonic time of the last probe
         self._slow_read_at: dict[str, float] = {}
         self._mig_read_at: dict[str, float] = {}
         self._last_init_try = -REINIT_AFTER_S
@@ -102,10 +103,31 @@ class NvmlSampler:
         self.telemetry = telemetry
         self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
 
+    def _still_lost(self, gpu: GpuIdentity, key: str) -> bool:
+        """True while the GPU stays lost; every LOST_RETRY_S it is asked for its UUID, and a GPU that
+        answers with its own UUID (reset, driver reloaded) is served again."""
+        if gpu.index not in self._lost:
+            return False
+        if time.monotonic() - self._lost[gpu.index] < LOST_RETRY_S:
+            return True
+        self._lost[gpu.index] = time.monotonic()
+        forget = getattr(self.backend, "forget", None)
+        if forget:
+            forget(gpu.index)  # a handle from before the loss may not work after a reset
+        try:
+            back = self.backend.identity(gpu.index)["uuid"] == gpu.uuid
+        except NvmlError:
+            back = False
+        if back:
+            del self._lost[gpu.index]
+            self._history.pop(gpu.uuid, None)  # samples from before the loss describe nothing now
+            self._log.clear(key, "GPU answers again: serving it")
+        return not back
+
     def _read(self, gpu: GpuIdentity) -> DeviceTelemetry:
         key = f"nvml GPU {gpu.index} ({gpu.uuid})"
-        if gpu.index in self._lost:
-            return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost: restart needed",))
+        if self._still_lost(gpu, key):
+            return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost",))
         b = self.backend
         errors: list[str] = []
         values: dict = {}
@@ -115,7 +137,7 @@ class NvmlSampler:
                 values[name] = fn(gpu.index, *args)
             except NvmlError as exc:
                 if exc.gpu_lost:
-                    self._lost.add(gpu.index)
+                    self._lost[gpu.index] = time.monotonic()
                 if not exc.unsupported:  # N/A on this GPU is normal, not a failure
                     errors.append(str(exc))
                 values[name] = None
@@ -148,7 +170,8 @@ class NvmlSampler:
             mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"])
                                 for d in (mig or {}).get("devices", ()))
         if gpu.index in self._lost:
-            self._log.problem(key, "GPU lost (fell off the bus?): its series stop until the exporter restarts", logging.ERROR)
+            self._log.problem(key, f"GPU lost (fell off the bus?): its series stop; asked again every {LOST_RETRY_S:.0f} s",
+                              logging.ERROR)
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
         if errors:
             self._log.problem(key, "; ".join(errors))
@@ -158,7 +181,9 @@ class NvmlSampler:
         samples = values["samples"] or {}
         self._remember(gpu_history, taken_at, samples.get("gpu", []))
         self._remember(memory_history, taken_at, samples.get("memory", []))
+        fresh = values["samples"] is not None
         if not gpu_history:  # no sample yet (fresh driver): take the instant rate
+            fresh = True
             try:
                 rates = b.utilization_rates(gpu.index)
                 gpu_history.append((taken_at, rates["gpu"] / 100.0))
@@ -166,11 +191,13 @@ class NvmlSampler:
             except NvmlError as exc:
                 errors.append(str(exc))
         memory = values["memory"] or {}
+        # Samples that could not be read this tick leave no time utilization: the history would
+        # otherwise repeat an older sample as this tick's value.
         return DeviceTelemetry(
             identity=gpu,
             taken_at=taken_at,
-            gpu_samples=tuple(gpu_history),
-            memory_samples=tuple(memory_history),
+            gpu_samples=tuple(gpu_history) if fresh else (),
+            memory_samples=tuple(memory_history) if fresh else (),
             memory_used_bytes=memory.get("used"),
             memory_total_bytes=memory.get("total"),
             power_watts=values["power"],
