@@ -21,6 +21,7 @@ GPM_METRICS = {
 GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 MEMORY_UTILIZATION_SAMPLES = 2  # NVML_MEMORY_UTILIZATION_SAMPLES
 SAMPLE_BUFFER = 256  # utilization samples read in one call (NVML keeps about 100 per kind)
+PROCESS_BUFFER = 512  # per-process samples read in one call; more falls back to pynvml's two calls
 SM_CLOCK = 1  # NVML_CLOCK_SM
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
 
@@ -55,6 +56,7 @@ class Nvml:
         self._lock = threading.Lock()
         self._handles: dict[int, object] = {}
         self._gpm_previous: dict[int, tuple[object, float]] = {}
+        self._gpm_spare: dict[int, object] = {}
         self._last_sample_us: dict[tuple[int, int], int] = {}
         self._call("nvmlInit", pynvml.nvmlInit)
 
@@ -89,11 +91,13 @@ class Nvml:
         with self._lock:
             self._handles.pop(index, None)
             previous = self._gpm_previous.pop(index, None)
-        if previous is not None:
-            try:
-                self._nv.nvmlGpmSampleFree(previous[0])
-            except Exception:  # noqa: BLE001 - a sample of a lost device may not free cleanly
-                pass
+            spare = self._gpm_spare.pop(index, None)
+        for sample in (previous[0] if previous else None, spare):
+            if sample is not None:
+                try:
+                    self._nv.nvmlGpmSampleFree(sample)
+                except Exception:  # noqa: BLE001 - a sample of a lost device may not free cleanly
+                    pass
 
     @staticmethod
     def _text(value) -> str:
@@ -101,12 +105,13 @@ class Nvml:
 
     # -- the interface --------------------------------------------------------------------------
     def shutdown(self) -> None:
-        for sample, _ in self._gpm_previous.values():
+        for sample in [s for s, _ in self._gpm_previous.values()] + list(self._gpm_spare.values()):
             try:
                 self._nv.nvmlGpmSampleFree(sample)
             except Exception:  # noqa: BLE001 - best effort at exit
                 pass
         self._gpm_previous.clear()
+        self._gpm_spare.clear()
         try:
             self._nv.nvmlShutdown()
         except Exception:  # noqa: BLE001
@@ -156,6 +161,22 @@ class Nvml:
             raise self._error("nvmlDeviceGetSamples", nv.NVMLError(ret))
         return buffer[: count.value]
 
+    def _process_samples(self, handle, since_us: int) -> list:
+        """nvmlDeviceGetProcessUtilization in one call into a fixed buffer (pynvml's wrapper asks
+        for the size first: two calls of ~1.2 ms driver time each on an H100)."""
+        import ctypes
+
+        nv = self._nv
+        fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+        count = ctypes.c_uint(PROCESS_BUFFER)
+        buffer = (nv.c_nvmlProcessUtilizationSample_t * PROCESS_BUFFER)()
+        ret = fn(handle, buffer, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+        if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE:
+            return self._call("nvmlDeviceGetProcessUtilization", nv.nvmlDeviceGetProcessUtilization, handle, since_us)
+        if ret != nv.NVML_SUCCESS:
+            raise self._error("nvmlDeviceGetProcessUtilization", nv.NVMLError(ret))
+        return buffer[: count.value]
+
     def utilization_samples(self, index: int, window_s: float, memory: bool = True) -> dict:
         """NVML's utilization samples of the last window_s not returned before, as [age_s, percent]
         (age from this call). memory=False leaves the memory samples for a later call: NVML keeps
@@ -194,12 +215,9 @@ class Nvml:
 
     def process_utilization(self, index: int, window_s: float) -> list[dict]:
         """Per-process SM and memory time utilization over the last window_s (newest sample per pid)."""
-        nv = self._nv
         since_us = int(time.time() * 1e6 - window_s * 1e6)
         try:
-            samples = self._call(
-                "nvmlDeviceGetProcessUtilization", nv.nvmlDeviceGetProcessUtilization, self._handle(index), since_us
-            )
+            samples = self._process_samples(self._handle(index), since_us)
         except NvmlError as exc:
             if "Not Found" in exc.reason:  # no process ran in the window
                 return []
@@ -274,11 +292,13 @@ class Nvml:
         nv = self._nv
         h = self._handle(index)
         with self._lock:
-            sample = self._call("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
+            # Two sample buffers per GPU, taken in turn: allocating and freeing one per tick left
+            # glibc holding the freed buffers as resident memory.
+            sample = self._gpm_spare.pop(index, None) or self._call("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
             try:
                 self._call("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, h, sample)
             except NvmlError:
-                nv.nvmlGpmSampleFree(sample)
+                self._gpm_spare[index] = sample
                 raise
             taken = time.monotonic()
             previous = self._gpm_previous.get(index)
@@ -296,7 +316,8 @@ class Nvml:
                 request.metrics[slot].metricId = metric_id
             self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
         finally:
-            nv.nvmlGpmSampleFree(old)
+            with self._lock:
+                self._gpm_spare[index] = old
         values: dict = {"window_s": round(taken - old_taken, 6)}
         for slot, name in enumerate(GPM_METRICS):
             metric = request.metrics[slot]

@@ -8,6 +8,8 @@ log = logging.getLogger(__name__)
 
 
 def _dcgm(args, nvml):
+    if not (args.dcgm_hostengine or args.dcgm_exporter_url):  # its imports cost memory for nothing
+        return None, "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
     from exporter.samplers.dcgm import DcgmBindingsSource, DcgmExporterSource
 
     if args.dcgm_hostengine:

@@ -61,6 +61,16 @@ def test_a_hung_control_daemon_times_out_without_blocking():
     assert s.snapshot.up("server")  # the /proc side still works
 
 
+def test_a_control_daemon_that_stops_answering_leaves_no_earlier_answer_behind():
+    s = sampler(timeout=0.5)
+    s.tick()
+    assert s.snapshot.default_active_thread_percentage == 100.0
+    s.control_binary, s._last_query = str(FIXTURES / "hung-mps-control"), float("-inf")
+    s.tick()
+    assert s.snapshot.clients == {} and s.snapshot.default_active_thread_percentage is None
+    assert not s.snapshot.control_reachable
+
+
 def test_missing_control_program_is_reported_not_raised():
     s = sampler(control_binary="/nonexistent/nvidia-cuda-mps-control")
     s.tick()

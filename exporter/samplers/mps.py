@@ -225,8 +225,8 @@ class MpsSampler:
             self._control_error = f"MPS control did not answer within {self.timeout} s"
         except (RuntimeError, OSError, ValueError) as exc:
             self._control_error = f"MPS control query failed: {exc}"
-        if self._control_error:
-            self._clients = {}
+        if self._control_error:  # nothing the pipe answered earlier is published as current
+            self._clients, self._thread_pct = {}, None
             self._log.problem("mps control", self._control_error)
 
     # -- one tick -------------------------------------------------------------------------------

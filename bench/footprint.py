@@ -1,0 +1,75 @@
+"""Resident memory and CPU of the exporter with its default sources on a GPU host.
+
+    python3 bench/footprint.py --label after --out footprint_after.json [--source-dir DIR] [-- EXPORTER FLAGS]
+
+Starts `python -m exporter --interval 1` (from --source-dir, default this checkout), waits --warmup
+seconds, then reads RSS, the CPU share of one core over --window seconds with no scrapes, the largest
+mappings (smaps) and the modules loaded. Run two checkouts in one session to compare them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
+from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+
+
+def mappings(pid: int, top: int = 12) -> list[tuple[str, int]]:
+    """RSS in kB per mapped file ([anon] and [heap] included), largest first."""
+    sizes: dict[str, int] = {}
+    name = "[anon]"
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            parts = line.split()
+            name = os.path.basename(parts[5]) if len(parts) > 5 else "[anon]"
+        elif line.startswith("Rss:"):
+            sizes[name] = sizes.get(name, 0) + int(line.split()[1])
+    return sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--label", required=True)
+    p.add_argument("--source-dir", type=Path, default=ROOT)
+    p.add_argument("--warmup", type=float, default=20)
+    p.add_argument("--window", type=float, default=60)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("exporter_args", nargs="*", help="more exporter flags, after --")
+    args = p.parse_args()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": f"{args.source_dir}:{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1", *args.exporter_args],
+                            cwd=args.source_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz", 1)[0] == 200, 60, 0.2, "exporter up")
+        http_get(f"http://127.0.0.1:{port}/metrics")
+        time.sleep(args.warmup)
+        cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
+        time.sleep(args.window)
+        cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        report = {"label": args.label, "rss_mb": round(rss_bytes(proc.pid) / 2**20, 1),
+                  "cpu_share_of_core": round(cpu, 5), "window_s": args.window,
+                  "gpu_series": sum(line.startswith("gpu_") for line in body.decode().splitlines()),
+                  "threads": len(os.listdir(f"/proc/{proc.pid}/task")),
+                  "largest_mappings_kb": mappings(proc.pid)}
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    report["log_tail"] = err.strip().splitlines()[-5:]
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("label", "rss_mb", "cpu_share_of_core", "gpu_series", "threads")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

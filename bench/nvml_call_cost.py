@@ -1,0 +1,52 @@
+"""CPU cost of each NVML call the exporter makes, on this host's GPU 0.
+
+    python3 bench/nvml_call_cost.py --calls 200
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from exporter.nvml import Nvml, NvmlError  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args()
+    nvml = Nvml()
+    calls = {
+        "utilization_samples(gpu only)": lambda: nvml.utilization_samples(0, 2.0, False),
+        "utilization_samples(gpu+memory)": lambda: nvml.utilization_samples(0, 2.0, True),
+        "utilization_rates": lambda: nvml.utilization_rates(0),
+        "memory": lambda: nvml.memory(0),
+        "power_watts": lambda: nvml.power_watts(0),
+        "sm_clock_hz": lambda: nvml.sm_clock_hz(0),
+        "temperature_celsius": lambda: nvml.temperature_celsius(0),
+        "process_utilization": lambda: nvml.process_utilization(0, 2.0),
+        "process_utilization(pynvml, two calls)": lambda: nvml._nv.nvmlDeviceGetProcessUtilization(nvml._handle(0), 0),
+        "compute_processes": lambda: nvml.compute_processes(0),
+        "gpm_metrics": lambda: nvml.gpm_metrics(0),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+        except (NvmlError, Exception) as exc:  # noqa: BLE001 - pynvml's own errors too
+            out[name] = f"error: {exc}"
+            continue
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _ in range(args.calls):
+            call()
+            if name == "gpm_metrics":
+                time.sleep(0.002)
+        out[name] = {"cpu_ms": round(1000 * (time.process_time() - cpu0) / args.calls, 3),
+                     "wall_ms": round(1000 * (time.perf_counter() - wall0) / args.calls, 3)}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
