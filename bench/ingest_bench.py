@@ -1,11 +1,16 @@
-"""nsys_ingest summary on a large export against a bare SQLite scan of the same file.
+"""nsys_ingest summary (or diagnose) on a large export against a bare SQLite scan of the same file.
 
     python3 bench/ingest_bench.py --rows 50000000 --work /tmp/ingest-bench
+    python3 bench/ingest_bench.py --kernels --rows 10000000 --work /tmp/ingest-bench
 
 Builds the large export from a real one (tests/fixtures/h100_phases_100hz.sqlite: its GPU_METRICS
 rows repeated with shifted timestamps until --rows), then measures, each in a fresh process:
 rows per second and peak memory (ru_maxrss) of `summary`, and of
 `SELECT typeId, metricId, avg(value) FROM GPU_METRICS GROUP BY typeId, metricId`.
+With --kernels: the kernel trace of tests/fixtures/h100_diag_time_sliced.sqlite (6 processes) and
+its GPU metrics repeated until --rows kernels; `diagnose` against Python's sqlite3 reading the
+columns diagnose reads from every kernel row (the least any Python reader does), and against
+SQLite alone summing kernel durations (no row reaches Python).
 """
 from __future__ import annotations
 
@@ -31,31 +36,66 @@ if kind == "summary":
     with Export(path) as export:
         rows = export.row_estimate
         summarise(export)
+elif kind == "diagnose":
+    from nsys_ingest.diagnose import diagnose
+    from nsys_ingest.kernels import kernel_row_estimate
+    from nsys_ingest.reader import Export
+    with Export(path, require_metrics=False) as export:
+        rows = kernel_row_estimate(export)
+        verdicts = [g["verdict"]["verdict"] for g in diagnose(export)["gpus"]]
+elif kind == "bare_kernels":
+    con = sqlite3.connect(path)
+    rows = con.execute("select max(rowid) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    cursor = con.execute("select start, end, deviceId, globalPid, gridX * gridY * gridZ from CUPTI_ACTIVITY_KIND_KERNEL")
+    while cursor.fetchmany(200000):
+        pass
+elif kind == "sqlite_kernels":
+    con = sqlite3.connect(path)
+    rows = con.execute("select max(rowid) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()[0]
+    con.execute("select count(*), sum(end - start) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
 else:
     con = sqlite3.connect(path)
     rows = con.execute("select max(rowid) from GPU_METRICS").fetchone()[0]
     con.execute("select typeId, metricId, avg(value) from GPU_METRICS group by typeId, metricId").fetchall()
 seconds = time.perf_counter() - t
-print(json.dumps({{"kind": kind, "rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
+print(json.dumps({{"kind": kind, "rows": rows, **({{"verdicts": verdicts}} if kind == "diagnose" else {{}}), "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}}))
 """
 
 
-def build(target: Path, rows: int) -> None:
-    shutil.copyfile(SOURCE, target)
+KERNEL_SOURCE = ROOT / "tests" / "fixtures" / "h100_diag_time_sliced.sqlite"
+KERNEL_COLUMNS = ("start, end, deviceId, contextId, streamId, globalPid, demangledName, shortName, registersPerThread, "
+                  "gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+                  "localMemoryPerThread, localMemoryTotal, gridId")
+
+
+def build(target: Path, rows: int, kernels: bool = False) -> None:
+    """Doubles the rows (kernels: and the GPU metrics beside them) with timestamps shifted past the
+    previous copies, so the rows stay in time order as nsys writes them."""
+    shutil.copyfile(KERNEL_SOURCE if kernels else SOURCE, target)
     con = sqlite3.connect(target)
     con.execute("pragma journal_mode=off")
     con.execute("pragma synchronous=off")
-    base = con.execute("select count(*), max(timestamp) + 10000000 from GPU_METRICS").fetchone()
-    have, span = base
-    copy = 1
+    table = "CUPTI_ACTIVITY_KIND_KERNEL" if kernels else "GPU_METRICS"
+    (have,) = con.execute(f"select count(*) from {table}").fetchone()
+    span = con.execute("select max(timestamp) - min(timestamp) + 10000000 from GPU_METRICS").fetchone()[0]
+    if kernels:  # copies must start after the previous ones end, whichever table spans longer
+        span = max(span, con.execute(f"select max(end) - min(start) + 10000000 from {table}").fetchone()[0])
+    metrics_have = con.execute("select count(*) from GPU_METRICS").fetchone()[0]
+    shift = span
     while have < rows:
         take = min(have, rows - have)
-        con.execute("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) "
-                    "select rawTimestamp + ?, timestamp + ?, typeId, metricId, value from GPU_METRICS "
-                    "where rowid <= ?", (span * copy, span * copy, take))
+        if kernels:
+            con.execute(f"insert into {table} ({KERNEL_COLUMNS}) select {KERNEL_COLUMNS.replace('start, end', 'start + ?, end + ?', 1)} "
+                        f"from {table} where rowid <= ?", (shift, shift, take))
+        if not kernels or take == have:
+            limit = metrics_have if kernels else take
+            con.execute("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) "
+                        "select rawTimestamp + ?, timestamp + ?, typeId, metricId, value from GPU_METRICS "
+                        "where rowid <= ?", (shift, shift, limit))
+            metrics_have += limit
         con.commit()
-        copy *= 2
+        shift *= 2
         have += take
     con.close()
 
@@ -71,23 +111,29 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=50_000_000)
     parser.add_argument("--work", type=Path, default=Path("/tmp/ingest-bench"))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--kernels", action="store_true", help="diagnose on a kernel trace instead of summary")
     args = parser.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    path = args.work / f"export_{args.rows}.sqlite"
+    path = args.work / f"{'kernels' if args.kernels else 'export'}_{args.rows}.sqlite"
     if not path.exists():
         started = time.perf_counter()
-        build(path, args.rows)
+        build(path, args.rows, args.kernels)
         print(f"built {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s")
-    bare = measure("bare_sql", path)  # first: both then read a warm page cache
-    bare = measure("bare_sql", path)
-    summary = measure("summary", path)
-    result = {"rows": summary["rows"], "file_gb": round(path.stat().st_size / 1e9, 2), "summary": summary,
-              "bare_sql": bare, "summary_time_over_bare": round(summary["seconds"] / bare["seconds"], 2)}
+    if args.kernels:
+        return report(args, path, "diagnose", ("bare_kernels", "sqlite_kernels"))
+    return report(args, path, "summary", ("bare_sql",))
+
+
+def report(args, path: Path, tool: str, baselines) -> int:
+    measure(baselines[0], path)  # first: everything after reads a warm page cache
+    bare = {kind: measure(kind, path) for kind in baselines}
+    ran = measure(tool, path)
+    result = {"rows": ran["rows"], "file_gb": round(path.stat().st_size / 1e9, 2), tool: ran, **bare,
+              f"{tool}_time_over_{baselines[0]}": round(ran["seconds"] / bare[baselines[0]]["seconds"], 2)}
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

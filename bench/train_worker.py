@@ -1,9 +1,11 @@
 """One small training process: an MLP trained on random data, like a small-batch job or a notebook.
 
-    python3 bench/train_worker.py --start-at EPOCH --seconds 20 [--log-every 1]
+    python3 bench/train_worker.py --start-at EPOCH --seconds 20 [--cpu-input-ms 10]
 
 Initialises CUDA and warms up first, trains from --start-at for --seconds, then prints
 {"steps": N, "per_second": [...]} (steps in each second of the window, for the overhead comparison).
+--cpu-input-ms makes each batch on the host first (CPU work for that long, then a copy to the GPU),
+like a loop whose data loading cannot keep up: the GPU waits between steps.
 """
 import argparse
 import json
@@ -17,6 +19,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--cpu-input-ms", type=float, default=0.0, help="host-side work per batch")
     args = parser.parse_args()
 
     import torch
@@ -29,7 +32,17 @@ def main() -> int:
     x = torch.randn(args.batch, args.hidden, device="cuda")
     y = torch.randint(0, 10, (args.batch,), device="cuda")
 
+    host_batch = torch.empty(args.batch, args.hidden).pin_memory()
+
+    def load_batch():
+        until = time.perf_counter() + args.cpu_input_ms / 1e3
+        while time.perf_counter() < until:  # decoding, augmentation: CPU time the GPU waits for
+            host_batch.normal_()
+        x.copy_(host_batch, non_blocking=True)
+
     def step():
+        if args.cpu_input_ms:
+            load_batch()
         optimiser.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()

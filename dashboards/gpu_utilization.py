@@ -22,12 +22,16 @@ def build() -> Dashboard:
                    (9, 12, 12, 1), repeat=Repeat("h", "gpu")),
         Table(title="GPU $gpu: pods sharing it", dataSource=DATASOURCE, repeat=Repeat("h", "gpu"),
               description="Containers holding this GPU or a share of it (time-slicing or MPS replicas, MIG "
-                          "devices), from the kubelet's PodResources API; and its compute processes by kind.",
+                          "devices), from the kubelet's PodResources API; its compute processes by kind, how it "
+                          "is shared, and the live verdict (evidence and advice: /api/v1/gpus).",
               targets=[target(f"gpu_pod_info{{{SEL}}}", instant=True, table=True),
-                       target(f"gpu_compute_processes{{{SEL}}}", ref="B", instant=True, table=True)],
+                       target(f"gpu_compute_processes{{{SEL}}}", ref="B", instant=True, table=True),
+                       target(f"gpu_sharing_mode{{{SEL}}} == 1", ref="C", instant=True, table=True),
+                       target(f"gpu_diagnosis{{{SEL}}} == 1", ref="D", instant=True, table=True)],
               gridPos=GridPos(h=6, w=12, x=0, y=10),
               transformations=[{"id": "organize", "options": {"excludeByName": {
-                  "Time": True, "Value #A": True, "__name__": True, "job": True, "model": True, "uuid": True}}}]),
+                  "Time": True, "Value #A": True, "Value #C": True, "Value #D": True, "__name__": True, "job": True,
+                  "model": True, "uuid": True}}}]),
     ]
     fleet = [
         timeseries("Hidden idle SMs (time utilization - SM active)",
@@ -58,6 +62,16 @@ def build() -> Dashboard:
               gridPos=GridPos(h=8, w=24, x=0, y=32), unit="percentunit",
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True, "model": True},
                                                               "renameByName": {"Value": "GPU hidden idle (5m)"}}}]),
+        Table(title="Diagnosis: what limits each GPU, how it is shared", dataSource=DATASOURCE,
+              description="The live verdict per GPU (rules: nsys_ingest/verdicts.py; evidence and what to change: "
+                          "/api/v1/gpus) beside its sharing mode. For which processes and why, profile with "
+                          "nsys --trace=cuda and run python -m nsys_ingest diagnose.",
+              targets=[target(f"gpu_diagnosis{{{SEL}}} == 1", instant=True, table=True),
+                       target(f"gpu_sharing_mode{{{SEL}}} == 1", ref="B", instant=True, table=True)],
+              gridPos=GridPos(h=7, w=24, x=0, y=40),
+              transformations=[{"id": "merge", "options": {}},
+                               {"id": "organize", "options": {"excludeByName": {
+                                   "Time": True, "Value #A": True, "Value #B": True, "__name__": True, "job": True}}}]),
     ]
     return Dashboard(
         title="GPU utilization: time vs spatial", uid=UID, tags=["gpu", "utilization"], refresh="10s",

@@ -87,6 +87,8 @@ def snapshot_json(snapshot) -> dict:
             "time_window": view.time_window,
             "spatial": dataclasses.asdict(view.spatial) if view.spatial else None,
             "hidden_idle_sm_ratio": view.hidden_idle,
+            "sharing_mode": view.sharing_mode,
+            "diagnosis": view.diagnosis[0].to_json(view.diagnosis[1]) if view.diagnosis else None,
             "sources": [dataclasses.asdict(s) for s in view.sources],
             "pods": None if pods is None else [dataclasses.asdict(ref) for ref in pods],
             "telemetry": None if tel is None else {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from exporter.samplers.nvml import window_mean
+from nsys_ingest.verdicts import Evidence, judge, sharing_mode
 from exporter.snapshot import (
     ACTIVE,
     ERROR,
@@ -49,6 +50,7 @@ def build_view(
     order,
     disabled_reasons: dict[str, str],
     interval: float,
+    mps=None,
 ) -> GpuView:
     if telemetry is not None and telemetry.lost:
         # Whatever a source still serves for a GPU that fell off the bus (dcgm-exporter repeats its
@@ -68,9 +70,8 @@ def build_view(
         memory_util = window_mean(telemetry.memory_samples, *time_window)
 
     # Hidden idle compares time and SM activity over the spatial window, never across two windows.
-    hidden = None
+    hidden = busy = None
     if spatial is not None and spatial.sm_active is not None:
-        busy = None
         if live:
             busy = window_mean(telemetry.gpu_samples, spatial.window_start, spatial.window_end)
         if busy is None:
@@ -80,4 +81,34 @@ def build_view(
         if not live and spatial.time_utilization is not None:
             # A GPU only a recorded export knows: its time utilization is the export's GR Active.
             time_util, time_window = spatial.time_utilization, (spatial.window_start, spatial.window_end)
-    return GpuView(identity, telemetry, time_util, memory_util, time_window, spatial, hidden, statuses)
+    mode, diagnosis = diagnose(telemetry if live else None, spatial, busy if busy is not None else time_util, mps)
+    return GpuView(identity, telemetry, time_util, memory_util, time_window, spatial, hidden, statuses,
+                   mode, diagnosis)
+
+
+def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps):
+    """(sharing mode, (verdict, evidence)) of one GPU from live values; `telemetry` None when NVML
+    does not know the GPU (then an export's own values are judged, without sharing or MPS)."""
+    mode = None
+    if telemetry is not None and telemetry.compute_processes is not None:
+        kinds = [p.kind for p in telemetry.compute_processes]
+        mode = sharing_mode(kinds.count("time_sliced"), kinds.count("mps"), telemetry.mig_enabled)
+    evidence = Evidence(
+        time_utilization=busy,
+        sm_active=spatial.sm_active if spatial else None,
+        dram_active=spatial.dram_active if spatial else None,
+        sharing_mode=mode,
+        processes=None if mode is None else sum(k != "mps_server" for k in kinds),
+        mps_server_faults_per_s=None if telemetry is None else _mps_server_faults(telemetry, mps, mode),
+    )
+    verdict = judge(evidence)
+    return mode, (verdict, evidence) if verdict else None
+
+
+def _mps_server_faults(telemetry: DeviceTelemetry, mps, mode: str | None) -> float | None:
+    """Major faults/s of the MPS server serving this GPU: the one NVML lists on it, or, when NVML
+    names it by a pid this process cannot see (another pid namespace), any server on the host."""
+    servers = [d for d in getattr(mps, "daemons", ()) if d.role == "server" and d.major_faults_per_s is not None]
+    pids = {p.pid for p in telemetry.compute_processes or () if p.kind == "mps_server"}
+    mine = [d for d in servers if d.pid in pids] or (servers if mode == "mps" else [])
+    return max((d.major_faults_per_s for d in mine), default=None)

@@ -132,7 +132,7 @@ class Engine:
             results = {name: src.results.get(uuid) for name, src in sources.items()}
             views.append(
                 build_view(ident, self.nvml.telemetry.get(uuid), results, self.order,
-                           self._reasons(), self.interval)
+                           self._reasons(), self.interval, getattr(self.mps, "snapshot", None))
             )
         return tuple(views)
 

@@ -122,6 +122,8 @@ class GpuView:
     spatial: SpatialReading | None
     hidden_idle: float | None
     sources: tuple[SourceStatus, ...]
+    sharing_mode: str | None = None  # nsys_ingest.verdicts.SHARING_MODES; None: NVML could not say
+    diagnosis: object = None  # (nsys_ingest.verdicts.Verdict, Evidence), or None with too little evidence
 
 
 @dataclass(frozen=True)

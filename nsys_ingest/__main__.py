@@ -1,4 +1,4 @@
-"""python -m nsys_ingest: summarise, plot, convert and scrub Nsight Systems GPU-metrics exports."""
+"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports."""
 from __future__ import annotations
 
 import argparse
@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
     p = command("openmetrics", "OpenMetrics for `promtool tsdb create-blocks-from openmetrics`")
     p.add_argument("-o", "--output", required=True)
+    p = command("diagnose", "per GPU: a verdict (what limits it, what to change) from the kernel trace and GPU metrics")
+    p.add_argument("--json", action="store_true", help="print JSON")
     p = command("scrub", "copy without environment, command lines, paths and host names", window=False)
     p.add_argument("-o", "--output", required=True)
     return parser
@@ -89,9 +91,14 @@ def run(args) -> int:
         counts = scrub(args.file, args.output)
         print(f"wrote {args.output}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to scrub"))
         return 0
-    with Export(args.file) as export:
+    with Export(args.file, require_metrics=args.command != "diagnose") as export:
         start_ns, end_ns = _window(export, args)
-        update, close = progress_bar(export.row_estimate, args.command)
+        rows = export.row_estimate
+        if args.command == "diagnose":
+            from nsys_ingest.kernels import kernel_row_estimate
+
+            rows += kernel_row_estimate(export)
+        update, close = progress_bar(rows, args.command)
         try:
             if args.command == "summary":
                 from nsys_ingest.analysis import summarise
@@ -104,6 +111,15 @@ def run(args) -> int:
                     print(json.dumps(summary, indent=1))
                 else:
                     _print_summary(summary)
+            elif args.command == "diagnose":
+                from nsys_ingest.diagnose import diagnose, print_diagnosis
+
+                result = diagnose(export, start_ns, end_ns, args.chunk_rows, update)
+                close()
+                if args.json:
+                    print(json.dumps(result, indent=1))
+                else:
+                    print_diagnosis(result)
             elif args.command == "plot":
                 from nsys_ingest.plot import plot
 

@@ -78,7 +78,10 @@ def export_rep(path: Path, nsys: str = "nsys") -> Path:
 class Export:
     """One export, opened read-only. Raises IngestError for anything that is not a usable export."""
 
-    def __init__(self, path, nsys: str = "nsys"):
+    def __init__(self, path, nsys: str = "nsys", require_metrics: bool = True):
+        """`require_metrics=False` also opens an export without GPU metrics (a kernel trace alone):
+        then `era` is None and it has no metrics."""
+        self.require_metrics = require_metrics
         self.source_path = Path(path)
         if not self.source_path.exists():
             raise IngestError(f"{path}: no such file")
@@ -107,9 +110,11 @@ class Export:
             raise IngestError(f"{self.source_path}: unknown schema (tables: {', '.join(sorted(self.tables)[:8]) or 'none'}): "
                               "not an Nsight Systems export")
         else:
-            raise IngestError(NO_METRICS)
+            self.era, rows = None, []
         if not rows:
-            raise IngestError(NO_METRICS)
+            if self.require_metrics:
+                raise IngestError(NO_METRICS)
+            self.era = None
         metrics = []
         for code, (type_id, metric_id, name) in enumerate(sorted(rows)):
             quantity, conversion = normalise(name)
@@ -119,7 +124,7 @@ class Export:
         self.gpus = self._gpus()
         self.start_ns = self._start_ns()
         self.sampling_hz = self._sampling_hz()
-        if self.row_estimate == 0:
+        if self.era is not None and self.row_estimate == 0:
             raise IngestError(f"{self.source_path}: the GPU metrics tables are empty (the capture ended before the first "
                               "sample?): profile for longer, or at a higher --gpu-metrics-frequency")
 
@@ -160,6 +165,8 @@ class Export:
                 found[int(index)] = GpuInfo(int(index), name or f"GPU {index}", uuid, sms)
         for metric in self.metrics:
             found.setdefault(metric.gpu, GpuInfo(metric.gpu, f"GPU {metric.gpu}", None, None))
+        if not self.metrics:  # a kernel trace alone: every GPU the export describes
+            return dict(sorted(found.items()))
         return {i: found[i] for i in sorted({m.gpu for m in self.metrics})}
 
     def _start_ns(self) -> int | None:
@@ -182,6 +189,8 @@ class Export:
     @property
     def row_estimate(self) -> int:
         """Rows of the metrics table, from its last rowid: no scan."""
+        if self.era is None:
+            return 0
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
         row = self.con.execute(f"select max(rowid) from {table}").fetchone()
         return int(row[0] or 0)

@@ -93,3 +93,37 @@ def without_gpu_metrics(real: Path, out: Path) -> Path:
 
 def empty_gpu_metrics(real: Path, out: Path) -> Path:
     return _edited_copy(real, out, "delete from GPU_METRICS; vacuum;")
+
+
+# -- kernel traces -----------------------------------------------------------------------------------
+KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
+
+
+def without_kernel_trace(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, f"drop table {KERNELS};")
+
+
+def one_kernel(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, f"delete from {KERNELS} where rowid != (select min(rowid) from {KERNELS});")
+
+
+def zero_length_kernels(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, f"update {KERNELS} set end = start;")
+
+
+def kernels_out_of_order(real: Path, out: Path) -> Path:
+    """The same kernels written newest first: the reader must not rely on nsys' order."""
+    return _edited_copy(real, out, f"create table k as select * from {KERNELS} order by start desc; "
+                                   f"delete from {KERNELS}; insert into {KERNELS} select * from k; drop table k;")
+
+
+def kernels_on_two_gpus(real: Path, out: Path) -> Path:
+    """two_gpus(), and a second process whose CUDA device 1 is GPU 1 runs a copy of the kernels there."""
+    two_gpus(real, out)
+    return _edited_copy(out, out.with_name(out.stem + "_k.sqlite"),
+                        f"insert into {KERNELS} (start, end, deviceId, contextId, streamId, globalPid, demangledName, "
+                        "shortName, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, "
+                        "dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId) "
+                        "select start, end, 1, contextId, streamId, globalPid + 16777216, demangledName, shortName, "
+                        "registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, "
+                        f"dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId from {KERNELS};")

@@ -120,6 +120,7 @@ def test_hidden_idle_reaches_the_webhook_and_exporter_down_silences_the_rest(tmp
             assert notes["dashboard_url"] == (f"https://grafana.example.org/d/gpu-time-vs-spatial?"
                                               f"var-host={hidden_target}&var-gpu=0")
             assert notes["spatial_source"] == "nsys" and notes["sm_active"].endswith("%")
+            assert notes["diagnosis"] == "small_kernels" and notes["sharing_mode"] == "unknown"  # a replay: no NVML
             assert float(notes["time_utilization"].rstrip("%")) >= 80
             assert all(a["labels"]["instance"] == hidden_target for a in hidden_idle())  # never the saturated GPU
 

@@ -97,6 +97,27 @@ def test_counters_never_go_back_within_one_daemons_life(tmp_path):
     assert by_pid(s.snapshot)[202].minor_faults == 48000
 
 
+def test_major_fault_rate_over_ten_seconds_for_the_live_diagnosis(tmp_path, monkeypatch):
+    root = tmp_path / "proc"
+    shutil.copytree(PROC, root)
+    clock = [1000.0]
+    monkeypatch.setattr("exporter.samplers.mps.time.monotonic", lambda: clock[0])
+    s = sampler(root)
+    s.tick()
+    assert by_pid(s.snapshot)[202].major_faults_per_s is None  # no window yet
+    stat = root / "202" / "stat"
+    stat.write_text(stat.read_text().replace(" 48000 0 250 0 ", " 48000 0 300 0 "))
+    clock[0] += 10
+    s.tick()
+    assert by_pid(s.snapshot)[202].major_faults_per_s == pytest.approx(5.0)  # 50 faults in 10 s
+    clock[0] += 5
+    s.tick()
+    assert by_pid(s.snapshot)[202].major_faults_per_s == pytest.approx(5.0)  # kept until the next window ends
+    clock[0] += 5
+    s.tick()
+    assert by_pid(s.snapshot)[202].major_faults_per_s == 0.0
+
+
 def test_a_restarted_daemon_is_a_new_series_start(tmp_path):
     root = tmp_path / "proc"
     shutil.copytree(PROC, root)

@@ -13,7 +13,8 @@ imp=$(find / -xdev -type f -name QdstrmImporter 2>/dev/null | head -1)
 [[ -n $ns && -n $imp ]] || { echo "nsys or QdstrmImporter not found on this machine" >&2; exit 1; }
 export LD_LIBRARY_PATH=${NSYS_EXTRA_LIB:-$here/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-"$ns" profile --gpu-metrics-devices=all --gpu-metrics-frequency="$freq" --sample=none --cpuctxsw=none \
+# NSYS_TRACE (e.g. cuda) narrows what is traced; nsys' default is cuda,nvtx,osrt,opengl.
+"$ns" profile --gpu-metrics-devices=all --gpu-metrics-frequency="$freq" --sample=none --cpuctxsw=none ${NSYS_TRACE:+--trace=$NSYS_TRACE} \
   -o "$tmp/rep" -f true "$@" >"$tmp/profile.log" 2>&1 || { tail -5 "$tmp/profile.log" >&2; exit 1; }
 "$imp" -i "$tmp/rep.qdstrm" >"$tmp/import.log" 2>&1 || true
 [[ -f $tmp/rep.nsys-rep ]] || { echo "import failed:" >&2; tail -5 "$tmp/import.log" >&2; exit 1; }

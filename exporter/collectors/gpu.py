@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily
 
 from exporter.snapshot import PUBLISHED_STATES, SPATIAL_FIELDS
+from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
 GPU_LABELS = ["gpu", "uuid", "model"]
 
@@ -57,6 +58,14 @@ def _gauge(name, documentation, extra_labels=()):
     return GaugeMetricFamily(name, documentation, labels=GPU_LABELS + list(extra_labels))
 
 
+def _one_hot(family, labels, values, current) -> None:
+    """A state set: every possible value with 1 for the current one, so a change starts no series;
+    nothing at all when the current value is unknown."""
+    if current is not None:
+        for value in values:
+            family.add_metric(labels + [value], 1.0 if value == current else 0.0)
+
+
 class GpuCollector:
     def __init__(self, engine):
         self._engine = engine
@@ -91,6 +100,10 @@ class GpuCollector:
                         ["source"])
         stamp = _gauge("gpu_spatial_sample_timestamp_seconds",
                        "Wall time of the end of the window the spatial values describe.", ["source"])
+        sharing = _gauge("gpu_sharing_mode", "1 for how the GPU is shared now: exclusive, time_sliced (two or more "
+                         "contexts take turns), mps, mig or idle (from NVML's process lists and MIG mode).", ["mode"])
+        diagnosis = _gauge("gpu_diagnosis", "1 for the verdict the live rules reach on this GPU (evidence and advice: "
+                           "/api/v1/gpus; rules: nsys_ingest/verdicts.py).", ["verdict"])
         state = _gauge("gpu_spatial_source_state",
                        "1 for the current state of each candidate spatial source (reason: /api/v1/gpus).",
                        ["source", "state"])
@@ -129,6 +142,8 @@ class GpuCollector:
                 stamp.add_metric(labels + [source], view.spatial.window_end)
                 if view.hidden_idle is not None:
                     hidden.add_metric(labels + [source], view.hidden_idle)
+            _one_hot(sharing, labels, SHARING_MODES, view.sharing_mode)
+            _one_hot(diagnosis, labels, VERDICTS, view.diagnosis[0].verdict if view.diagnosis else None)
             for status in view.sources:
                 for candidate in PUBLISHED_STATES:
                     state.add_metric(labels + [status.source, candidate], 1.0 if status.state == candidate else 0.0)
@@ -142,5 +157,7 @@ class GpuCollector:
         yield proc_sm
         yield proc_mem
         yield compute
+        yield sharing
+        yield diagnosis
         yield pod_info
         yield pod_count

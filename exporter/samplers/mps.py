@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 ROLES = {"nvidia-cuda-mps-control": "control", "nvidia-cuda-mps-server": "server"}
 COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters: both daemons read the same there
 CONTROL_QUERY_EVERY_S = 2.0
+FAULT_RATE_WINDOW_S = 10.0
 FULL_RESCAN_EVERY_S = 30.0  # pids seen as something else are skipped until then (pid reuse is rare)
 
 
@@ -34,6 +35,7 @@ class DaemonStats:
     cpu_seconds: float
     resident_bytes: int | None
     swap_bytes: int | None
+    major_faults_per_s: float | None = None  # over the last FAULT_RATE_WINDOW_S; None until one has passed
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ class MpsSampler:
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._ticks_per_s = os.sysconf("SC_CLK_TCK")
         self._roles: dict[tuple[int, str], str | None] = {}  # (pid, stat start) -> role or None
-        self._high_water: dict[tuple, tuple[int, int, float]] = {}
+        self._high_water: dict[tuple, tuple] = {}  # counters, and the mark the fault rate is taken from
         self._last_query = float("-inf")
         self._btime: float | None = None  # boot time: fixed while the host runs
         self._others: set[int] = set()  # pids that are not MPS daemons
@@ -189,11 +191,16 @@ class MpsSampler:
         cpu = (stat["utime"] + stat["stime"]) / self._ticks_per_s
         # Within one daemon's life the counters only grow: never publish a step back.
         key = (role, user, pid, stat["starttime"])
-        prev = self._high_water.get(key, (0, 0, 0.0))
+        now = time.monotonic()
+        prev = self._high_water.get(key, (0, 0, 0.0, now, stat["majflt"], None))
         major, minor, cpu = max(stat["majflt"], prev[0]), max(stat["minflt"], prev[1]), max(cpu, prev[2])
-        self._high_water[key] = (major, minor, cpu)
+        marked_at, marked_major, rate = prev[3:]
+        if now - marked_at >= FAULT_RATE_WINDOW_S:  # the live diagnosis reads a rate, not a counter
+            rate = (major - marked_major) / (now - marked_at)
+            marked_at, marked_major = now, major
+        self._high_water[key] = (major, minor, cpu, marked_at, marked_major, rate)
         return DaemonStats(role, user, pid, round(start, 2), major, minor, cpu,
-                           status.get("VmRSS"), status.get("VmSwap"))
+                           status.get("VmRSS"), status.get("VmSwap"), rate)
 
     # -- the control pipe -----------------------------------------------------------------------
     def _control(self, command: str) -> str:

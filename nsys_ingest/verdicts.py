@@ -1,0 +1,184 @@
+"""From utilization evidence to what to change: one rule set for the live exporter and `diagnose`.
+
+The exporter judges from live metrics (NVML time utilization, the spatial source, NVML's process
+lists, MPS daemon faults); `python -m nsys_ingest diagnose` judges from an export's GPU metrics and
+CUDA kernel trace, which also tells launch-bound loops from small grids. Rules are tried in the order
+of RULES below; the first that matches is the verdict. Pure Python: the exporter imports this
+without pandas or numpy.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+# -- named thresholds (ratios of the window unless said otherwise) -----------------------------------
+IDLE_BELOW = 0.05  # time utilization under this: nothing runs to speak of
+BUSY_TIME = 0.5  # time utilization under this while processes hold the GPU: it waits for its inputs
+SATURATED_SM = 0.8  # SM active at or over this: the SMs are full, the GPU is the bottleneck
+LOW_SM = 0.5  # SM active under this while busy in time: idle SMs hidden behind the time figure
+MEMORY_BOUND_DRAM = 0.6  # DRAM active at or over this while SM active is under SATURATED_SM
+LONG_GAP_S = 1e-3  # an idle gap this long is waiting on the host, not launch latency
+INPUT_BOUND_LONG_GAPS = 0.5  # share of the idle time in long gaps for input-bound (kernel trace)
+LAUNCH_BOUND_KERNEL_S = 20e-6  # median kernel shorter than this: launch overhead dominates
+MPS_STALL_FAULTS_PER_S = 1.0  # MPS server major faults per second (as the MPSDaemonMajorPageFaults alert)
+CONCURRENT_KERNELS = 1.2  # kernel time / busy time at or over this: processes' kernels overlap (MPS)
+
+SHARING_MODES = ("exclusive", "time_sliced", "mps", "mig", "idle")
+
+
+def sharing_mode(time_sliced: int, mps_clients: int, mig_enabled: bool | None = None) -> str:
+    """How the GPU is shared now. MPS clients share one context (the server's); every other process
+    has its own, and two or more contexts take turns in time slices."""
+    if mig_enabled:
+        return "mig"
+    contexts = time_sliced + (1 if mps_clients else 0)
+    if contexts == 0:
+        return "idle"
+    if contexts > 1:
+        return "time_sliced"
+    return "mps" if mps_clients else "exclusive"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a rule may look at; None where the source cannot tell."""
+
+    time_utilization: float | None  # share of the window with a kernel running
+    sm_active: float | None = None
+    dram_active: float | None = None
+    sharing_mode: str | None = None
+    processes: int | None = None  # workload processes on the GPU (the MPS server not counted)
+    mps_server_faults_per_s: float | None = None
+    # From a CUDA kernel trace only:
+    long_gap_idle_share: float | None = None  # share of the idle time spent in gaps >= LONG_GAP_S
+    median_kernel_s: float | None = None
+    median_grid_blocks: float | None = None
+    sm_count: int | None = None
+    sm_footprint: float | None = None  # duration-weighted share of the SMs the kernels' grids can occupy
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    reason: str  # what the rule saw, in numbers
+    advice: str
+
+    def to_json(self, evidence: Evidence) -> dict:
+        return {**asdict(self), "evidence": {k: v for k, v in asdict(evidence).items() if v is not None}}
+
+
+def _pct(value: float) -> str:
+    return f"{value:.0%}"
+
+
+def _mps_server_stalled(e: Evidence):
+    if e.mps_server_faults_per_s is not None and e.mps_server_faults_per_s >= MPS_STALL_FAULTS_PER_S:
+        return (f"the MPS server takes {e.mps_server_faults_per_s:.1f} major page faults/s "
+                f"(>= {MPS_STALL_FAULTS_PER_S:g}): every client waits while it is paged in",
+                "free host memory or keep the server resident: more RAM, fewer processes, less swap")
+
+
+def _idle(e: Evidence):
+    if e.time_utilization < IDLE_BELOW:
+        return (f"time utilization {_pct(e.time_utilization)} (< {_pct(IDLE_BELOW)})",
+                "nothing to fix on the GPU; if jobs hold it, give it back or pack more work onto it")
+
+
+def _saturated(e: Evidence):
+    if e.sm_active is not None and e.sm_active >= SATURATED_SM:
+        return (f"SM active {_pct(e.sm_active)} (>= {_pct(SATURATED_SM)})",
+                "the GPU is the bottleneck: optimise kernels (tensor cores, precision) or add GPUs")
+
+
+def _memory_bound(e: Evidence):
+    if e.dram_active is not None and e.dram_active >= MEMORY_BOUND_DRAM:
+        return (f"DRAM active {_pct(e.dram_active)} (>= {_pct(MEMORY_BOUND_DRAM)}) while SM active is "
+                f"{'unknown' if e.sm_active is None else _pct(e.sm_active)}",
+                "memory bandwidth limits it: fuse kernels, lower precision, improve data reuse")
+
+
+def _input_bound(e: Evidence):
+    if e.time_utilization >= BUSY_TIME or e.processes == 0:
+        return None
+    if e.long_gap_idle_share is not None and e.long_gap_idle_share < INPUT_BOUND_LONG_GAPS:
+        return None  # idle in many tiny gaps: launch latency, not input
+    gaps = "" if e.long_gap_idle_share is None else \
+        f", {_pct(e.long_gap_idle_share)} of the idle time in gaps >= {LONG_GAP_S * 1e3:g} ms"
+    return (f"kernels run {_pct(e.time_utilization)} of the time (< {_pct(BUSY_TIME)}){gaps}: the GPU waits "
+            "for the host",
+            "speed up the input pipeline: more DataLoader workers, pinned memory and prefetching, "
+            "preprocessing on the GPU, or fewer host syncs")
+
+
+def _hidden_idle(e: Evidence) -> bool:
+    return e.sm_active is not None and e.sm_active < LOW_SM
+
+
+def _time_sliced(e: Evidence):
+    if _hidden_idle(e) and e.sharing_mode == "time_sliced":
+        return (f"{e.processes or 'several'} processes take turns on the GPU (time-sliced); time "
+                f"{_pct(e.time_utilization)} but SM active {_pct(e.sm_active)}{_footprint(e)}",
+                "run them under CUDA MPS so their kernels share the SMs (2.2-4.1x the steps here), "
+                "use larger batches, or give each a MIG slice sized to it")
+
+
+def _mps_shared(e: Evidence):
+    # Sharing is already right; what is left is how much of the GPU the clients fill together.
+    if e.sm_active is not None and e.sharing_mode == "mps":
+        return (f"{e.processes or 'several'} MPS clients run side by side and fill {_pct(e.sm_active)} of the "
+                f"SMs (< {_pct(SATURATED_SM)}){_footprint(e)}",
+                "room for more: add clients to this GPU or use larger batches; if SM active stays low, a "
+                "smaller MIG slice or GPU fits these jobs")
+
+
+def _launch_bound(e: Evidence):
+    if _hidden_idle(e) and e.median_kernel_s is not None and e.median_kernel_s < LAUNCH_BOUND_KERNEL_S:
+        return (f"median kernel {e.median_kernel_s * 1e6:.1f} us (< {LAUNCH_BOUND_KERNEL_S * 1e6:g} us) "
+                f"back to back; SM active {_pct(e.sm_active)}",
+                "launch overhead dominates: CUDA graphs, kernel fusion (torch.compile), larger batches")
+
+
+def _small_grid(e: Evidence):
+    if _hidden_idle(e) and e.median_grid_blocks is not None and e.sm_count \
+            and e.median_grid_blocks < e.sm_count:
+        return (f"median grid {e.median_grid_blocks:g} blocks on {e.sm_count} SMs{_footprint(e)}; "
+                f"SM active {_pct(e.sm_active)}",
+                "the kernels' grids cannot fill the GPU: larger batches or more parallel work per kernel, "
+                "or share the GPU with other jobs (MPS, MIG)")
+
+
+def _small_kernels(e: Evidence):
+    if _hidden_idle(e):
+        return (f"time {_pct(e.time_utilization)} but SM active {_pct(e.sm_active)} "
+                f"(< {_pct(LOW_SM)}){_footprint(e)}",
+                "kernels too small for the GPU: larger batches, CUDA graphs or fusion; profile with "
+                "nsys --trace=cuda and run nsys_ingest diagnose to tell launch-bound loops from small grids")
+
+
+def _no_finding(e: Evidence):
+    if e.sm_active is not None:
+        return (f"time {_pct(e.time_utilization)}, SM active {_pct(e.sm_active)}: no rule matched",
+                "nothing obvious to change")
+
+
+def _footprint(e: Evidence) -> str:
+    return "" if e.sm_footprint is None else f", kernels' grids cover {_pct(e.sm_footprint)} of the SMs"
+
+
+RULES = (("mps_server_stalled", _mps_server_stalled), ("idle", _idle), ("saturated", _saturated),
+         ("memory_bound", _memory_bound), ("input_bound", _input_bound),
+         ("time_sliced_small_kernels", _time_sliced), ("mps_shared", _mps_shared),
+         ("launch_bound", _launch_bound), ("small_grid", _small_grid), ("small_kernels", _small_kernels),
+         ("no_finding", _no_finding))
+VERDICTS = tuple(name for name, _rule in RULES)
+
+
+def judge(evidence: Evidence) -> Verdict | None:
+    """The first rule that matches, or None when there is too little evidence (no time utilization,
+    or a GPU busy in time with no SM activity to compare it to)."""
+    if evidence.time_utilization is None:
+        return None
+    for name, rule in RULES:
+        found = rule(evidence)
+        if found:
+            return Verdict(name, *found)
+    return None
