@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, window_clauses
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 NO_KERNEL_TRACE = ("this export has no CUDA kernel trace: add --trace=cuda to the nsys command "
@@ -102,13 +102,7 @@ def kernel_stats(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_
     if not has_kernel_trace(export):
         raise IngestError(NO_KERNEL_TRACE)
     devices, names = _cuda_devices(export), _process_names(export)
-    clauses, params = [], []
-    if start_ns is not None:
-        clauses.append("end >= ?")
-        params.append(int(start_ns))
-    if end_ns is not None:
-        clauses.append("start <= ?")
-        params.append(int(end_ns))
+    clauses, params = window_clauses(start_ns, end_ns, "start", "end")
     where = f" where {' and '.join(clauses)}" if clauses else ""
     sql = (f"select start, end, deviceId, coalesce(globalPid, 0), gridX * gridY * gridZ from {KERNEL_TABLE}{where}")
     try:

@@ -60,6 +60,19 @@ def _gpu_of(type_id: int) -> int:
     return int(type_id) & 0xFF
 
 
+def window_clauses(start_ns, end_ns, start_column="timestamp", end_column="timestamp") -> tuple[list, list]:
+    """SQL conditions (and their parameters) for rows that reach into [start_ns, end_ns]: an event
+    from start_column to end_column overlaps the window; an open bound is no condition."""
+    clauses, params = [], []
+    if start_ns is not None:
+        clauses.append(f"{end_column} >= ?")
+        params.append(int(start_ns))
+    if end_ns is not None:
+        clauses.append(f"{start_column} <= ?")
+        params.append(int(end_ns))
+    return clauses, params
+
+
 def export_rep(path: Path, nsys: str = "nsys") -> Path:
     """Runs `nsys export --type sqlite` on a .nsys-rep; returns the .sqlite (in a temp dir)."""
     binary = shutil.which(nsys)
@@ -225,13 +238,7 @@ class Export:
             yield from self._generic_chunks(codes, start_ns, end_ns, chunk_rows, progress, ordered)
 
     def _where(self, start_ns, end_ns) -> tuple[str, list]:
-        clauses, params = [], []
-        if start_ns is not None:
-            clauses.append("timestamp >= ?")
-            params.append(int(start_ns))
-        if end_ns is not None:
-            clauses.append("timestamp <= ?")
-            params.append(int(end_ns))
+        clauses, params = window_clauses(start_ns, end_ns)
         return "".join(f" and {c}" for c in clauses), params
 
     def _metric_chunks(self, codes, start_ns, end_ns, chunk_rows, progress, ordered):
