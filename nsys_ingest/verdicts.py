@@ -106,7 +106,7 @@ def _input_bound(e: Evidence):
     return (f"kernels run {_pct(e.time_utilization)} of the time (< {_pct(BUSY_TIME)}){gaps}: the GPU waits "
             "for the host",
             "speed up the input pipeline: more DataLoader workers, pinned memory and prefetching, "
-            "preprocessing on the GPU, or fewer host syncs")
+            "preprocessing on the GPU, or fewer host syncs; a service waiting on requests has room for more work")
 
 
 def _hidden_idle(e: Evidence) -> bool:
