@@ -99,13 +99,15 @@ def test_replay_on_a_host_without_gpus_serves_the_contract():
         assert samples["gpu_spatial_sample_timestamp_seconds"][0][1] > time.time() - 5
 
 
-def declared_too_large(port, length, token) -> int:
-    """Announces a body over the limit and sends none of it: the answer must come at once."""
+def answer_before_the_body(port, length, token=None) -> int:
+    """Announces a body and sends none of it: a wrong token or a size over the limit is answered at
+    once, without reading the body (a client sending it would race the closing connection)."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.putrequest("POST", "/api/v1/nsys")
-    conn.putheader("Authorization", f"Bearer {token}")
+    if token:
+        conn.putheader("Authorization", f"Bearer {token}")
     conn.putheader("Content-Length", str(length))
     conn.endheaders()
     return conn.getresponse().status
@@ -116,11 +118,12 @@ def test_upload_needs_the_token_validates_and_lands_in_the_spool(tmp_path):
     with Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(spool),
                   "--nsys-upload-max-bytes", "4000000", "--interval", "0.5") as exporter:
         url = exporter.url + "/api/v1/nsys"
-        assert post(url, QUARTER.read_bytes())[0] == 401
-        assert post(url, QUARTER.read_bytes(), "wrong")[0] == 401
+        size = QUARTER.stat().st_size
+        assert answer_before_the_body(exporter.port, size) == 401
+        assert answer_before_the_body(exporter.port, size, "wrong") == 401
         status, body = post(url, b"not an export", "s3cret")
         assert status == 400 and "not a SQLite file" in body
-        assert declared_too_large(exporter.port, 5_000_000, "s3cret") == 413
+        assert answer_before_the_body(exporter.port, 5_000_000, "s3cret") == 413
         status, body = post(url, QUARTER.read_bytes(), "s3cret")
         assert status == 201 and UUID in body
         assert [p.suffix for p in spool.iterdir()] == [".sqlite"]  # nothing else kept, no partial files
