@@ -116,7 +116,7 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
         raise IngestError("no kernels and no GPU metric samples in this window: check --start/--end")
     gpus = []
     for index in sorted(set(kernels) | set(means)):
-        info = export.gpus.get(index)
+        info = export.gpus.get(index) or export.described_gpus.get(index)
         k = kernels.get(index)
         summary = _kernel_summary(k) if k else None
         evidence, estimated = _evidence(means.get(index, {}), k, summary, info.sm_count if info else None)
@@ -159,13 +159,20 @@ def print_diagnosis(result: dict) -> None:
             print("  GPU metrics (means): " + ", ".join(f"{q.replace('_', ' ')} {v:.3f}" for q, v in gpu["gpu_metrics"].items()))
         k = gpu["kernels"]
         if k:
-            print(f"  kernels: {k['kernels']} ({k['kernels_per_s']:g}/s), median {k['median_us']:g} us, p90 {k['p90_us']:g} us, "
-                  f"median grid {k['median_grid_blocks']} blocks, SM footprint {k['sm_footprint']:.0%}")
-            long_gaps = "n/a" if k["long_gap_idle_share"] is None else f"{k['long_gap_idle_share']:.0%}"
-            print(f"  GPU busy {k['busy_share']:.1%} of the window; {k['idle_gaps']} idle gaps, {long_gaps} of the idle "
-                  f"time in gaps >= 1 ms; kernel overlap {k['overlap'] or 0:.2f}x")
+            print(f"  kernels: {k['kernels']} ({_show(k['kernels_per_s'], 'g')}/s), median {_show(k['median_us'], 'g')} us, "
+                  f"p90 {_show(k['p90_us'], 'g')} us, median grid {_show(k['median_grid_blocks'])} blocks, "
+                  f"SM footprint {_show(k['sm_footprint'], '.0%')}")
+            print(f"  GPU busy {_show(k['busy_share'], '.1%')} of the window; {k['idle_gaps']} idle gaps, "
+                  f"{_show(k['long_gap_idle_share'], '.0%')} of the idle time in gaps >= 1 ms; "
+                  f"kernel overlap {_show(k['overlap'], '.2f')}x")
             print(f"  {'pid':>8} {'process':16} {'kernels/s':>10} {'median us':>10} {'p90 us':>9} {'grid':>6} "
                   f"{'footprint':>9} {'busy':>6}")
             for p in gpu["processes"]:
-                print(f"  {p['pid']:>8} {p['name'][:16]:16} {p['kernels_per_s']:>10g} {p['median_us']:>10g} "
-                      f"{p['p90_us']:>9g} {p['median_grid_blocks']:>6} {p['sm_footprint']:>9.0%} {p['busy_share']:>6.1%}")
+                print(f"  {p['pid']:>8} {p['name'][:16]:16} {_show(p['kernels_per_s'], 'g'):>10} "
+                      f"{_show(p['median_us'], 'g'):>10} {_show(p['p90_us'], 'g'):>9} {_show(p['median_grid_blocks']):>6} "
+                      f"{_show(p['sm_footprint'], '.0%'):>9} {_show(p['busy_share'], '.1%'):>6}")
+
+
+def _show(value, spec: str = "") -> str:
+    """A number for the text report; n/a where the window gives none (e.g. zero-length kernels)."""
+    return "n/a" if value is None else format(value, spec)

@@ -144,7 +144,7 @@ def _reduce(export, cursor, start_ns, end_ns, chunk_rows, progress, devices, nam
         gpu_of = _gpu_per_row(pids, chunk["device"], devices)
         for gpu in np.unique(gpu_of):
             mine = gpu_of == gpu
-            info = export.gpus.get(int(gpu))
+            info = export.gpus.get(int(gpu)) or export.described_gpus.get(int(gpu))
             acc = gpus.setdefault(int(gpu), GpuKernels(int(gpu), info.sm_count if info else None))
             _add(acc, begin[mine], end[mine], chunk["blocks"][mine], chunk["gpid"][mine], start_ns, names)
     low = start_ns if start_ns is not None else span[0]

@@ -176,10 +176,11 @@ class Export:
                 if uuid and not str(uuid).startswith("GPU-"):
                     uuid = f"GPU-{uuid}"  # NVML's spelling, so the exporter matches GPUs by UUID
                 found[int(index)] = GpuInfo(int(index), name or f"GPU {index}", uuid, sms)
+        self.described_gpus = dict(sorted(found.items()))  # with or without metrics (kernels may run there)
         for metric in self.metrics:
             found.setdefault(metric.gpu, GpuInfo(metric.gpu, f"GPU {metric.gpu}", None, None))
         if not self.metrics:  # a kernel trace alone: every GPU the export describes
-            return dict(sorted(found.items()))
+            return dict(self.described_gpus)
         return {i: found[i] for i in sorted({m.gpu for m in self.metrics})}
 
     def _start_ns(self) -> int | None:

@@ -124,6 +124,15 @@ def test_command_line(args, expect_out, expect_err, code):
         assert json.loads(done.stdout)["gpus"][0]["processes"][0]["kernels"] > 0
 
 
+def test_command_line_on_a_lone_zero_length_kernel_without_metrics(tmp_path):
+    lone = synth.zero_length_kernels(synth.one_kernel(MATMUL, tmp_path / "a.sqlite"), tmp_path / "b.sqlite")
+    bare = synth.without_gpu_metrics(lone, tmp_path / "c.sqlite")
+    done = subprocess.run([sys.executable, "-m", "nsys_ingest", "diagnose", str(bare)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "kernels: 1 (n/a/s)" in done.stdout and "verdict: none" in done.stdout
+
+
 def test_command_line_on_a_file_with_neither(tmp_path):
     bare = synth.without_gpu_metrics(synth.without_kernel_trace(MATMUL, tmp_path / "a.sqlite"), tmp_path / "b.sqlite")
     done = subprocess.run([sys.executable, "-m", "nsys_ingest", "diagnose", str(bare)], capture_output=True, text=True,
