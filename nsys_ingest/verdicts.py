@@ -70,7 +70,7 @@ def _pct(value: float) -> str:
     return f"{value:.0%}"
 
 
-def _mps_server_stalled(e: Evidence):
+def _mps_server_paging(e: Evidence):
     if e.mps_server_faults_per_s is not None and e.mps_server_faults_per_s >= MPS_STALL_FAULTS_PER_S:
         return (f"the MPS server takes {e.mps_server_faults_per_s:.1f} major page faults/s "
                 f"(>= {MPS_STALL_FAULTS_PER_S:g}): every client waits while it is paged in",
@@ -164,7 +164,7 @@ def _footprint(e: Evidence) -> str:
     return "" if e.sm_footprint is None else f", kernels' grids cover {_pct(e.sm_footprint)} of the SMs"
 
 
-RULES = (("mps_server_stalled", _mps_server_stalled), ("idle", _idle), ("saturated", _saturated),
+RULES = (("mps_server_paging", _mps_server_paging), ("idle", _idle), ("saturated", _saturated),
          ("memory_bound", _memory_bound), ("input_bound", _input_bound),
          ("time_sliced_small_kernels", _time_sliced), ("mps_shared", _mps_shared),
          ("launch_bound", _launch_bound), ("small_grid", _small_grid), ("small_kernels", _small_kernels),

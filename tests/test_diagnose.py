@@ -169,7 +169,7 @@ def test_a_paged_in_mps_server_is_the_verdict_whatever_else_holds():
     spatial = SpatialReading("gpm", 0.0, 1.0, sm_active=0.3)
     server = DaemonStats("server", "alice", 10, 0.0, 500, 0, 1.0, None, None, major_faults_per_s=12.0)
     mode, (verdict, evidence) = diagnose_live(telemetry, spatial, 0.99, MpsSnapshot(daemons=(server,)))
-    assert mode == "mps" and verdict.verdict == "mps_server_stalled" and evidence.mps_server_faults_per_s == 12.0
+    assert mode == "mps" and verdict.verdict == "mps_server_paging" and evidence.mps_server_faults_per_s == 12.0
     calm = DaemonStats("server", "alice", 10, 0.0, 500, 0, 1.0, None, None, major_faults_per_s=0.0)
     assert diagnose_live(telemetry, spatial, 0.99, MpsSnapshot(daemons=(calm,)))[1][0].verdict == "mps_shared"
 
@@ -184,7 +184,7 @@ def test_sharing_mode(time_sliced, mps, mig, mode):
 
 
 @pytest.mark.parametrize("evidence, verdict", [
-    (Evidence(0.99, 0.2, mps_server_faults_per_s=5.0, sharing_mode="mps"), "mps_server_stalled"),
+    (Evidence(0.99, 0.2, mps_server_faults_per_s=5.0, sharing_mode="mps"), "mps_server_paging"),
     (Evidence(0.01, 0.0, processes=0), "idle"),
     (Evidence(0.99, 0.95), "saturated"),
     (Evidence(0.9, 0.4, dram_active=0.7), "memory_bound"),
