@@ -89,16 +89,17 @@ def build_view(
 def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps):
     """(sharing mode, (verdict, evidence)) of one GPU from live values; `telemetry` None when NVML
     does not know the GPU (then an export's own values are judged, without sharing or MPS)."""
-    mode = None
+    mode = processes = None
     if telemetry is not None and telemetry.compute_processes is not None:
         kinds = [p.kind for p in telemetry.compute_processes]
         mode = sharing_mode(kinds.count("time_sliced"), kinds.count("mps"), telemetry.mig_enabled)
+        processes = len(kinds) - kinds.count("mps_server")
     evidence = Evidence(
         time_utilization=busy,
         sm_active=spatial.sm_active if spatial else None,
         dram_active=spatial.dram_active if spatial else None,
         sharing_mode=mode,
-        processes=None if mode is None else sum(k != "mps_server" for k in kinds),
+        processes=processes,
         mps_server_faults_per_s=None if telemetry is None else _mps_server_faults(telemetry, mps, mode),
     )
     verdict = judge(evidence)

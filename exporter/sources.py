@@ -23,10 +23,8 @@ def _dcgm(args, nvml):
         except Exception as exc:  # noqa: BLE001 - the host engine refused: say so, serve the rest
             if not args.dcgm_exporter_url:
                 return None, f"DCGM host engine {args.dcgm_hostengine}: {exc}"
-    if args.dcgm_exporter_url:
-        return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
-                                  max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None
-    return None, "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
+    return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
+                              max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None
 
 
 def build_spatial_sources(args, nvml, gpm=None):

@@ -49,6 +49,14 @@ def _pivot(rows: pd.DataFrame, names) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def nearest_rank_bin(counts: np.ndarray, q: float) -> int | None:
+    """The bin holding the nearest-rank q-quantile of histogram `counts`; None when empty."""
+    n = int(counts.sum())
+    if n == 0:
+        return None
+    return int(np.searchsorted(np.cumsum(counts), max(1, int(np.ceil(q * n)))))
+
+
 class Distribution:
     """Mean and nearest-rank percentiles of ratios in 0..1, at 0.001 resolution, in constant memory."""
 
@@ -68,10 +76,8 @@ class Distribution:
         return int(self.counts.sum())
 
     def quantile(self, q: float) -> float | None:
-        if self.n == 0:
-            return None
-        rank = max(1, int(np.ceil(q * self.n)))
-        return float(np.searchsorted(np.cumsum(self.counts), rank) / BINS)
+        found = nearest_rank_bin(self.counts, q)
+        return None if found is None else found / BINS
 
     def stats(self) -> dict | None:
         if self.n == 0:

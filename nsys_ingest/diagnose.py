@@ -35,11 +35,12 @@ def _ratio(part, whole) -> float | None:
 def _kernel_summary(k: GpuKernels) -> dict:
     busy = k.window_ns - k.idle_ns
     seconds = k.window_ns / 1e9
+    durations = k.durations
     return {
-        "kernels": sum(p.kernels for p in k.processes.values()),
-        "kernels_per_s": round(sum(p.kernels for p in k.processes.values()) / seconds, 1) if seconds else None,
-        "median_us": _us(k.durations.quantile(0.5)),
-        "p90_us": _us(k.durations.quantile(0.9)),
+        "kernels": k.kernels,
+        "kernels_per_s": round(k.kernels / seconds, 1) if seconds else None,
+        "median_us": _us(durations.quantile(0.5)),
+        "p90_us": _us(durations.quantile(0.9)),
         "median_grid_blocks": _blocks(k.grids.quantile(0.5)),
         "sm_footprint": _ratio(k.footprint_ns, k.kernel_ns),
         "busy_share": _ratio(busy, k.window_ns),

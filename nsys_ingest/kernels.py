@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nsys_ingest.analysis import nearest_rank_bin
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, window_clauses
+from nsys_ingest.verdicts import LONG_GAP_S
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
 NO_KERNEL_TRACE = ("this export has no CUDA kernel trace: add --trace=cuda to the nsys command "
                    "(nsys profile --trace=cuda --gpu-metrics-devices=all ...) to see kernels per process")
-LONG_GAP_NS = 1_000_000  # the verdicts' LONG_GAP_S: an idle gap this long waits on the host
+LONG_GAP_NS = int(LONG_GAP_S * 1e9)  # an idle gap this long waits on the host
 BINS_PER_DECADE = 100  # log histograms: 2.3 % resolution; integers up to 43 get a bin of their own
 DECADES = 13  # 1 ns .. 10^13 ns (durations); 1 .. 10^13 blocks (grids)
 
@@ -34,11 +36,15 @@ class LogHistogram:
             self.counts += np.bincount(bins.clip(0, len(self.counts) - 1), minlength=len(self.counts))
 
     def quantile(self, q: float) -> float | None:
-        n = int(self.counts.sum())
-        if n == 0:
-            return None
-        rank = max(1, int(np.ceil(q * n)))
-        return float(10 ** (np.searchsorted(np.cumsum(self.counts), rank) / BINS_PER_DECADE))
+        found = nearest_rank_bin(self.counts, q)
+        return None if found is None else float(10 ** (found / BINS_PER_DECADE))
+
+    @classmethod
+    def merged(cls, histograms) -> "LogHistogram":
+        out = cls()
+        for histogram in histograms:
+            out.counts += histogram.counts
+        return out
 
 
 @dataclass
@@ -62,11 +68,28 @@ class GpuKernels:
     idle_ns: int = 0
     long_idle_ns: int = 0
     gaps: int = 0
-    kernel_ns: int = 0
-    footprint_ns: float = 0.0
-    durations: LogHistogram = field(default_factory=LogHistogram)
-    grids: LogHistogram = field(default_factory=LogHistogram)
     processes: dict[int, ProcessKernels] = field(default_factory=dict)
+
+    # The GPU's kernel totals are its processes' totals: derived, never counted twice.
+    @property
+    def kernels(self) -> int:
+        return sum(p.kernels for p in self.processes.values())
+
+    @property
+    def kernel_ns(self) -> int:
+        return sum(p.kernel_ns for p in self.processes.values())
+
+    @property
+    def footprint_ns(self) -> float:
+        return sum(p.footprint_ns for p in self.processes.values())
+
+    @property
+    def durations(self) -> LogHistogram:
+        return LogHistogram.merged(p.durations for p in self.processes.values())
+
+    @property
+    def grids(self) -> LogHistogram:
+        return LogHistogram.merged(p.grids for p in self.processes.values())
 
 
 def has_kernel_trace(export: Export) -> bool:
@@ -140,8 +163,7 @@ def _reduce(export, cursor, start_ns, end_ns, chunk_rows, progress, devices, nam
         end = np.maximum(end, begin)  # zero-length (or clock-skewed) kernels cover nothing
         span[0] = int(begin[0]) if span[0] is None else span[0]
         span[1] = int(end.max()) if span[1] is None else max(span[1], int(end.max()))
-        pids = (chunk["gpid"] >> 24) & 0xFFFFFF
-        gpu_of = _gpu_per_row(pids, chunk["device"], devices)
+        gpu_of = _gpu_per_row(pid_of(chunk["gpid"]), chunk["device"], devices)
         for gpu in np.unique(gpu_of):
             mine = gpu_of == gpu
             info = export.gpus.get(int(gpu)) or export.described_gpus.get(int(gpu))
@@ -154,6 +176,11 @@ def _reduce(export, cursor, start_ns, end_ns, chunk_rows, progress, devices, nam
             _gap(acc, np.array([high - acc.busy_until]))
         acc.window_ns = high - (low if start_ns is not None else acc.first_ns)
     return gpus, (low, high)
+
+
+def pid_of(global_pid):
+    """The process ID inside nsys' serialized GlobalId (bits 24-47); arrays too."""
+    return (global_pid >> 24) & 0xFFFFFF
 
 
 def _gpu_per_row(pids: np.ndarray, device: np.ndarray, devices: dict) -> np.ndarray:
@@ -183,14 +210,9 @@ def _add(acc: GpuKernels, begin, end, blocks, gpids, start_ns, names) -> None:
     duration = end - begin
     # A block runs on one SM: a grid of B blocks can occupy at most min(B, SMs) of them.
     weighted = duration * (np.minimum(blocks / acc.sm_count, 1.0) if acc.sm_count else 1.0)
-    acc.kernel_ns += int(duration.sum())
-    acc.footprint_ns += float(np.sum(weighted))
-    acc.durations.add(duration)
-    acc.grids.add(blocks)
     for gpid in np.unique(gpids):
         mine = gpids == gpid
-        pid = int(gpid >> 24) & 0xFFFFFF
-        proc = acc.processes.setdefault(int(gpid), ProcessKernels(pid, names.get(int(gpid), "?")))
+        proc = acc.processes.setdefault(int(gpid), ProcessKernels(int(pid_of(gpid)), names.get(int(gpid), "?")))
         proc.kernels += int(mine.sum())
         proc.kernel_ns += int(duration[mine].sum())
         proc.footprint_ns += float(np.sum(weighted[mine]))
