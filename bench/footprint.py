@@ -1,6 +1,7 @@
 """Resident memory and CPU of the exporter with its default sources on a GPU host.
 
     python3 bench/footprint.py --label after --out footprint_after.json [--source-dir DIR] [-- EXPORTER FLAGS]
+    python3 bench/footprint.py --nvml-baseline --out nvml_rss.json   # what NVML itself costs a process
 
 Starts `python -m exporter --interval 1` (from --source-dir, default this checkout), waits --warmup
 seconds, then reads RSS, the CPU share of one core over --window seconds with no scrapes, the largest
@@ -36,15 +37,44 @@ def mappings(pid: int, top: int = 12) -> list[tuple[str, int]]:
     return sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
 
 
+NVML_BASELINE = """
+import json, pynvml
+rss = lambda: int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) // 1024
+steps = {"bare python": rss()}
+pynvml.nvmlInit()
+steps["after nvmlInit"] = rss()
+sample = pynvml.nvmlGpmSampleAlloc()
+pynvml.nvmlGpmSampleGet(pynvml.nvmlDeviceGetHandleByIndex(0), sample)
+steps["after one GPM sample"] = rss()
+print(json.dumps(steps))
+"""
+
+
+def nvml_baseline(out: Path) -> int:
+    """RSS (MB) of a bare Python, after nvmlInit, after one GPM sample: the floor under any NVML exporter."""
+    done = subprocess.run([sys.executable, "-c", NVML_BASELINE], capture_output=True, text=True)
+    if done.returncode != 0:
+        print(f"needs NVML and a GPU: {(done.stderr.strip().splitlines() or ['?'])[-1]}", file=sys.stderr)
+        return 2
+    out.write_text(done.stdout)
+    print(done.stdout.strip())
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--label", required=True)
+    p.add_argument("--label")
+    p.add_argument("--nvml-baseline", action="store_true", help="only measure what NVML costs a bare process")
     p.add_argument("--source-dir", type=Path, default=ROOT)
     p.add_argument("--warmup", type=float, default=20)
     p.add_argument("--window", type=float, default=60)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("exporter_args", nargs="*", help="more exporter flags, after --")
     args = p.parse_args()
+    if args.nvml_baseline:
+        return nvml_baseline(args.out)
+    if not args.label:
+        p.error("--label is needed")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{args.source_dir}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1", *args.exporter_args],
