@@ -1,0 +1,5 @@
+import sys
+
+from gpu_spatial.cli import main
+
+sys.exit(main())

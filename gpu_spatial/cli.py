@@ -1,0 +1,44 @@
+"""gpu-spatial SUBCOMMAND ...: one entry point for people.
+
+    gpu-spatial exporter [flags]   the Prometheus exporter (same as gpu-spatial-exporter / python3 -m exporter)
+    gpu-spatial top [flags]        time next to space in the terminal
+    gpu-spatial report [flags]     who held, used and wasted GPUs, from a Prometheus-compatible API
+    gpu-spatial nsys CMD [flags]   the Nsight Systems tools (summary, diagnose, plot, openmetrics, scrub)
+
+Each subcommand is imported only when asked for, so `top` costs no report dependencies and the other
+way round. Errors are one line; bad input exits 2 (README, "Exit codes").
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS = {
+    "exporter": ("exporter.__main__", "the Prometheus exporter"),
+    "top": ("gpu_spatial.top", "time next to space in the terminal"),
+    "report": ("gpu_spatial.report", "who held, used and wasted GPUs (from Prometheus)"),
+    "nsys": ("nsys_ingest.__main__", "Nsight Systems exports: summary, diagnose, plot, openmetrics, scrub"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: gpu-spatial SUBCOMMAND [--help] ...", "", "subcommands:"]
+    lines += [f"  {name:<10} {what}" for name, (_module, what) in SUBCOMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"gpu-spatial: unknown subcommand {name!r}\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return module.main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
