@@ -5,7 +5,11 @@
 A phase "N:S" spins back-to-back kernels on exactly N SMs for S seconds: every block asks for most of
 an SM's shared memory, so no two blocks share an SM and N blocks occupy N SMs. NVML reads such a load
 as ~100% utilized whatever N is; SM activity reads N / SM count. "matmul:S" runs bf16 matrix products
-on every SM (tensor cores busy), "idle:S" sleeps. Needs CuPy (spin) and PyTorch (matmul).
+on every SM (tensor cores busy), "idle:S" sleeps. Memory- and host-bound phases for the verdicts:
+"triad:S" (a = b + 2c over 1.5 GiB fp32 tensors: kernels bound by DRAM bandwidth), "copy:S"
+(device-to-device copies of 3 GiB fp16 tensors back and forth: copies, no kernels), "launch:S" (one
+process adding to a 16-element tensor in a loop: tiny kernels with the host in between), "oneblock:S"
+(one block spinning 50 ms kernels on one SM). Needs CuPy (spin) and PyTorch (the others).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ def sm_count() -> int:
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
-def spin(sms: int, seconds: float, threads: int = 256) -> int:
+def spin(sms: int, seconds: float, threads: int = 256, kernel_ms: float = KERNEL_MS) -> int:
     """Spin on `sms` SMs for `seconds`; returns the number of kernels launched."""
     import cupy
 
@@ -45,7 +49,7 @@ def spin(sms: int, seconds: float, threads: int = 256) -> int:
     launched = 0
     deadline = time.time() + seconds
     while time.time() < deadline:
-        kernel((sms,), (threads,), (cupy.uint64(KERNEL_MS * 1_000_000),), shared_mem=smem)
+        kernel((sms,), (threads,), (cupy.uint64(int(kernel_ms * 1_000_000)),), shared_mem=smem)
         launched += 1
         if launched % 4 == 0:
             cupy.cuda.Device().synchronize()
@@ -68,13 +72,62 @@ def matmul(seconds: float, size: int = 8192) -> int:
     return done
 
 
+def triad(seconds: float, elements: int = 384 * 1024 * 1024) -> int:
+    import torch
+
+    b = torch.rand(elements, device="cuda")
+    c = torch.rand(elements, device="cuda")
+    a = torch.empty_like(b)
+    done = 0
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        torch.add(b, c, alpha=2.0, out=a)
+        done += 1
+        if done % 8 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return done
+
+
+def copy(seconds: float, elements: int = 1536 * 1024 * 1024) -> int:
+    import torch
+
+    a = torch.ones(elements, device="cuda", dtype=torch.float16)
+    b = torch.empty_like(a)
+    done = 0
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        b.copy_(a)
+        a.copy_(b)
+        done += 2
+        torch.cuda.synchronize()
+    return done
+
+
+def launch(seconds: float) -> int:
+    import torch
+
+    x = torch.zeros(16, device="cuda")
+    done = 0
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        for _ in range(100):
+            x.add_(1.0)
+        done += 100
+        torch.cuda.synchronize()
+    return done
+
+
+PHASES = {"matmul": matmul, "triad": triad, "copy": copy, "launch": launch}
+
+
 def warm_up(spec: str) -> None:
     """Compile the kernel and initialise cuBLAS before the timeline starts: phases start on time."""
     kinds = {part.split(":")[0] for part in spec.split(",")}
-    if kinds - {"idle", "matmul"}:
+    if kinds - {"idle", *PHASES}:
         spin(1, 0.05)
-    if "matmul" in kinds:
-        matmul(0.5)
+    for kind in kinds & set(PHASES):
+        PHASES[kind](0.3)
 
 
 def run_phases(spec: str) -> list[dict]:
@@ -86,8 +139,10 @@ def run_phases(spec: str) -> list[dict]:
         if kind == "idle":
             time.sleep(float(seconds))
             work = 0
-        elif kind == "matmul":
-            work = matmul(float(seconds))
+        elif kind in PHASES:
+            work = PHASES[kind](float(seconds))
+        elif kind == "oneblock":
+            work = spin(1, float(seconds), kernel_ms=50)
         else:
             work = spin(int(kind), float(seconds))
         phases.append({"phase": kind, "start": start, "end": time.time(), "work": work})
@@ -96,7 +151,7 @@ def run_phases(spec: str) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", required=True, help="comma-separated KIND:SECONDS (idle, matmul, or a number of SMs)")
+    parser.add_argument("--phases", required=True, help="comma-separated KIND:SECONDS (idle, matmul, triad, copy, launch, oneblock, or a number of SMs)")
     args = parser.parse_args(argv)
     json.dump({"sm_count": sm_count(), "phases": run_phases(args.phases)}, sys.stdout, indent=1)
     print()
