@@ -37,10 +37,22 @@ def build_engine(args):
     if not args.no_mps:
         mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                          interval=max(args.interval, 1.0))
+    kubelet = build_kubelet(args, nvml)
+    slurm = None
+    if args.hpc_job_mapping_dir:
+        from exporter.samplers.slurm import SlurmSampler
+
+        slurm = SlurmSampler(args.hpc_job_mapping_dir, nvml, proc_root=args.proc_root,
+                             interval=max(args.interval, 1.0))
+    workloads = None
+    if kubelet is not None or slurm is not None:  # outside Kubernetes and Slurm no holder is known
+        from exporter.workloads import WorkloadAccountant
+
+        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after)
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
-                    disabled_reasons=disabled, interval=args.interval, kubelet=build_kubelet(args, nvml),
+                    disabled_reasons=disabled, interval=args.interval, kubelet=kubelet,
                     process_series=(args.process_series, args.process_series_limit),
-                    spool=upload.retention if upload is not None else None)
+                    spool=upload.retention if upload is not None else None, slurm=slurm, workloads=workloads)
     return engine, upload
 
 

@@ -18,6 +18,7 @@ from starlette.routing import Route
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.health import HealthCollector
 from exporter.collectors.mps import MpsCollector
+from exporter.collectors.workloads import WorkloadCollector
 
 log = logging.getLogger(__name__)
 STALE_AFTER_TICKS = 10
@@ -27,6 +28,7 @@ def build_registry(engine) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(GpuCollector(engine))
     registry.register(MpsCollector(engine))
+    registry.register(WorkloadCollector(engine))
     registry.register(HealthCollector(engine))
     return registry
 
@@ -114,6 +116,7 @@ def snapshot_json(snapshot) -> dict:
         "mps": snapshot.mps.to_json() if snapshot.mps is not None else None,
         "kubelet": kubelet.to_json() if kubelet is not None else None,
         "spool": dataclasses.asdict(snapshot.spool) if snapshot.spool is not None else None,
+        "slurm": snapshot.slurm.to_json() if snapshot.slurm is not None else None,
     }
 
 
@@ -140,7 +143,11 @@ def create_app(engine, upload=None) -> MetricsFastPath:
     async def gpus(_request):
         return JSONResponse(snapshot_json(engine.snapshot))
 
-    routes = [Route("/healthz", healthz), Route("/api/v1/gpus", gpus)]
+    async def workloads(_request):
+        return JSONResponse({"snapshot_version": engine.snapshot.version, "snapshot_time": engine.snapshot.created,
+                             "workloads": [w.to_json() for w in engine.snapshot.workloads]})
+
+    routes = [Route("/healthz", healthz), Route("/api/v1/gpus", gpus), Route("/api/v1/workloads", workloads)]
     if upload is not None:
         routes.append(Route("/api/v1/nsys", upload.handle, methods=["POST"]))
     app = Starlette(routes=routes, lifespan=lifespan)

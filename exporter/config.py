@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(a new series per process), or none")
     g.add_argument("--process-series-limit", type=int, default=20,
                    help="at most this many per-process series per GPU; the rest are summed as command=\"other\"")
+    g = p.add_argument_group("workloads")
+    g.add_argument("--hpc-job-mapping-dir", default=None,
+                   help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
+                        "listing the job IDs holding it; processes are mapped to jobs through their cgroup")
+    g.add_argument("--held-idle-after", type=_duration, default=1800.0,
+                   help="a holder with no CUDA process on its GPU, or under 1%% of its time, for this long is held "
+                        "idle (gpu_workload_held_idle; suffixes s, m, h, d)")
     _apply_environment(p)
     return p
 

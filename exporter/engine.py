@@ -20,7 +20,7 @@ class Engine:
 
     def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
                  disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20),
-                 spool=None):
+                 spool=None, slurm=None, workloads=None):
         self.nvml = nvml
         self.gpm = gpm
         self.spatial = dict(spatial or {})
@@ -29,6 +29,9 @@ class Engine:
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
         self.kubelet = kubelet
+        self.slurm = slurm  # exporter.samplers.slurm.SlurmSampler, or None
+        # exporter.workloads.WorkloadAccountant: per-holder views and counters, or None (no holders known)
+        self.workloads = workloads
         self.spool = spool  # exporter.spool.SpoolRetention of the upload spool, or None
         self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
@@ -53,6 +56,8 @@ class Engine:
             yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
         if self.kubelet is not None:
             yield "kubelet", self.kubelet.tick, self.kubelet.interval
+        if self.slurm is not None:
+            yield "slurm", self.slurm.tick, self.slurm.interval
         if self.spool is not None:
             yield "spool", self.spool.tick, self.spool.interval
 
@@ -93,13 +98,19 @@ class Engine:
     def publish(self) -> Snapshot:
         with self._lock:
             self._version += 1
+            now = time.time()
+            views = self._views()
+            kubelet = getattr(self.kubelet, "snapshot", None)
+            slurm = getattr(self.slurm, "snapshot", None)
             self.snapshot = Snapshot(
                 version=self._version,
-                created=time.time(),
-                gpus=self._views(),
+                created=now,
+                gpus=views,
                 mps=getattr(self.mps, "snapshot", None),
-                kubelet=getattr(self.kubelet, "snapshot", None),
+                kubelet=kubelet,
                 spool=getattr(self.spool, "stats", None),
+                slurm=slurm,
+                workloads=self.workloads.update(now, views, kubelet, slurm) if self.workloads is not None else (),
                 health=self._health(),
             )
             return self.snapshot
@@ -114,6 +125,8 @@ class Engine:
             health["mps"] = self.mps.health
         if self.kubelet is not None:
             health["kubelet"] = self.kubelet.health
+        if self.slurm is not None:
+            health["slurm"] = self.slurm.health
         if self.spool is not None:
             health["spool"] = self.spool.health
         return health

@@ -214,17 +214,22 @@ class Nvml:
         return float(self._call("nvmlDeviceGetTemperature", fn, self._handle(index), TEMPERATURE_GPU))
 
     def process_utilization(self, index: int, window_s: float) -> list[dict]:
-        """Per-process SM and memory time utilization over the last window_s (newest sample per pid)."""
-        since_us = int(time.time() * 1e6 - window_s * 1e6)
+        """Per-process SM and memory time utilization: each process's newest sample, if it is younger
+        than window_s. Asked with lastSeenTimeStamp 0, NVML answers each process's latest sample (a
+        smoothed value, refreshed every ~200 ms while it runs kernels); asked with a later timestamp it
+        answered values that matched neither nsys nor the GPU total on the H100 (bench/RESULTS.md,
+        per-workload time shares). A process that stopped launching keeps its last sample forever:
+        the age filter drops it."""
+        now_us = time.time() * 1e6
         try:
-            samples = self._process_samples(self._handle(index), since_us)
+            samples = self._process_samples(self._handle(index), 0)
         except NvmlError as exc:
-            if "Not Found" in exc.reason:  # no process ran in the window
+            if "Not Found" in exc.reason:  # no process ran recently
                 return []
             raise
         newest: dict[int, object] = {}
         for s in samples:
-            if s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp:
+            if now_us - s.timeStamp <= window_s * 1e6 and (s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp):
                 newest[s.pid] = s
         return [
             {"pid": int(pid), "command": self._process_name(pid), "sm": float(s.smUtil), "memory": float(s.memUtil)}
@@ -277,8 +282,30 @@ class Nvml:
                     "gpu_instance": int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)),
                     "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
                                                        nv.nvmlDeviceGetComputeInstanceId, mig)),
+                    "sm_count": self._sm_count(mig),
                 })
-        return {"enabled": enabled, "devices": devices}
+        return {"enabled": enabled, "devices": devices, "sm_count": self._full_gpu_instance_sms(h) if enabled else None}
+
+    def _sm_count(self, handle) -> int | None:
+        """SMs of a MIG device (NVML device attributes); None where NVML cannot say (a whole GPU
+        answered Not Supported on the H100)."""
+        try:
+            return int(self._nv.nvmlDeviceGetAttributes(handle).multiprocessorCount)
+        except Exception:  # noqa: BLE001 - N/A, not a failure: the held share is then unknown
+            return None
+
+    def _full_gpu_instance_sms(self, handle) -> int | None:
+        """SMs of the whole GPU in MIG mode: those of its largest GPU instance profile (7 slices), the
+        denominator of a MIG device's share."""
+        nv = self._nv
+        best = None
+        for profile in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 8)):
+            try:
+                info = nv.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+            except Exception:  # noqa: BLE001 - a profile this GPU does not offer
+                continue
+            best = max(best or 0, int(info.multiprocessorCount))
+        return best
 
     def _process_name(self, pid: int) -> str:
         try:

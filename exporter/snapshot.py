@@ -80,6 +80,7 @@ class MigDevice:
     uuid: str
     gpu_instance: int
     compute_instance: int
+    sm_count: int | None = None  # None: NVML could not say
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,7 @@ class DeviceTelemetry:
     compute_processes: tuple[ComputeProcess, ...] | None = None  # None: NVML could not say
     mig_enabled: bool | None = None
     mig_devices: tuple[MigDevice, ...] = ()
+    mig_sm_count: int | None = None  # SMs of the whole GPU in MIG mode: the denominator of a MIG device's share
     lost: bool = False
     errors: tuple[str, ...] = ()
 
@@ -141,6 +143,8 @@ class Snapshot:
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
     kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
     spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
+    slurm: object = None  # exporter.samplers.slurm.SlurmSnapshot; None: no job mapping
+    workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 
 

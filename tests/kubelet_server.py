@@ -32,6 +32,7 @@ def pod(namespace: str, name: str, containers: dict[str, list[tuple[str, list[st
 class PodResources(pb_grpc.PodResourcesListerServicer):
     def __init__(self):
         self.pods: list[pb.PodResources] = []
+        self.allocatable: list[tuple[str, list[str]]] | None = None  # None: answer UNIMPLEMENTED, like old kubelets
         self.delay = 0.0
         self.calls = 0
 
@@ -39,6 +40,12 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         self.calls += 1
         time.sleep(self.delay)
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
+
+    def GetAllocatableResources(self, request, context):  # noqa: N802 - the API's name
+        if self.allocatable is None:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources is not enabled")
+        return pb.AllocatableResourcesResponse(devices=[
+            pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in self.allocatable])
 
 
 class KubeletServer:

@@ -5,6 +5,7 @@ proc tree; its full /metrics must match tests/fixtures/golden_metrics.prom.
 Regenerate after an intended change: UPDATE_GOLDEN=1 pytest tests/test_exporter_e2e.py
 """
 import math
+import json
 import os
 import re
 import shutil
@@ -12,7 +13,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import FIXTURES, Exporter, parse_metrics, wait_for
+from tests.helpers import http_get, FIXTURES, Exporter, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID, kubernetes_node, pod
 
 GOLDEN = FIXTURES / "golden_metrics.prom"
@@ -29,7 +30,7 @@ def normalise(text: str) -> str:
     for line in text.splitlines():
         if re.match(r"^(# (HELP|TYPE) )?process_", line):
             continue
-        if line.startswith(VOLATILE):
+        if line.startswith(VOLATILE) or re.match(r"^gpu_workload_(\w+_gpu_seconds_(total|created)|idle_seconds)\{", line):
             line = line.rsplit(" ", 1)[0] + " <volatile>"
         lines.append(line)
     return "\n".join(lines) + "\n"
@@ -108,11 +109,14 @@ def test_kubernetes_node_metrics_match_their_golden_file(tmp_path):
     server, args = kubernetes_node(tmp_path)
     server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{SLICED_UUID}::0"])]}),
                            pod("team-b", "notebook", {"nb": [(GPU, [f"{SLICED_UUID}::1"])]})]
+    server.service.allocatable = [(GPU, [f"{SLICED_UUID}::{n}" for n in range(4)])]
     server.start()
     try:
         with Exporter(*args) as running:
             wait_for(lambda: running.gpus()["gpus"][0]["spatial"] and running.gpus()["gpus"][0]["pods"]
-                     and running.gpus()["kubelet"]["process_owners"], 20, what="pods and owners")
+                     and running.gpus()["kubelet"]["process_owners"] and
+                     len(json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]) == 2,
+                     20, what="pods, owners and workloads")
             text = running.metrics()
     finally:
         server.stop()

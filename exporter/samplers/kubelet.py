@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,9 @@ class PodRef:
 class KubeletSnapshot:
     pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)  # GPU UUID -> holders
     owners: dict[int, PodRef] = field(default_factory=dict)  # host pid -> container (resource "")
+    # GPU UUID -> (namespace, pod, container) -> share of the GPU held; None where it cannot be known
+    # (a replica ID while the kubelet does not answer GetAllocatableResources).
+    shares: dict[str, dict[tuple[str, str, str], float | None]] = field(default_factory=dict)
     error: str = ""
 
     def to_json(self) -> dict:
@@ -61,10 +65,22 @@ class DeviceMap:
     def __init__(self, gpus, telemetry):
         self.by_uuid = {g.uuid: g.uuid for g in gpus}
         self.by_index = {str(g.index): g.uuid for g in gpus}
+        self.mig_share: dict[str, float | None] = {}  # MIG device UUID -> its share of the parent's SMs
         for g in gpus:
             tel = telemetry.get(g.uuid)
             for mig in getattr(tel, "mig_devices", ()) or ():
                 self.by_uuid[mig.uuid] = g.uuid
+                whole = getattr(tel, "mig_sm_count", None)
+                self.mig_share[mig.uuid] = mig.sm_count / whole if mig.sm_count and whole else None
+
+    def base_share(self, base_id: str) -> float | None:
+        """The share of its GPU a device ID without replica suffix stands for: 1 for a whole GPU, a MIG
+        device's share of the SMs, None where NVML cannot tell (MIG IDs of older plugins, index:mig)."""
+        if base_id in self.mig_share:
+            return self.mig_share[base_id]
+        if base_id in self.by_uuid or (INDEX.match(base_id) and ":" not in base_id):
+            return 1.0
+        return None
 
     def resolve(self, device_id: str) -> str | None:
         replica = REPLICA.match(device_id)
@@ -80,8 +96,46 @@ class DeviceMap:
         return None
 
 
-def attribute(pod_resources, devices: DeviceMap) -> tuple[dict[str, tuple[PodRef, ...]], list[str]]:
-    """GPU UUID -> containers holding it, and the problems found (unknown or doubly-held IDs)."""
+def replica_base(device_id: str) -> str:
+    replica = REPLICA.match(device_id)
+    return replica.group("base") if replica else device_id
+
+
+def offered_replicas(allocatable) -> Counter | None:
+    """Device ID without replica suffix -> how many IDs the device plugin offers for it (N of a
+    time-slicing or MPS GPU with N replicas; 1 for an exclusive GPU or MIG device). None: unknown."""
+    if allocatable is None:
+        return None
+    return Counter(replica_base(i) for dev in allocatable if dev.resource_name.startswith(RESOURCE_PREFIX)
+                   for i in set(dev.device_ids))
+
+
+def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[tuple, float | None]]:
+    """GPU UUID -> (namespace, pod, container) -> the share of the GPU its device IDs stand for: each ID
+    is its device's share (1, or a MIG device's) over the replicas offered of that device."""
+    held: dict[str, dict[tuple, set[str]]] = {}
+    for device_id, uuid, ref in claims:
+        held.setdefault(uuid, {}).setdefault((ref.namespace, ref.pod, ref.container), set()).add(device_id)
+    out: dict[str, dict[tuple, float | None]] = {}
+    for uuid, holders in held.items():
+        for holder, ids in holders.items():
+            total = 0.0
+            for device_id in ids:
+                base = replica_base(device_id)
+                share = devices.base_share(base)
+                replicas = offered.get(base) if offered is not None else (1 if base == device_id else None)
+                if share is None or not replicas:
+                    total = None
+                    break
+                total += share / replicas
+            out.setdefault(uuid, {})[holder] = None if total is None else round(min(total, 1.0), 9)
+    return out
+
+
+def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
+              ) -> tuple[dict[str, tuple[PodRef, ...]], list[str]]:
+    """GPU UUID -> containers holding it, and the problems found (unknown or doubly-held IDs).
+    `claimed`, when given, receives the (device ID, GPU UUID, container) of every credited ID."""
     holders: dict[str, set[tuple[str, str]]] = {}  # device ID -> pods listing it
     claims: list[tuple[str, str, PodRef]] = []
     problems = []
@@ -109,6 +163,8 @@ def attribute(pod_resources, devices: DeviceMap) -> tuple[dict[str, tuple[PodRef
     for device_id, uuid, ref in claims:
         if device_id not in doubled:
             pods[uuid].add(ref)
+            if claimed is not None:
+                claimed.append((device_id, uuid, ref))
     return {uuid: tuple(sorted(refs)) for uuid, refs in pods.items()}, problems
 
 
@@ -161,6 +217,11 @@ class KubeletSampler:
                 request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString,
                 response_deserializer=podresources_pb2.ListPodResourcesResponse.FromString)
             self._request = podresources_pb2.ListPodResourcesRequest()
+            self._allocatable = self._channel.unary_unary(
+                "/v1.PodResourcesLister/GetAllocatableResources",
+                request_serializer=podresources_pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=podresources_pb2.AllocatableResourcesResponse.FromString)
+            self._allocatable_request = podresources_pb2.AllocatableResourcesRequest()
         return self._list
 
     def _disconnect(self) -> None:
@@ -185,6 +246,21 @@ class KubeletSampler:
                 raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
+
+    def allocatable_devices(self):
+        """Every device the kubelet can hand out (GetAllocatableResources, GA since Kubernetes 1.28),
+        or None when it does not answer: then replica shares are unknown, whole GPUs still exact."""
+        grpc = import_grpc()
+        try:
+            answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
+            self._log.problem("kubelet allocatable", f"GetAllocatableResources failed ({code}): the share of a "
+                              "time-slicing or MPS replica is unknown (KubeletPodResourcesGetAllocatable gate "
+                              "off, or a kubelet older than 1.23)", kind=code)
+            return None
+        self._log.clear("kubelet allocatable", "GetAllocatableResources answers again")
+        return answer.devices
 
     # -- processes ------------------------------------------------------------------------------
     def _owners(self, listed: set[tuple[str, str, str]], problems: list[str]) -> dict[int, PodRef]:
@@ -231,7 +307,10 @@ class KubeletSampler:
             self.snapshot = KubeletSnapshot(error=why)
             self.health = CollectorHealth(False, time.perf_counter() - started, why)
             return
-        pods, problems = attribute(pod_resources, DeviceMap(gpus, self.nvml.telemetry))
+        devices = DeviceMap(gpus, self.nvml.telemetry)
+        claims: list = []
+        pods, problems = attribute(pod_resources, devices, claims)
+        shares = held_shares(claims, devices, offered_replicas(self.allocatable_devices()))
         if not any(pods.values()):
             self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
                                               f"({len(pod_resources)} pods listed)", logging.INFO)
@@ -243,7 +322,7 @@ class KubeletSampler:
             self._log.problem("kubelet attribution", "; ".join(problems))
         else:
             self._log.clear("kubelet attribution")
-        self.snapshot = KubeletSnapshot(pods=pods, owners=owners)
+        self.snapshot = KubeletSnapshot(pods=pods, owners=owners, shares=shares)
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
 
 

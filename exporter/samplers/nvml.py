@@ -22,6 +22,9 @@ REINIT_AFTER_S = 30.0
 # Driver time per call on the device's H100: per-process utilization ~3 ms, each utilization-sample
 # kind ~2.7 ms. Memory samples and processes are read every 2 s (NVML keeps the samples meanwhile).
 SLOW_EVERY_S = 2.0
+# NVML refreshes a running process's utilization sample every ~200 ms, every ~600 ms under contention;
+# a process that stopped launching keeps its last sample: older than this, it counts as not running.
+PROCESS_SAMPLE_MAX_AGE_S = 5.0
 MIG_EVERY_S = 30.0  # MIG layouts change only when an administrator repartitions the GPU
 MPS_SERVER = "nvidia-cuda-mps-server"
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
@@ -158,20 +161,25 @@ class NvmlSampler:
         if slow:
             read("compute", b.compute_processes)
             compute = compute_processes(values["compute"])
-            # Per-process utilization costs ~2.3 ms of driver time, the process lists ~0.02 ms: a GPU
-            # without compute processes has no per-process utilization to read.
-            if compute is None or compute:
-                read("processes", b.process_utilization, SLOW_EVERY_S)
+        # Per-process utilization costs ~2.3 ms of driver time, the process lists ~0.02 ms: a GPU
+        # without compute processes has no per-process utilization to read. Read every tick, so the
+        # workloads' time shares describe the same tick as the GPU's time utilization.
+        if compute is None or compute:
+            read("processes", b.process_utilization, PROCESS_SAMPLE_MAX_AGE_S)
             processes = tuple(ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
                               for p in values.get("processes") or ())
-        mig_enabled, mig_devices = (previous.mig_enabled, previous.mig_devices) if previous else (None, ())
+        else:
+            processes = ()
+        mig_enabled, mig_devices, mig_sms = ((previous.mig_enabled, previous.mig_devices, previous.mig_sm_count)
+                                             if previous else (None, (), None))
         if time.monotonic() - self._mig_read_at.get(gpu.uuid, float("-inf")) >= MIG_EVERY_S:
             self._mig_read_at[gpu.uuid] = time.monotonic()
             read("mig", b.mig_devices)
             mig = values["mig"]
             mig_enabled = None if mig is None else bool(mig["enabled"])
-            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"])
+            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"))
                                 for d in (mig or {}).get("devices", ()))
+            mig_sms = (mig or {}).get("sm_count")
         if gpu.index in self._lost:
             self._log.problem(key, f"GPU lost (fell off the bus?): its series stop; asked again every {LOST_RETRY_S:.0f} s",
                               logging.ERROR)
@@ -210,6 +218,7 @@ class NvmlSampler:
             compute_processes=compute,
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
+            mig_sm_count=mig_sms,
             errors=tuple(errors),
         )
 

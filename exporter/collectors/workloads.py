@@ -1,0 +1,64 @@
+"""Workload collector: per (holder, GPU) shares and GPU-second counters, from the latest snapshot only."""
+from __future__ import annotations
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from exporter.collectors.gpu import GPU_LABELS
+
+HOLDER_LABELS = ["namespace", "pod", "container", "hpc_job"]
+LABELS = GPU_LABELS + HOLDER_LABELS
+
+
+class WorkloadCollector:
+    def __init__(self, engine):
+        self._engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        if self._engine.workloads is None:  # outside Kubernetes and Slurm no holder is known: no families
+            return
+        gauge = lambda name, doc, extra=(): GaugeMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
+        counter = lambda name, doc, extra=(): CounterMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
+        held = gauge("gpu_workload_held_share_ratio", "Share of the GPU the holder was allocated (kubelet "
+                     "PodResources or Slurm job mapping): 1 whole, k/N replicas, a MIG device's share of the SMs.")
+        processes = gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
+                          "pid to holder through its cgroup); works under MPS too.")
+        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's kernels ran (NVML "
+                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.")
+        sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
+                          "whole GPU's SMs; basis exact (alone on the GPU) or time_share (split by time shares).",
+                          ["basis"])
+        idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
+                             "or a time share under 1%; 0 while it uses it.")
+        held_idle = gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after.")
+        c_held = counter("gpu_workload_held_gpu_seconds", "GPU-seconds held (held share x seconds).")
+        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds).")
+        c_sm = counter("gpu_workload_sm_active_gpu_seconds", "SM-active GPU-seconds (SM active x seconds).", ["basis"])
+        c_hidden = counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
+                           "(max(0, time share - SM active) x seconds).", ["basis"])
+        c_idle = counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle seconds).")
+        for w in self._engine.snapshot.workloads:
+            labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
+            if w.held_share is not None:
+                held.add_metric(labels, w.held_share)
+                c_held.add_metric(labels, w.counters["held"], created=w.created)
+                c_idle.add_metric(labels, w.counters["held_idle"], created=w.created)
+            if w.processes is not None:
+                processes.add_metric(labels, w.processes)
+            if w.time_share is not None:
+                time_share.add_metric(labels, w.time_share)
+            if w.time_share is not None or w.counters["busy"]:
+                c_busy.add_metric(labels, w.counters["busy"], created=w.created)
+            if w.sm_active is not None:
+                sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
+            for basis, value in sorted(w.counters["sm_active"].items()):
+                c_sm.add_metric(labels + [basis], value, created=w.created)
+            for basis, value in sorted(w.counters["hidden_idle"].items()):
+                c_hidden.add_metric(labels + [basis], value, created=w.created)
+            if w.idle_seconds is not None:
+                idle_seconds.add_metric(labels, w.idle_seconds)
+                held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
+        yield from (held, processes, time_share, sm_active, idle_seconds, held_idle,
+                    c_held, c_busy, c_sm, c_hidden, c_idle)

@@ -1,0 +1,135 @@
+"""Slurm sampler: which jobs hold each GPU, from the job mapping directory dcgm-exporter reads
+(`--hpc-job-mapping-dir`), and which job each GPU process belongs to, from its cgroup.
+
+The mapping directory is written by Slurm prolog/epilog scripts (existing ones work unchanged): one
+file per GPU, named by its index ("0") or UUID ("GPU-..." or "MIG-..."), listing the job IDs that hold
+it, one per line (a line may go on with more fields, e.g. the user's uid: only the first is read).
+A process's job comes from its cgroup path, in slurmstepd's cgroup v1 layout
+(`/slurm/uid_1000/job_123/step_0/task_0`) or v2 layout (`/system.slice/slurmstepd.scope/job_123/step_0/...`).
+Files are read with a size cap; a garbage, unknown or vanished file is one log line, never a crash.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from exporter.samplers.kubelet import DeviceMap
+from exporter.snapshot import CollectorHealth, LogOnce
+
+log = logging.getLogger(__name__)
+MAX_FILE_BYTES = 4096  # a GPU's mapping file lists a few job IDs: anything larger is not one
+MAX_FILES = 1024
+MAX_JOBS_PER_GPU = 64
+JOB_ID = re.compile(r"^[0-9]+(?:_[0-9]+)?(?:\+[0-9]+)?$")  # 123, array 123_4, het job 123+0
+CGROUP_JOB = re.compile(r"/job_(?P<job>[0-9]+)(?:/|$)")
+
+
+@dataclass(frozen=True)
+class SlurmSnapshot:
+    jobs: dict[str, tuple[str, ...]] = field(default_factory=dict)  # GPU UUID -> job IDs holding it
+    owners: dict[int, str] = field(default_factory=dict)  # host pid -> job ID
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return {"error": self.error, "jobs": {uuid: list(jobs) for uuid, jobs in self.jobs.items()},
+                "process_jobs": {str(pid): job for pid, job in self.owners.items()}}
+
+
+def cgroup_job(text: str) -> str | None:
+    """The Slurm job a /proc/PID/cgroup names, or None for a process outside any job."""
+    for line in text.splitlines():
+        match = CGROUP_JOB.search(line.split(":", 2)[-1])
+        if match:
+            return match.group("job")
+    return None
+
+
+def read_mapping(folder: Path, devices: DeviceMap, problems: list[str]) -> dict[str, tuple[str, ...]]:
+    """GPU UUID -> job IDs, from one file per GPU. Problems are appended as one line each."""
+    jobs: dict[str, set[str]] = {}
+    with os.scandir(folder) as entries:
+        names = sorted(e.name for e, _ in zip(entries, range(MAX_FILES + 1)))
+    if len(names) > MAX_FILES:
+        problems.append(f"{folder} holds more than {MAX_FILES} files: only the first {MAX_FILES} are read")
+        names = names[:MAX_FILES]
+    for name in names:
+        if name.startswith("."):
+            continue  # editors' and scripts' temporary files
+        uuid = devices.resolve(name)
+        if uuid is None:
+            problems.append(f"{folder / name}: no GPU {name!r} on this node (name a file by GPU index or UUID)")
+            continue
+        try:
+            with open(folder / name, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:  # vanished between listing and reading (an epilog), or unreadable
+            if not isinstance(exc, FileNotFoundError):
+                problems.append(f"{folder / name}: {exc.strerror or exc}")
+            continue
+        if len(data) > MAX_FILE_BYTES:
+            problems.append(f"{folder / name}: larger than {MAX_FILE_BYTES} bytes, not a job mapping: ignored")
+            continue
+        ids = [line.split()[0] for line in data.decode("utf-8", "replace").splitlines() if line.split()]
+        bad = [i for i in ids if not JOB_ID.match(i)]
+        if bad:
+            problems.append(f"{folder / name}: {bad[0][:40]!r} is no Slurm job ID (one job ID per line): ignored")
+            continue
+        jobs.setdefault(uuid, set()).update(ids[:MAX_JOBS_PER_GPU])
+    return {uuid: tuple(sorted(ids)) for uuid, ids in jobs.items() if ids}
+
+
+class SlurmSampler:
+    name = "slurm"
+
+    def __init__(self, mapping_dir: str, nvml, proc_root="/proc", interval: float = 5.0):
+        self.mapping_dir = Path(mapping_dir)
+        self.nvml = nvml
+        self.proc_root = Path(proc_root)
+        self.interval = interval
+        self.snapshot = SlurmSnapshot()
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._pid_jobs: dict[int, str | None] = {}
+        self._log = LogOnce(log)
+
+    def _owners(self) -> dict[int, str]:
+        pids = {p.pid for tel in self.nvml.telemetry.values()
+                for p in (*tel.processes, *(tel.compute_processes or ()))}
+        self._pid_jobs = {pid: job for pid, job in self._pid_jobs.items() if pid in pids}
+        for pid in pids - self._pid_jobs.keys():
+            try:
+                text = (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")[:65536]
+            except OSError:  # gone, or another PID namespace: no job
+                continue
+            self._pid_jobs[pid] = cgroup_job(text)
+        return {pid: job for pid, job in self._pid_jobs.items() if job is not None}
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        problems: list[str] = []
+        if not self.nvml.gpus:
+            why = "NVML knows no GPU on this node: nothing to attribute jobs to"
+            self._fail(why, started)
+            return
+        try:
+            jobs = read_mapping(self.mapping_dir, DeviceMap(self.nvml.gpus, self.nvml.telemetry), problems)
+        except OSError as exc:
+            self._fail(f"cannot read the job mapping directory {self.mapping_dir}: {exc.strerror or exc} "
+                       "(--hpc-job-mapping-dir)", started)
+            return
+        self._log.clear("slurm")
+        owners = self._owners()
+        if problems:
+            self._log.problem("slurm mapping", "; ".join(problems))
+        else:
+            self._log.clear("slurm mapping")
+        self.snapshot = SlurmSnapshot(jobs=jobs, owners=owners)
+        self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+
+    def _fail(self, why: str, started: float) -> None:
+        self._log.problem("slurm", why)
+        self.snapshot = SlurmSnapshot(error=why)  # gone, not frozen: jobs that ended are never shown
+        self.health = CollectorHealth(False, time.perf_counter() - started, why)

@@ -1,0 +1,209 @@
+"""Workloads: who holds each GPU, how much of it they use, and which ones hold it idle.
+
+One place joins the holders (kubelet PodResources: containers; the Slurm job mapping: jobs) with the
+process owners (cgroups) and NVML's per-process samples into one view per (holder, GPU), and keeps
+the GPU-second counters that make accounting exact over any range. Every quantity is in
+GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads", is the contract.
+
+What is exact and what is not (README, "Per-workload numbers"):
+- held share: what the scheduler allocated. Exact.
+- time share: the holder's processes' NVML per-process utilization, scaled so that all processes on
+  the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
+  MPS server for every client) nor on MIG devices (no per-process utilization there).
+- SM active: exact when the holder is the only one running on the GPU; on a time-sliced GPU the GPU's
+  SM active split by time shares (basis "time_share"); nothing under MPS or MIG.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from exporter.snapshot import GpuIdentity
+
+IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idle
+HELD_IDLE_AFTER_S = 1800.0
+MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
+EXACT, TIME_SHARE = "exact", "time_share"
+MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
+MIG_REASON = "MIG device: NVML has no per-process utilization or per-holder SM activity here"
+
+
+@dataclass(frozen=True, order=True)
+class Holder:
+    """A Kubernetes container or a Slurm job; the fields that do not apply are empty."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    hpc_job: str = ""
+
+    def labels(self) -> list[str]:
+        return [self.namespace, self.pod, self.container, self.hpc_job]
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    holder: Holder
+    gpu: GpuIdentity
+    held_share: float | None  # None: the scheduler's share cannot be known (see the kubelet's log line)
+    processes: int | None  # None: NVML could not list the GPU's processes
+    pids: tuple[int, ...]
+    time_share: float | None
+    time_share_reason: str  # how the time share was obtained, or why there is none
+    sm_active: float | None
+    sm_active_basis: str | None
+    idle_seconds: float | None
+    held_idle: bool
+    counters: dict  # name -> GPU-seconds (sm_active and hidden_idle: basis -> GPU-seconds)
+    created: float
+
+    def to_json(self) -> dict:
+        return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
+                "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
+                "hpc_job": self.holder.hpc_job, "held_share": self.held_share, "processes": self.processes,
+                "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
+                "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
+                "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
+                "gpu_seconds": self.counters}
+
+
+@dataclass
+class _Account:
+    """Per (GPU, holder): the rates of the last update and the counters they are integrated into."""
+
+    created: float
+    rates: dict = field(default_factory=dict)
+    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0,
+                                                    "sm_active": {}, "hidden_idle": {}})
+    idle_since: float | None = None
+
+    def integrate(self, dt: float) -> None:
+        r = self.rates
+        for name in ("held", "busy", "held_idle"):
+            if r.get(name) is not None:
+                self.counters[name] += r[name] * dt
+        for name in ("sm_active", "hidden_idle"):
+            if r.get(name) is not None:
+                basis, value = r[name]
+                self.counters[name][basis] = self.counters[name].get(basis, 0.0) + value * dt
+
+
+def holders_of(uuid: str, kubelet, slurm) -> dict[Holder, float | None]:
+    """The holders of one GPU and the share each holds."""
+    out: dict[Holder, float | None] = {}
+    if kubelet is not None and not kubelet.error:
+        for (namespace, pod, container), share in kubelet.shares.get(uuid, {}).items():
+            out[Holder(namespace, pod, container)] = share
+    if slurm is not None and not slurm.error:
+        jobs = slurm.jobs.get(uuid, ())
+        for job in jobs:
+            out[Holder(hpc_job=job)] = round(1.0 / len(jobs), 9)  # jobs listed for one GPU share it evenly
+    return out
+
+
+def process_owners(kubelet, slurm) -> dict[int, Holder]:
+    owners: dict[int, Holder] = {}
+    if kubelet is not None and not kubelet.error:
+        owners.update({pid: Holder(r.namespace, r.pod, r.container) for pid, r in kubelet.owners.items()})
+    if slurm is not None and not slurm.error:
+        owners.update({pid: Holder(hpc_job=job) for pid, job in slurm.owners.items()})
+    return owners
+
+
+def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder]) -> dict[Holder, dict]:
+    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis."""
+    tel = view.telemetry
+    compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
+    mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
+    mig = bool(tel.mig_enabled)
+    raw = {p.pid: p.sm for p in tel.processes}
+    total_raw = sum(raw.values())
+    gpu_time = view.time_utilization
+    scale = gpu_time / total_raw if gpu_time is not None and total_raw > 0 else None
+    sm = view.spatial.sm_active if view.spatial is not None else None
+    pids = {h: tuple(sorted(p.pid for p in compute if owners.get(p.pid) == h)) for h in holders} if compute is not None \
+        else {h: () for h in holders}
+    running = [h for h in holders if pids[h]]
+    strangers = compute is not None and any(owners.get(p.pid) not in holders for p in compute)
+    out = {}
+    for holder in holders:
+        entry = {"pids": pids[holder], "processes": None if compute is None else len(pids[holder]),
+                 "time_share": None, "sm_active": None, "basis": None}
+        if compute is None:
+            entry["reason"] = "NVML could not list the GPU's processes"
+            out[holder] = entry
+            continue
+        if mig:
+            entry["reason"] = MIG_REASON
+        elif mps:
+            entry["reason"] = MPS_REASON
+        else:
+            own = sum(raw.get(pid, 0.0) for pid in pids[holder])
+            entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)
+            entry["reason"] = ("NVML per-process utilization, scaled to the GPU's time utilization"
+                               if scale is not None else "NVML per-process utilization (no GPU total to scale to)")
+        if sm is not None and not mig:
+            if not pids[holder]:
+                entry["sm_active"], entry["basis"] = 0.0, EXACT  # runs nothing on it
+            elif len(running) == 1 and not strangers:
+                entry["sm_active"], entry["basis"] = sm, EXACT  # the only one running on it, MPS or not
+            elif entry["time_share"] is not None and gpu_time:
+                entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
+                entry["basis"] = TIME_SHARE
+        out[holder] = entry
+    return out
+
+
+class WorkloadAccountant:
+    """Builds the workload views at every engine update and integrates the GPU-second counters."""
+
+    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S):
+        self.held_idle_after = held_idle_after
+        self._accounts: dict[tuple[str, Holder], _Account] = {}
+        self._last: float | None = None
+        self._lock = threading.Lock()
+
+    def update(self, now: float, views, kubelet=None, slurm=None) -> tuple[WorkloadView, ...]:
+        with self._lock:
+            dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
+            self._last = now
+            for account in self._accounts.values():  # the rates of the last update held until now
+                account.integrate(dt)
+            owners = process_owners(kubelet, slurm)
+            out, seen = [], set()
+            for view in views:
+                tel = view.telemetry
+                if tel is None or tel.lost:
+                    continue  # a GPU NVML cannot read has no holders to show: nothing stale
+                holders = holders_of(view.identity.uuid, kubelet, slurm)
+                for holder, entry in gpu_shares(view, holders, owners).items():
+                    key = (view.identity.uuid, holder)
+                    seen.add(key)
+                    account = self._accounts.setdefault(key, _Account(created=now))
+                    out.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+            for key in self._accounts.keys() - seen:  # holders that left take their series with them
+                del self._accounts[key]
+            return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
+
+    def _view(self, gpu, holder, share, entry, account: _Account, now: float) -> WorkloadView:
+        processes, time_share = entry["processes"], entry["time_share"]
+        if processes is not None:  # unknown process lists leave the idle clock as it was
+            idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
+            if not idle:
+                account.idle_since = None
+            elif account.idle_since is None:
+                account.idle_since = now
+        idle_seconds = None if processes is None and account.idle_since is None else \
+            (0.0 if account.idle_since is None else round(now - account.idle_since, 3))
+        sm, basis = entry["sm_active"], entry["basis"]
+        account.rates = {
+            "held": share,
+            "busy": time_share,
+            "held_idle": share if share is not None and account.idle_since is not None else None,
+            "sm_active": (basis, sm) if sm is not None else None,
+            "hidden_idle": (basis, max(0.0, time_share - sm)) if sm is not None and time_share is not None else None,
+        }
+        counters = {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in account.counters.items()}
+        return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
+                            idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
+                            counters, account.created)

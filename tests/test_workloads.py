@@ -1,0 +1,344 @@
+"""Workloads: held shares, time shares, SM activity with its basis, held-idle and GPU-second counters,
+per (holder, GPU). Exact figures on small synthetic cases; end to end with a real PodResources gRPC
+server, the real exporter over HTTP replaying NVML answers recorded on the H100, and Debian's
+Prometheus integrating the counters."""
+import json
+import time
+from collections import Counter
+
+import pytest
+
+from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, PodRef
+from exporter.samplers.slurm import cgroup_job, read_mapping
+from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
+from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
+from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
+
+GPU0 = GpuIdentity(0, "GPU-aaaa", "H100")
+TRAINER, NOTEBOOK, IDLE = Holder("team-a", "train-0", "trainer"), Holder("team-b", "notebook", "nb"), Holder("team-c", "idle", "c")
+
+
+def view(processes, compute, time_utilization=0.99, sm_active=0.05, mode="time_sliced", mig=False):
+    """A GPU view: processes {pid: sm ratio}, compute {pid: kind}."""
+    tel = DeviceTelemetry(GPU0, 0.0, processes=tuple(ProcessUtilization(pid, "python3", sm, 0.0) for pid, sm in processes.items()),
+                          compute_processes=tuple(ComputeProcess(pid, "python3", kind) for pid, kind in compute.items()),
+                          mig_enabled=mig)
+    spatial = None if sm_active is None else SpatialReading("gpm", 0.0, 1.0, sm_active=sm_active)
+    return GpuView(GPU0, tel, time_utilization, None, None, spatial, None, (), mode)
+
+
+TIME_SLICED = dict(processes={417: 0.30, 418: 0.10, 419: 0.40, 420: 0.20},
+                   compute={417: "time_sliced", 418: "time_sliced", 419: "time_sliced", 420: "time_sliced"})
+OWNERS = {417: TRAINER, 418: TRAINER, 419: NOTEBOOK}  # 420 runs on the host, in no holder
+
+
+# -- shares of one GPU: exact figures -------------------------------------------------------------------
+def test_time_sliced_holders_get_their_time_share_scaled_to_the_gpu_total_and_sm_by_time_share():
+    shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}, OWNERS)
+    # raw 0.4 + 0.4 + 0.2 (host) = 1.0; the GPU read 0.99: every share x 0.99
+    assert shares[TRAINER]["time_share"] == pytest.approx(0.396, abs=1e-9)
+    assert shares[NOTEBOOK]["time_share"] == pytest.approx(0.396, abs=1e-9)
+    assert shares[TRAINER]["sm_active"] == pytest.approx(0.05 * 0.396 / 0.99, abs=1e-6)
+    assert shares[TRAINER]["basis"] == shares[NOTEBOOK]["basis"] == TIME_SHARE
+    assert shares[TRAINER]["pids"] == (417, 418) and shares[TRAINER]["processes"] == 2
+    # a holder with no process on the GPU: known to run nothing
+    assert shares[IDLE] | {"reason": ""} == {"pids": (), "processes": 0, "time_share": 0.0, "sm_active": 0.0,
+                                             "basis": EXACT, "reason": ""}
+
+
+def test_the_only_holder_running_gets_the_gpus_own_sm_activity_exactly():
+    alone = dict(processes={417: 0.5, 418: 0.3}, compute={417: "time_sliced", 418: "time_sliced"})
+    shares = gpu_shares(view(**alone, time_utilization=0.9), {TRAINER: 1.0}, OWNERS)
+    assert shares[TRAINER]["time_share"] == pytest.approx(0.9) and shares[TRAINER]["sm_active"] == 0.05
+    assert shares[TRAINER]["basis"] == EXACT
+    # a process of nobody's beside it: the split is by time share, not exact
+    alone["compute"][420] = "time_sliced"
+    alone["processes"][420] = 0.2
+    shares = gpu_shares(view(**alone, time_utilization=1.0), {TRAINER: 1.0}, OWNERS)
+    assert shares[TRAINER]["basis"] == TIME_SHARE and shares[TRAINER]["sm_active"] == pytest.approx(0.05 * 0.8)
+
+
+def test_under_mps_no_time_share_exists_and_sm_only_for_a_holder_alone():
+    mps = dict(processes={588: 1.0}, compute={417: "mps", 419: "mps", 588: "mps_server"}, mode="mps")
+    shares = gpu_shares(view(**mps), {TRAINER: 0.5, NOTEBOOK: 0.5}, OWNERS)
+    for holder in (TRAINER, NOTEBOOK):
+        assert shares[holder]["time_share"] is None and shares[holder]["reason"] == MPS_REASON
+        assert shares[holder]["sm_active"] is None and shares[holder]["processes"] == 1
+    del mps["compute"][419]
+    shares = gpu_shares(view(**mps), {TRAINER: 0.5, NOTEBOOK: 0.5}, OWNERS)
+    assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (0.05, EXACT)
+    assert (shares[NOTEBOOK]["sm_active"], shares[NOTEBOOK]["processes"]) == (0.0, 0)
+
+
+def test_mig_holders_have_processes_but_no_time_or_sm_share():
+    shares = gpu_shares(view(**TIME_SLICED, mig=True, mode="mig"), {TRAINER: 60 / 132}, OWNERS)
+    assert shares[TRAINER]["time_share"] is None and shares[TRAINER]["sm_active"] is None
+    assert shares[TRAINER]["reason"] == MIG_REASON and shares[TRAINER]["processes"] == 2
+
+
+def test_unknown_process_lists_say_nothing_about_holders():
+    v = view(**TIME_SLICED)
+    v = GpuView(GPU0, DeviceTelemetry(GPU0, 0.0, compute_processes=None), 0.99, None, None, v.spatial, None, ())
+    entry = gpu_shares(v, {TRAINER: 1.0}, OWNERS)[TRAINER]
+    assert entry["processes"] is None and entry["time_share"] is None and entry["sm_active"] is None
+
+
+# -- held shares from device IDs ----------------------------------------------------------------------
+def test_held_shares_of_replicas_whole_gpus_and_mig_devices():
+    gpus = (GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-bbbb", "H100"), GpuIdentity(2, "GPU-cccc", "H100"))
+    # MIG layout of an H100 (NVML device attributes): 3g.40gb = 60 SMs, 1g.10gb = 16 SMs, of 132
+    telemetry = {"GPU-cccc": DeviceTelemetry(gpus[2], 0.0, mig_enabled=True, mig_sm_count=132,
+                                             mig_devices=(MigDevice("MIG-big", 1, 0, 60), MigDevice("MIG-small", 2, 0, 16)))}
+    devices = DeviceMap(gpus, telemetry)
+    ref = lambda ns, name: PodRef(ns, name, "c", GPU)  # noqa: E731
+    claims = [("GPU-aaaa", "GPU-aaaa", ref("a", "whole")),
+              ("GPU-bbbb::0", "GPU-bbbb", ref("b", "one")), ("GPU-bbbb::1", "GPU-bbbb", ref("b", "two")),
+              ("GPU-bbbb::2", "GPU-bbbb", ref("b", "two")), ("GPU-bbbb::3", "GPU-bbbb", ref("b", "three")),
+              ("MIG-big", "GPU-cccc", ref("c", "big")), ("MIG-small", "GPU-cccc", ref("c", "small"))]
+
+    class Dev:
+        def __init__(self, ids):
+            self.resource_name, self.device_ids = GPU, ids
+
+    offered = offered_replicas([Dev(["GPU-aaaa", "GPU-bbbb::0", "GPU-bbbb::1", "GPU-bbbb::2", "GPU-bbbb::3"]),
+                                Dev(["MIG-big", "MIG-small"])])
+    shares = held_shares(claims, devices, offered)
+    assert shares["GPU-aaaa"] == {("a", "whole", "c"): 1.0}
+    assert shares["GPU-bbbb"] == {("b", "one", "c"): 0.25, ("b", "two", "c"): 0.5, ("b", "three", "c"): 0.25}
+    assert shares["GPU-cccc"] == {("c", "big", "c"): round(60 / 132, 9), ("c", "small", "c"): round(16 / 132, 9)}
+    # a kubelet without GetAllocatableResources: whole GPUs stay exact, replica shares are unknown
+    unknown = held_shares(claims, devices, None)
+    assert unknown["GPU-aaaa"] == {("a", "whole", "c"): 1.0}
+    assert set(unknown["GPU-bbbb"].values()) == {None}
+    assert offered_replicas(None) is None and offered == Counter({"GPU-aaaa": 1, "GPU-bbbb": 4, "MIG-big": 1, "MIG-small": 1})
+
+
+# -- the accountant: counters and idle time --------------------------------------------------------------
+def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed():
+    acc = WorkloadAccountant(held_idle_after=10.0)
+
+    class Kubelet:
+        error = ""
+        shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5, ("team-c", "idle", "c"): 0.25}}
+        owners = {417: PodRef("team-a", "train-0", "trainer"), 418: PodRef("team-a", "train-0", "trainer")}
+
+    busy = view(**TIME_SLICED)  # trainer: time 0.396, SM 0.02; idle holder: nothing
+    first = {w.holder: w for w in acc.update(100.0, (busy,), Kubelet())}
+    assert first[TRAINER].counters["held"] == 0.0 and first[TRAINER].created == 100.0
+    acc.update(104.0, (busy,), Kubelet())
+    last = {w.holder: w for w in acc.update(109.999, (busy,), Kubelet())}
+    t, i = last[TRAINER], last[IDLE]
+    assert t.counters["held"] == pytest.approx(0.5 * 9.999, abs=1e-6)
+    assert t.counters["busy"] == pytest.approx(0.396 * 9.999, abs=1e-5)
+    assert t.counters["sm_active"] == pytest.approx({TIME_SHARE: 0.05 * 0.396 / 0.99 * 9.999}, abs=1e-5)
+    assert t.counters["hidden_idle"][TIME_SHARE] == pytest.approx((0.396 - 0.02) * 9.999, abs=1e-5)
+    assert t.idle_seconds == 0.0 and not t.held_idle and t.counters["held_idle"] == 0.0
+    assert i.idle_seconds == pytest.approx(9.999) and not i.held_idle  # just below --held-idle-after
+    assert i.counters["held_idle"] == pytest.approx(0.25 * 9.999, abs=1e-6)
+    at = {w.holder: w for w in acc.update(110.0, (busy,), Kubelet())}[IDLE]
+    assert at.idle_seconds == pytest.approx(10.0) and at.held_idle  # at the threshold
+
+    # The idle holder starts a process: its idle clock stops at once; a stalled gap is not integrated.
+    Kubelet.owners = {**Kubelet.owners, 419: PodRef("team-c", "idle", "c")}
+    woke = {w.holder: w for w in acc.update(111.0, (busy,), Kubelet())}[IDLE]
+    assert woke.idle_seconds == 0.0 and not woke.held_idle
+    stalled = {w.holder: w for w in acc.update(1111.0, (busy,), Kubelet())}[TRAINER]
+    assert stalled.counters["held"] == pytest.approx(0.5 * (11.0 + 30.0), abs=1e-6)  # MAX_STEP_S, not 1000 s
+
+    # The trainer leaves: its series go; back again, it starts from zero.
+    Kubelet.shares = {"GPU-aaaa": {("team-c", "idle", "c"): 0.25}}
+    assert [w.holder for w in acc.update(1112.0, (busy,), Kubelet())] == [IDLE]
+    Kubelet.shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5}}
+    again = acc.update(1113.0, (busy,), Kubelet())[0]
+    assert again.holder == TRAINER and again.counters["held"] == 0.0 and again.created == 1113.0
+
+
+# -- Slurm ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, job", [
+    ("12:memory:/slurm/uid_1000/job_4242/step_0/task_0\n11:cpu:/slurm/uid_1000/job_4242/step_0\n", "4242"),  # v1
+    ("0::/system.slice/slurmstepd.scope/job_777/step_batch/user/task_0\n", "777"),  # v2
+    ("0::/system.slice/slurmstepd.scope/job_777\n", "777"),
+    ("0::/user.slice/session-1.scope\n", None),
+    ("0::/kubepods.slice/job_12abc/x\n", None),
+    ("", None),
+])
+def test_job_from_cgroup(text, job):
+    assert cgroup_job(text) == job
+
+
+def test_job_mapping_directory_good_and_bad_files(tmp_path):
+    gpus = (GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-bbbb", "H100"))
+    (tmp_path / "0").write_text("4242\n")
+    (tmp_path / "GPU-bbbb").write_text("100 1000\n101\n\n")  # "jobid uid" lines, as some prologs write
+    (tmp_path / "7").write_text("1\n")  # no such GPU
+    (tmp_path / "GPU-zzzz").write_text("1\n")
+    (tmp_path / ".0.tmp").write_text("garbage")  # a prolog's temporary file
+    problems = []
+    assert read_mapping(tmp_path, DeviceMap(gpus, {}), problems) == {"GPU-aaaa": ("4242",), "GPU-bbbb": ("100", "101")}
+    assert len(problems) == 2 and "no GPU '7'" in problems[0] and "GPU-zzzz" in problems[1]
+    (tmp_path / "0").write_text("rm -rf /\n")
+    (tmp_path / "1").write_bytes(b"1\n" * 5000)
+    problems = []
+    assert read_mapping(tmp_path, DeviceMap(gpus, {}), problems) == {"GPU-bbbb": ("100", "101")}
+    assert any("'rm' is no Slurm job ID" in p for p in problems)
+    assert any("larger than 4096 bytes" in p for p in problems)
+
+
+# -- end to end over HTTP --------------------------------------------------------------------------
+def workloads(exporter):
+    status, body = http_get(exporter.url + "/api/v1/workloads")
+    assert status == 200
+    return {(w["namespace"], w["pod"], w["container"], w["hpc_job"]): w for w in json.loads(body)["workloads"]}
+
+
+@pytest.fixture()
+def node(tmp_path):
+    server, args = kubernetes_node(tmp_path)
+    yield server, args
+    server.stop()
+
+
+def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
+    """4 time-slicing replicas of one GPU across 3 pods (trainer 2, notebook 1, an idle pod 1): the
+    recorded frame has pids 417+418 (trainer) at 30+10 %, 419 (notebook) at 40 %, 420 (host) at 20 %
+    SM time, the GPU at 99 % and GPM SM active 5.66 %."""
+    server, args = node
+    server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(4)])]
+    server.service.pods = [
+        pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0", f"{UUID}::1"])]}),
+        pod("team-b", "notebook", {"nb": [(GPU, [f"{UUID}::2"])]}),
+        pod("team-c", "idle", {"c": [(GPU, [f"{UUID}::3"])]}),
+    ]
+    server.start()
+    with Exporter(*args, "--held-idle-after", "2s") as exporter:
+        found = wait_for(lambda: len(workloads(exporter)) == 3 and workloads(exporter)[("team-c", "idle", "c", "")]["held_idle"]
+                         and workloads(exporter), 20, 0.2, "three holders, one held idle")
+        trainer, notebook, idle = (found[k] for k in (("team-a", "train-0", "trainer", ""),
+                                                      ("team-b", "notebook", "nb", ""), ("team-c", "idle", "c", "")))
+        assert (trainer["held_share"], notebook["held_share"], idle["held_share"]) == (0.5, 0.25, 0.25)
+        assert trainer["time_share"] == pytest.approx(0.396) and notebook["time_share"] == pytest.approx(0.396)
+        sm = 0.05656524648847919
+        assert trainer["sm_active"] == pytest.approx(sm * 0.4, abs=1e-6) and trainer["sm_active_basis"] == "time_share"
+        assert (idle["processes"], idle["time_share"], idle["sm_active"], idle["sm_active_basis"]) == (0, 0.0, 0.0, "exact")
+        assert trainer["pids"] == [417, 418] and not trainer["held_idle"] and trainer["idle_seconds"] == 0.0
+
+        samples = parse_metrics(exporter.metrics())
+        by_pod = lambda name, **extra: {l["pod"]: v for l, v in samples[name] if all(l.get(k) == x for k, x in extra.items())}  # noqa: E731
+        assert by_pod("gpu_workload_held_share_ratio") == {"train-0": 0.5, "notebook": 0.25, "idle": 0.25}
+        assert by_pod("gpu_workload_held_idle") == {"train-0": 0.0, "notebook": 0.0, "idle": 1.0}
+        assert by_pod("gpu_workload_processes") == {"train-0": 2.0, "notebook": 1.0, "idle": 0.0}
+        assert set(by_pod("gpu_workload_sm_active_ratio", basis="time_share")) == {"train-0", "notebook"}
+        labels = next(l for l, _ in samples["gpu_workload_held_share_ratio"] if l["pod"] == "idle")
+        assert labels == {"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3", "namespace": "team-c",
+                          "pod": "idle", "container": "c", "hpc_job": ""}  # empty: Prometheus stores no such label
+
+        # Pods come and go: the idle pod leaves and takes its series along; no holder, no series.
+        server.service.pods = server.service.pods[:2]
+        wait_for(lambda: set(workloads(exporter)) == {("team-a", "train-0", "trainer", ""), ("team-b", "notebook", "nb", "")},
+                 15, 0.2, "idle pod gone")
+        samples = parse_metrics(exporter.metrics())
+        assert {l["pod"] for l, _ in samples["gpu_workload_held_share_ratio"]} == {"train-0", "notebook"}
+
+        # The kubelet stops answering GetAllocatableResources: replica shares are unknown, not guessed.
+        server.service.allocatable = None
+        wait_for(lambda: all(w["held_share"] is None for w in workloads(exporter).values()), 15, 0.2, "shares unknown")
+        assert "gpu_workload_held_share_ratio" not in parse_metrics(exporter.metrics())
+        assert exporter.log().count("GetAllocatableResources failed (UNIMPLEMENTED)") == 1
+        assert "Traceback" not in exporter.log()
+
+
+def test_mps_holders_have_no_time_share_and_say_why(tmp_path):
+    server, args = kubernetes_node(tmp_path)
+    # the MPS recording: clients 518-521 and the server 588; 518 and 519 run in the trainer's container
+    from exporter.nvml_replay import cut
+
+    cut(FIXTURES / "nvml_h100_mps.json", tmp_path / "nvml.json", frame=0)
+    proc = tmp_path / "proc"
+    for pid, cid in ((518, "a" * 64), (519, "a" * 64), (520, "b" * 64)):
+        (proc / str(pid)).mkdir(parents=True, exist_ok=True)
+        (proc / str(pid) / "cgroup").write_text(f"0::/kubepods.slice/cri-containerd-{cid}.scope\n")
+    server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(10)])]
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]}),
+                           pod("team-b", "notebook", {"nb": [(GPU, [f"{UUID}::1"])]})]
+    server.start()
+    try:
+        with Exporter(*args) as exporter:
+            found = wait_for(lambda: len(workloads(exporter)) == 2 and all(w["processes"] for w in workloads(exporter).values())
+                             and workloads(exporter), 20, 0.2, "MPS holders")
+            trainer = found[("team-a", "train-0", "trainer", "")]
+            assert trainer["held_share"] == 0.1 and trainer["processes"] == 2 and trainer["pids"] == [518, 519]
+            assert trainer["time_share"] is None and trainer["time_share_reason"] == MPS_REASON
+            assert trainer["sm_active"] is None  # two holders run under one server: no split exists
+            samples = parse_metrics(exporter.metrics())
+            assert "gpu_workload_time_share_ratio" not in samples and "gpu_workload_sm_active_ratio" not in samples
+            assert {l["pod"]: v for l, v in samples["gpu_workload_processes"]} == {"train-0": 2.0, "notebook": 1.0}
+    finally:
+        server.stop()
+
+
+def test_slurm_jobs_from_the_mapping_directory_and_cgroups_over_http(tmp_path):
+    from exporter.nvml_replay import cut
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
+    proc = tmp_path / "proc"
+    layouts = {417: "12:memory:/slurm/uid_1000/job_4242/step_0/task_0",  # cgroup v1
+               418: "0::/system.slice/slurmstepd.scope/job_4242/step_batch/user/task_0",  # v2
+               419: "0::/system.slice/slurmstepd.scope/job_5151/step_0/user/task_0",
+               420: "0::/user.slice/session-1.scope"}
+    for pid, text in layouts.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(text + "\n")
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    (mapping / "0").write_text("4242\n5151\n")
+    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--kubelet-socket", "none",
+                  "--proc-root", str(proc), "--hpc-job-mapping-dir", str(mapping)) as exporter:
+        found = wait_for(lambda: len(workloads(exporter)) == 2 and workloads(exporter)[("", "", "", "4242")]["processes"] == 2
+                         and workloads(exporter), 15, 0.2, "two jobs")
+        job, other = found[("", "", "", "4242")], found[("", "", "", "5151")]
+        assert (job["held_share"], job["pids"], job["time_share"]) == (0.5, [417, 418], pytest.approx(0.396))
+        assert (other["held_share"], other["pids"], other["time_share"]) == (0.5, [419], pytest.approx(0.396))
+        samples = parse_metrics(exporter.metrics())
+        assert {l["hpc_job"] for l, _ in samples["gpu_workload_held_share_ratio"]} == {"4242", "5151"}
+        assert samples["gpu_workload_held_share_ratio"][0][0]["namespace"] == ""
+
+        (mapping / "0").write_text("not-a-job\n")  # a broken prolog: one log line, no holders
+        wait_for(lambda: not workloads(exporter), 15, 0.2, "bad file ignored")
+        (mapping / "0").unlink()  # the epilog ran
+        time.sleep(0.5)
+        assert not workloads(exporter)
+        assert exporter.log().count("'not-a-job' is no Slurm job ID") == 1 and "Traceback" not in exporter.log()
+
+
+def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_path):
+    """Constant rates from one recorded frame: increase() over a window is rate x window."""
+    server, args = node
+    server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(4)])]
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0", f"{UUID}::1"])]}),
+                           pod("team-c", "idle", {"c": [(GPU, [f"{UUID}::3"])]})]
+    server.start()
+    with Exporter(*args) as exporter:
+        wait_for(lambda: len(workloads(exporter)) == 2, 15, 0.2, "holders")
+        prom = Prometheus(tmp_path, {"gpu": [exporter.url.removeprefix("http://")]})
+        try:
+            window = 8
+            expected = {("train-0", "held"): 0.5, ("train-0", "busy"): 0.396, ("train-0", "sm_active"): 0.05656524648847919 * 0.4,
+                        ("train-0", "hidden_idle"): 0.396 - 0.05656524648847919 * 0.4,
+                        ("idle", "held"): 0.25, ("idle", "held_idle"): 0.25, ("train-0", "held_idle"): 0.0}
+
+            def increases():
+                out = {}
+                for q in ("held", "busy", "sm_active", "hidden_idle", "held_idle"):
+                    for r in prom.query(f"sum by (pod) (increase(gpu_workload_{q}_gpu_seconds_total[{window}s]))"):
+                        out[(r["metric"]["pod"], q)] = float(r["value"][1]) / window
+                return out
+            def covered():  # scraped over the whole window, so increase() needs no extrapolation from a start
+                counts = prom.query(f"min(count_over_time(gpu_workload_held_gpu_seconds_total[{window + 2}s]))")
+                return counts and float(counts[0]["value"][1]) >= window + 1
+            wait_for(covered, 40, 1.0, "a window of scrapes")
+            found = wait_for(lambda: set(expected) <= set(increases()) and increases(), 20, 1.0, "counters scraped")
+            for key, rate in expected.items():
+                assert found[key] == pytest.approx(rate, rel=0.01, abs=1e-4), key
+        finally:
+            prom.stop()
