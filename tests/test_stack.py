@@ -30,7 +30,7 @@ def run(*cmd):
 @needs("promtool")
 def test_promtool_checks_config_rules_and_rule_unit_tests():
     for cmd in (["promtool", "check", "config", "prometheus.yaml"], ["promtool", "check", "rules", str(RULES)],
-                ["promtool", "test", "rules", "tests/rules/alerts.test.yaml"]):
+                ["promtool", "test", "rules", "tests/rules/alerts.test.yaml", "tests/rules/workload_rollups.test.yaml"]):
         done = run(*cmd)
         assert done.returncode == 0, done.stdout + done.stderr
 
