@@ -8,11 +8,12 @@ from pathlib import Path
 
 from grafanalib._gen import DashboardEncoder
 
-from dashboards import gpu_utilization, mps_host_memory
+from dashboards import gpu_utilization, mps_host_memory, workloads
 from dashboards.generate import write_or_check
 
 GENERATED = Path(__file__).resolve().parent / "generated"
-DASHBOARDS = {"gpu-utilization.json": gpu_utilization, "mps-host-memory.json": mps_host_memory}
+DASHBOARDS = {"gpu-utilization.json": gpu_utilization, "mps-host-memory.json": mps_host_memory,
+              "workloads.json": workloads}
 
 
 def render(module) -> str:

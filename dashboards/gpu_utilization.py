@@ -22,16 +22,17 @@ def build() -> Dashboard:
                    (9, 12, 12, 1), repeat=Repeat("h", "gpu")),
         Table(title="GPU $gpu: pods sharing it", dataSource=DATASOURCE, repeat=Repeat("h", "gpu"),
               description="Containers holding this GPU or a share of it (time-slicing or MPS replicas, MIG "
-                          "devices), from the kubelet's PodResources API; its compute processes by kind, how it "
-                          "is shared, and the live verdict (evidence and advice: /api/v1/gpus).",
-              targets=[target(f"gpu_pod_info{{{SEL}}}", instant=True, table=True),
+                          "devices), from the kubelet's PodResources API, each with its own held share (value); its "
+                          "compute processes by kind, how it is shared, and the live verdict (evidence and advice: "
+                          "/api/v1/gpus). Each pod's time share and SM activity: dashboard GPU workloads.",
+              targets=[target(f"gpu_workload_held_share_ratio{{{SEL}}}", instant=True, table=True),
                        target(f"gpu_compute_processes{{{SEL}}}", ref="B", instant=True, table=True),
                        target(f"gpu_sharing_mode{{{SEL}}} == 1", ref="C", instant=True, table=True),
                        target(f"gpu_diagnosis{{{SEL}}} == 1", ref="D", instant=True, table=True)],
               gridPos=GridPos(h=6, w=12, x=0, y=10),
               transformations=[{"id": "organize", "options": {"excludeByName": {
-                  "Time": True, "Value #A": True, "Value #C": True, "Value #D": True, "__name__": True, "job": True,
-                  "model": True, "uuid": True}}}]),
+                  "Time": True, "Value #C": True, "Value #D": True, "__name__": True, "job": True,
+                  "model": True, "uuid": True}, "renameByName": {"Value #A": "held share"}}}]),
     ]
     fleet = [
         timeseries("Hidden idle SMs (time utilization - SM active)",
@@ -55,13 +56,14 @@ def build() -> Dashboard:
                    description="Seconds since the window the spatial values describe: replayed or stuck data shows here."),
         timeseries("Exporter collectors", [('gpu_exporter_collector_success{instance=~"$host"}', "{{instance}} {{collector}}")],
                    (7, 6, 18, 25), unit="none"),
-        Table(title="Pods on each GPU, by hidden idle SMs (5m)", dataSource=DATASOURCE,
-              description="Every container holding a GPU, with its GPU's hidden idle SMs: whose jobs to look at first.",
-              targets=[target(f"sort_desc(gpu_pod_info{{{SEL}}} * on (instance, uuid) group_left() "
-                              f"max by (instance, uuid) (gpu:hidden_idle_sm_ratio:avg5m))", instant=True, table=True)],
+        Table(title="Pods by their own hidden idle SMs (5m)", dataSource=DATASOURCE,
+              description="Each container's own busy-but-SMs-idle GPU-equivalents over 5 minutes (its time share minus "
+                          "its SM activity; basis exact or time_share), not its GPU's total: whose jobs to look at first.",
+              targets=[target(f"sort_desc(sum by (instance, gpu, namespace, pod, container, basis) "
+                              f"(rate(gpu_workload_hidden_idle_gpu_seconds_total{{{SEL}}}[5m])))", instant=True, table=True)],
               gridPos=GridPos(h=8, w=24, x=0, y=32), unit="percentunit",
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True, "model": True},
-                                                              "renameByName": {"Value": "GPU hidden idle (5m)"}}}]),
+                                                              "renameByName": {"Value": "own hidden idle (5m)"}}}]),
         Table(title="Diagnosis: what limits each GPU, how it is shared", dataSource=DATASOURCE,
               description="The live verdict per GPU (rules: nsys_ingest/verdicts.py; evidence and what to change: "
                           "/api/v1/gpus) beside its sharing mode. For which processes and why, profile with "

@@ -91,7 +91,7 @@ def as_promql(expr: str) -> str:
     match = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", expr)
     if match:
         expr = f"count by ({match.group(2)}) ({match.group(1)})"
-    for var, value in (("$__rate_interval", "10s"), ("$host", ".*"), ("$gpu", ".*"), ("$node", ".*")):
+    for var, value in (("$__rate_interval", "10s"), ("$__range", "1h"), ("$host", ".*"), ("$gpu", ".*"), ("$node", ".*")):
         expr = expr.replace(var, value)
     return expr
 
@@ -108,14 +108,19 @@ def test_stack_end_to_end(tmp_path):
     kubelet = KubeletServer(str(tmp_path / "kubelet.sock"))
     kubelet.service.pods = [pod("team-a", "train-0", {"trainer": [("nvidia.com/gpu", [f"{SLICED_UUID}::0"])]}),
                             pod("team-b", "notebook", {"nb": [("nvidia.com/gpu", [f"{SLICED_UUID}::1"])]})]
+    kubelet.service.allocatable = [("nvidia.com/gpu", [f"{SLICED_UUID}::{n}" for n in range(4)])]
     kubelet.start()
+    jobs = tmp_path / "jobs"  # and a Slurm job holding GPU 0 through the job mapping directory
+    jobs.mkdir()
+    (jobs / "0").write_text("4242\n")
     try:
         with Exporter("--no-nvml", "--replay", str(FIXTURES / "h100_quarter_sms_50hz.sqlite"), "--interval", "0.5",
                       *mps) as hidden, \
              Exporter("--no-nvml", "--no-mps", "--replay", str(FIXTURES / "h100_matmul_50hz.sqlite"),
                       "--interval", "0.5") as busy, \
              Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.5",
-                      "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5") as k8s:
+                      "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5",
+                      "--hpc-job-mapping-dir", str(jobs), "--held-idle-after", "3s") as k8s:
             targets = [f"127.0.0.1:{e.port}" for e in (hidden, busy, k8s)]
             prometheus = Prometheus(tmp_path, {"gpu-spatial-exporter": targets,
                                                "node-exporter": [f"127.0.0.1:{node_port}"]})
