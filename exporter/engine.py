@@ -44,7 +44,7 @@ class Engine:
     # -- sampling -------------------------------------------------------------------------------
     def tick_devices(self) -> None:
         if self.gpm is not None:
-            self.gpm.tick(self.nvml.backend, self.nvml.gpus)
+            self.gpm.tick(self.nvml.backend, self.nvml.gpus, self.nvml.telemetry)
         self.nvml.tick()
 
     def loops(self):
@@ -110,7 +110,8 @@ class Engine:
                 kubelet=kubelet,
                 spool=getattr(self.spool, "stats", None),
                 slurm=slurm,
-                workloads=self.workloads.update(now, views, kubelet, slurm) if self.workloads is not None else (),
+                workloads=() if self.workloads is None else
+                self.workloads.update(now, views, kubelet, slurm, getattr(self.gpm, "instances", None)),
                 health=self._health(),
             )
             return self.snapshot

@@ -90,9 +90,10 @@ class Nvml:
         """Drops what is kept of a device (handle, GPM sample): after a reset it is a new device."""
         with self._lock:
             self._handles.pop(index, None)
-            previous = self._gpm_previous.pop(index, None)
-            spare = self._gpm_spare.pop(index, None)
-        for sample in (previous[0] if previous else None, spare):
+            mine = lambda key: key == index or (isinstance(key, tuple) and key[0] == index)  # noqa: E731
+            previous = [self._gpm_previous.pop(k)[0] for k in [k for k in self._gpm_previous if mine(k)]]
+            spare = [self._gpm_spare.pop(k) for k in [k for k in self._gpm_spare if mine(k)]]
+        for sample in (*previous, *spare):
             if sample is not None:
                 try:
                     self._nv.nvmlGpmSampleFree(sample)
@@ -315,21 +316,31 @@ class Nvml:
         return name.rsplit("/", 1)[-1]
 
     def gpm_metrics(self, index: int) -> dict | None:
-        """GPM metrics (percent) between the previous call and this one; None on the first call."""
+        """GPM metrics (percent) of the whole GPU between the previous call and this one; None on the
+        first call."""
+        return self._gpm_between(index, index, self._nv.nvmlGpmSampleGet)
+
+    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> dict | None:
+        """GPM metrics (percent) of one MIG GPU instance (nvmlGpmMigSampleGet), as gpm_metrics: the
+        SM activity of that instance's own SMs."""
+        return self._gpm_between((index, gpu_instance), index,
+                                 lambda handle, sample: self._nv.nvmlGpmMigSampleGet(handle, gpu_instance, sample))
+
+    def _gpm_between(self, key, index: int, take) -> dict | None:
         nv = self._nv
         h = self._handle(index)
         with self._lock:
-            # Two sample buffers per GPU, taken in turn: allocating and freeing one per tick left
-            # glibc holding the freed buffers as resident memory.
-            sample = self._gpm_spare.pop(index, None) or self._call("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
+            # Two sample buffers per GPU (or instance), taken in turn: allocating and freeing one per
+            # tick left glibc holding the freed buffers as resident memory.
+            sample = self._gpm_spare.pop(key, None) or self._call("nvmlGpmSampleAlloc", nv.nvmlGpmSampleAlloc)
             try:
-                self._call("nvmlGpmSampleGet", nv.nvmlGpmSampleGet, h, sample)
+                self._call("nvmlGpmSampleGet", take, h, sample)
             except NvmlError:
-                self._gpm_spare[index] = sample
+                self._gpm_spare[key] = sample
                 raise
             taken = time.monotonic()
-            previous = self._gpm_previous.get(index)
-            self._gpm_previous[index] = (sample, taken)
+            previous = self._gpm_previous.get(key)
+            self._gpm_previous[key] = (sample, taken)
         if previous is None:
             return None
         old, old_taken = previous
@@ -344,7 +355,7 @@ class Nvml:
             self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
         finally:
             with self._lock:
-                self._gpm_spare[index] = old
+                self._gpm_spare[key] = old
         values: dict = {"window_s": round(taken - old_taken, 6)}
         for slot, name in enumerate(GPM_METRICS):
             metric = request.metrics[slot]

@@ -31,12 +31,15 @@ STREAM_METHODS = (
     "process_utilization",
     "compute_processes",
     "gpm_metrics",
+    "gpm_mig_metrics",
 )
 FORMAT = "gpu-exporter-nvml-recording/1"
 
 
 def _key(method: str, args: tuple) -> str:
-    # Only the device index identifies a call: window lengths vary from tick to tick.
+    # The device index identifies a call (a MIG GPU instance too): window lengths vary from tick to tick.
+    if method == "gpm_mig_metrics":
+        return f"{method}/{args[0]}/{args[1]}"
     return f"{method}/{args[0]}" if args else method
 
 
@@ -58,7 +61,7 @@ class RecordingNvml:
             except NvmlError as exc:
                 answer = exc.to_json()
             # gpm_metrics answers None on its first call only (no previous sample): nothing to replay.
-            if not (method == "gpm_metrics" and answer.get("value", 0) is None):
+            if not (method in ("gpm_metrics", "gpm_mig_metrics") and answer.get("value", 0) is None):
                 with self._lock:
                     self.calls.setdefault(_key(method, args), []).append(answer)
             if "error" in answer:

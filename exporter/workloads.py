@@ -10,8 +10,9 @@ What is exact and what is not (README, "Per-workload numbers"):
 - time share: the holder's processes' NVML per-process utilization, scaled so that all processes on
   the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
   MPS server for every client) nor on MIG devices (no per-process utilization there).
-- SM active: exact when the holder is the only one running on the GPU; on a time-sliced GPU the GPU's
-  SM active split by time shares (basis "time_share"); nothing under MPS or MIG.
+- SM active: exact when the holder is the only one running on the GPU, or holds a MIG device whole
+  (GPM of that MIG GPU instance); on a time-sliced GPU the GPU's SM active split by time shares
+  (basis "time_share"); nothing when several MPS clients share a GPU.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ HELD_IDLE_AFTER_S = 1800.0
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
 EXACT, TIME_SHARE = "exact", "time_share"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
-MIG_REASON = "MIG device: NVML has no per-process utilization or per-holder SM activity here"
+MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 
 
 @dataclass(frozen=True, order=True)
@@ -110,8 +111,31 @@ def process_owners(kubelet, slurm) -> dict[int, Holder]:
     return owners
 
 
-def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder]) -> dict[Holder, dict]:
-    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis."""
+def mig_sm_active(view, kubelet, instances) -> dict[Holder, float | None]:
+    """Per holder of whole MIG devices of one GPU: the SM activity of its instances (GPM per MIG GPU
+    instance) times each device's share of the GPU's SMs; None where an instance was not read."""
+    tel = view.telemetry
+    if not tel.mig_enabled or kubelet is None or kubelet.error or not instances:
+        return {}
+    devices = {m.uuid: m for m in tel.mig_devices}
+    out = {}
+    for (namespace, pod, container), held in kubelet.mig.get(view.identity.uuid, {}).items():
+        total = 0.0
+        for mig_uuid in held:
+            device = devices.get(mig_uuid)
+            reading = instances.get((view.identity.uuid, device.gpu_instance)) if device else None
+            if reading is None or reading.sm_active is None or not device.sm_count or not tel.mig_sm_count:
+                total = None
+                break
+            total += reading.sm_active * device.sm_count / tel.mig_sm_count
+        out[Holder(namespace, pod, container)] = None if total is None else round(min(total, 1.0), 6)
+    return out
+
+
+def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder],
+               mig_sm: dict[Holder, float | None] | None = None) -> dict[Holder, dict]:
+    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis.
+    `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active)."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
     mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
@@ -135,6 +159,8 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
             continue
         if mig:
             entry["reason"] = MIG_REASON
+            if (mig_sm or {}).get(holder) is not None:
+                entry["sm_active"], entry["basis"] = mig_sm[holder], EXACT  # its own instance's SMs
         elif mps:
             entry["reason"] = MPS_REASON
         else:
@@ -163,7 +189,8 @@ class WorkloadAccountant:
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, kubelet=None, slurm=None) -> tuple[WorkloadView, ...]:
+    def update(self, now: float, views, kubelet=None, slurm=None, mig_instances=None) -> tuple[WorkloadView, ...]:
+        """`mig_instances`: GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
@@ -176,7 +203,8 @@ class WorkloadAccountant:
                 if tel is None or tel.lost:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = holders_of(view.identity.uuid, kubelet, slurm)
-                for holder, entry in gpu_shares(view, holders, owners).items():
+                mig_sm = mig_sm_active(view, kubelet, mig_instances)
+                for holder, entry in gpu_shares(view, holders, owners, mig_sm).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))

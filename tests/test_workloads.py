@@ -71,10 +71,49 @@ def test_under_mps_no_time_share_exists_and_sm_only_for_a_holder_alone():
     assert (shares[NOTEBOOK]["sm_active"], shares[NOTEBOOK]["processes"]) == (0.0, 0)
 
 
-def test_mig_holders_have_processes_but_no_time_or_sm_share():
+def test_mig_holders_have_processes_no_time_share_and_their_instances_sm_activity():
     shares = gpu_shares(view(**TIME_SLICED, mig=True, mode="mig"), {TRAINER: 60 / 132}, OWNERS)
-    assert shares[TRAINER]["time_share"] is None and shares[TRAINER]["sm_active"] is None
+    assert shares[TRAINER]["time_share"] is None and shares[TRAINER]["sm_active"] is None  # instance not read
     assert shares[TRAINER]["reason"] == MIG_REASON and shares[TRAINER]["processes"] == 2
+    shares = gpu_shares(view(**TIME_SLICED, mig=True, mode="mig"), {TRAINER: 60 / 132}, OWNERS, {TRAINER: 0.2})
+    assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (0.2, EXACT)
+
+
+def mig_node(tmp_path):
+    """The time-sliced H100 recording with MIG mode on: a 3g.40gb (60 SMs) and a 1g.10gb (16 SMs) device of
+    132 SMs, the H100's MIG layout. MIG mode cannot be switched on the device we record on (its settings
+    stay as they are), so the two instances' GPM answers are set here: 50 % and 25 % of their own SMs."""
+    server, args = kubernetes_node(tmp_path)
+    data = json.loads((tmp_path / "nvml.json").read_text())
+    data["calls"]["mig_devices/0"] = [{"value": {"enabled": True, "sm_count": 132, "devices": [
+        {"uuid": "MIG-big", "gpu_instance": 1, "compute_instance": 0, "sm_count": 60},
+        {"uuid": "MIG-small", "gpu_instance": 2, "compute_instance": 0, "sm_count": 16}]}}]
+    gpm = data["calls"]["gpm_metrics/0"][0]["value"]
+    data["calls"]["gpm_mig_metrics/0/1"] = [{"value": {**gpm, "sm_active": 50.0}}]
+    data["calls"]["gpm_mig_metrics/0/2"] = [{"value": {**gpm, "sm_active": 25.0}}]
+    (tmp_path / "nvml.json").write_text(json.dumps(data))
+    server.service.allocatable = [("nvidia.com/mig-3g.40gb", ["MIG-big"]), ("nvidia.com/mig-1g.10gb", ["MIG-small"])]
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [("nvidia.com/mig-3g.40gb", ["MIG-big"])]}),
+                           pod("team-b", "notebook", {"nb": [("nvidia.com/mig-1g.10gb", ["MIG-small"])]})]
+    return server, args
+
+
+def test_mig_devices_of_different_sizes_over_http(tmp_path):
+    server, args = mig_node(tmp_path)
+    server.start()
+    try:
+        with Exporter(*args) as exporter:
+            found = wait_for(lambda: len(workloads(exporter)) == 2 and all(
+                w["sm_active"] is not None for w in workloads(exporter).values()) and workloads(exporter),
+                20, 0.2, "MIG holders")
+            big, small = found[("team-a", "train-0", "trainer", "")], found[("team-b", "notebook", "nb", "")]
+            assert big["held_share"] == pytest.approx(60 / 132) and small["held_share"] == pytest.approx(16 / 132)
+            assert big["sm_active"] == pytest.approx(0.5 * 60 / 132, abs=1e-6) and big["sm_active_basis"] == "exact"
+            assert small["sm_active"] == pytest.approx(0.25 * 16 / 132, abs=1e-6)
+            assert big["time_share"] is None and big["time_share_reason"] == MIG_REASON
+            assert "Traceback" not in exporter.log()
+    finally:
+        server.stop()
 
 
 def test_unknown_process_lists_say_nothing_about_holders():

@@ -30,22 +30,27 @@ class GpmSource:
 
     def __init__(self):
         self.results: dict[str, SourceResult] = {}
+        # (GPU UUID, MIG GPU instance id) -> that instance's reading: the SM activity of its own SMs
+        self.instances: dict[tuple[str, int], SpatialReading] = {}
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._support: dict[str, tuple[bool, str]] = {}
         self._log = LogOnce(log)
 
-    def tick(self, backend, gpus) -> None:
+    def tick(self, backend, gpus, telemetry=None) -> None:
         started = time.perf_counter()
         if backend is None:
-            self.results = {}
+            self.results, self.instances = {}, {}
             self.health = CollectorHealth(False, 0.0, "NVML unavailable")
             return
-        results, errors = {}, []
+        results, errors, instances = {}, [], {}
         for gpu in gpus:
             results[gpu.uuid] = self._sample(backend, gpu)
             if results[gpu.uuid].state == ERROR:
                 errors.append(f"GPU {gpu.index}: {results[gpu.uuid].reason}")
-        self.results = results
+            tel = (telemetry or {}).get(gpu.uuid)
+            if tel is not None and tel.mig_enabled and not tel.lost and self._support.get(gpu.uuid, (False,))[0]:
+                instances.update(self._sample_instances(backend, gpu, {m.gpu_instance for m in tel.mig_devices}))
+        self.results, self.instances = results, instances
         self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
 
     def _sample(self, backend, gpu) -> SourceResult:
@@ -77,3 +82,23 @@ class GpmSource:
             return SourceResult(ERROR, "GPM answered without SM activity")
         return SourceResult(OK, f"GPM sample over {window:.2f} s", reading)
 
+
+    def _sample_instances(self, backend, gpu, gpu_instances) -> dict[tuple[str, int], SpatialReading]:
+        """Per MIG GPU instance of one GPU: GPM between this tick and the last (nvmlGpmMigSampleGet)."""
+        out = {}
+        for gi in sorted(gpu_instances):
+            key = f"gpm GPU {gpu.index} ({gpu.uuid}) MIG instance {gi}"
+            try:
+                metrics = backend.gpm_mig_metrics(gpu.index, gi)
+            except NvmlError as exc:
+                if not exc.unsupported:
+                    self._log.problem(key, str(exc))
+                continue  # no value for this instance: its holders get no SM activity, never an old one
+            self._log.clear(key)
+            if metrics is None or metrics.get("sm_active") is None:
+                continue
+            end = time.time()
+            window = max(float(metrics["window_s"]), MIN_WINDOW_S)
+            out[(gpu.uuid, gi)] = SpatialReading(
+                self.name, end - window, end, **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
+        return out

@@ -51,6 +51,8 @@ class KubeletSnapshot:
     # GPU UUID -> (namespace, pod, container) -> share of the GPU held; None where it cannot be known
     # (a replica ID while the kubelet does not answer GetAllocatableResources).
     shares: dict[str, dict[tuple[str, str, str], float | None]] = field(default_factory=dict)
+    # GPU UUID -> (namespace, pod, container) -> the MIG devices (UUIDs) it holds whole, not as replicas
+    mig: dict[str, dict[tuple[str, str, str], tuple[str, ...]]] = field(default_factory=dict)
     error: str = ""
 
     def to_json(self) -> dict:
@@ -130,6 +132,18 @@ def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str
                 total += share / replicas
             out.setdefault(uuid, {})[holder] = None if total is None else round(min(total, 1.0), 9)
     return out
+
+
+def mig_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[tuple, tuple[str, ...]]]:
+    """GPU UUID -> holder -> the MIG devices it holds whole (one replica offered, or an ID without
+    replica suffix): those whose instance's SM activity is the holder's alone."""
+    out: dict[str, dict[tuple, set[str]]] = {}
+    for device_id, uuid, ref in claims:
+        base = replica_base(device_id)
+        whole = (offered.get(base) == 1) if offered is not None else base == device_id
+        if base in devices.mig_share and whole:
+            out.setdefault(uuid, {}).setdefault((ref.namespace, ref.pod, ref.container), set()).add(base)
+    return {uuid: {h: tuple(sorted(ids)) for h, ids in holders.items()} for uuid, holders in out.items()}
 
 
 def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
@@ -310,7 +324,9 @@ class KubeletSampler:
         devices = DeviceMap(gpus, self.nvml.telemetry)
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
-        shares = held_shares(claims, devices, offered_replicas(self.allocatable_devices()))
+        offered = offered_replicas(self.allocatable_devices())
+        shares = held_shares(claims, devices, offered)
+        mig = mig_holdings(claims, devices, offered)
         if not any(pods.values()):
             self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
                                               f"({len(pod_resources)} pods listed)", logging.INFO)
@@ -322,7 +338,7 @@ class KubeletSampler:
             self._log.problem("kubelet attribution", "; ".join(problems))
         else:
             self._log.clear("kubelet attribution")
-        self.snapshot = KubeletSnapshot(pods=pods, owners=owners, shares=shares)
+        self.snapshot = KubeletSnapshot(pods=pods, owners=owners, shares=shares, mig=mig)
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
 
 
