@@ -1,24 +1,20 @@
 """The ASGI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot.
 
-A FastAPI app whose responses are typed by exporter/api_models.py (OpenAPI at /openapi.json, docs at
-/docs, committed as docs/openapi.json), wrapped by the /metrics fast path that answers scrapes before
-any routing."""
-from __future__ import annotations
-
+The JSON API is a FastAPI app whose responses are typed by exporter/api_models.py (OpenAPI at
+/openapi.json, docs at /docs, committed as docs/openapi.json). In front of it, at the ASGI level: the
+/metrics fast path, and LazyApi, which answers /healthz and the lifespan itself and imports FastAPI
+only for the first request that needs it: FastAPI and pydantic cost 17 MB of resident memory
+(bench/RESULTS.md), which a node that is only scraped and probed never pays."""
+import asyncio
 import dataclasses
+import json
 import logging
 import time
-from contextlib import asynccontextmanager
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
-from fastapi import FastAPI, Request, Security
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBearer
 
-from exporter import api_models as models
 from exporter.chain import time_utilization_source
-
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.health import HealthCollector
 from exporter.collectors.mps import MpsCollector
@@ -126,7 +122,9 @@ def snapshot_json(snapshot) -> dict:
 def workload_json(record) -> dict:
     """One of the snapshot's workload records as the API's Workload (the GPU from its identity when
     the record names it so)."""
-    out = {name: getattr(record, name, None) for name in models.Workload.model_fields}
+    from exporter.api_models import Workload
+
+    out = {name: getattr(record, name, None) for name in Workload.model_fields}
     identity = getattr(record, "identity", None)
     if identity is not None:
         out["gpu"], out["uuid"] = identity.index, identity.uuid
@@ -152,38 +150,39 @@ def health_json(snapshot, interval: float, nvml_enabled: bool) -> tuple[dict, in
 
 UPLOAD_BODY = {"requestBody": {"required": True, "description": "an Nsight Systems export (.sqlite), raw bytes",
                                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
-UPLOAD_ERRORS = {
-    400: {"model": models.Error, "description": "not a usable export (one line why)"},
-    401: {"model": models.Error, "description": "missing or wrong bearer token"},
-    404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token)"},
-    413: {"model": models.Error, "description": "larger than --nsys-upload-max-bytes"},
-}
 UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"
 
 
-def api(engine, upload=None) -> FastAPI:
-    """The FastAPI app (without the /metrics fast path). `upload`: an exporter.samplers.nsys.UploadSpool,
-    or None: then the POST routes answer 404 with why."""
+def nvml_enabled(engine) -> bool:
+    return getattr(engine.nvml, "enabled", True)
 
-    @asynccontextmanager
-    async def lifespan(_app):
-        engine.start()
-        try:
-            yield
-        finally:
-            engine.stop()
 
-    app = FastAPI(title="GPU spatial exporter", version="1", lifespan=lifespan, redoc_url=None,
+def api(engine, upload=None):
+    """The FastAPI app of the JSON API (the engine's lifespan and the /metrics fast path are LazyApi's
+    and MetricsFastPath's). `upload`: an exporter.samplers.nsys.UploadSpool, or None: then the POST
+    routes answer 404 with why."""
+    from fastapi import FastAPI, Request, Security
+    from fastapi.responses import JSONResponse
+    from fastapi.security import HTTPBearer
+
+    from exporter import api_models as models
+
+    upload_errors = {
+        400: {"model": models.Error, "description": "not a usable export (one line why)"},
+        401: {"model": models.Error, "description": "missing or wrong bearer token"},
+        404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token)"},
+        413: {"model": models.Error, "description": "larger than --nsys-upload-max-bytes"},
+    }
+    app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None,
                   description="GPU time utilization next to spatial utilization (SM activity), per GPU and per "
                               "workload. Prometheus metrics: GET /metrics (text exposition; docs/metrics.md).")
     bearer = HTTPBearer(auto_error=False, description="the exporter's --nsys-upload-token")
 
-    def nvml_enabled() -> bool:
-        return getattr(engine.nvml, "enabled", True)
-
+    # LazyApi answers /healthz before this app is loaded (same health_json): declared here for the schema.
     @app.get("/healthz", response_model=models.Health, responses={503: {"model": models.Health}})
     async def healthz():
-        body, status = health_json(engine.snapshot, engine.interval, nvml_enabled())
+        """ok, no_gpu or stale; 503 when unhealthy (see the status's description)."""
+        body, status = health_json(engine.snapshot, engine.interval, nvml_enabled(engine))
         return JSONResponse(body, status_code=status)
 
     @app.get("/api/v1/gpus", response_model=models.Gpus)
@@ -210,7 +209,7 @@ def api(engine, upload=None) -> FastAPI:
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())]}
 
-    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, responses=UPLOAD_ERRORS,
+    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, responses=upload_errors,
               openapi_extra=UPLOAD_BODY)
     async def nsys_upload(request: Request, _token=Security(bearer)):
         """Upload an export into the spool the nsys source publishes from (validated first)."""
@@ -218,7 +217,7 @@ def api(engine, upload=None) -> FastAPI:
             return JSONResponse({"error": UPLOADS_OFF}, status_code=404)
         return await upload.handle(request)
 
-    @app.post("/api/v1/diagnose", response_model=models.Diagnosed, responses=UPLOAD_ERRORS,
+    @app.post("/api/v1/diagnose", response_model=models.Diagnosed, responses=upload_errors,
               openapi_extra=UPLOAD_BODY)
     async def diagnose(request: Request, _token=Security(bearer)):
         """`nsys-ingest diagnose --json` of an uploaded export; nothing is kept."""
@@ -230,6 +229,47 @@ def api(engine, upload=None) -> FastAPI:
     return app
 
 
+class LazyApi:
+    """ASGI: runs the engine over the server's lifespan and answers /healthz itself; everything else
+    goes to the FastAPI app, imported and built (in a thread: scrapes go on meanwhile) on the first
+    request that needs it."""
+
+    def __init__(self, engine, upload=None):
+        self._engine = engine
+        self._upload = upload
+        self._app = None
+        self._loading = asyncio.Lock()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
+            body, status = health_json(self._engine.snapshot, self._engine.interval, nvml_enabled(self._engine))
+            data = json.dumps(body, separators=(",", ":")).encode()
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+            await send({"type": "http.response.body", "body": data if scope["method"] == "GET" else b""})
+        else:
+            await (await self.app())(scope, receive, send)
+
+    async def app(self):
+        async with self._loading:
+            if self._app is None:
+                self._app = await asyncio.to_thread(api, self._engine, self._upload)
+        return self._app
+
+    async def _lifespan(self, receive, send):
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._engine.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self._engine.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
 async def diagnose_upload(upload, request):
     """Stand-in for UploadSpool.diagnose (issue 20, being written beside this): the upload's token and
     size rules, then the diagnosis of a temporary copy, removed afterwards."""
@@ -238,6 +278,7 @@ async def diagnose_upload(upload, request):
     import tempfile
 
     from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
 
     from nsys_ingest.reader import Export, IngestError
 
@@ -272,5 +313,5 @@ async def diagnose_upload(upload, request):
 
 
 def create_app(engine, upload=None) -> MetricsFastPath:
-    """The ASGI app: the FastAPI app behind the /metrics fast path."""
-    return MetricsFastPath(api(engine, upload), MetricsCache(engine, build_registry(engine)))
+    """The ASGI app: the JSON API (loaded on first use) behind the /metrics fast path."""
+    return MetricsFastPath(LazyApi(engine, upload), MetricsCache(engine, build_registry(engine)))

@@ -209,3 +209,17 @@ def test_item7_quick_start_runs_the_installed_exporter_without_test_dependencies
     commands = [line for line in quick.split("```sh", 1)[1].split("```", 1)[0].splitlines() if line.strip()]
     assert commands[0].startswith("pip install . && gpu-spatial-exporter") and "[test]" not in commands[0]
     assert commands[1].startswith("bash .ci/run")
+
+
+def test_fastapi_is_loaded_only_for_the_first_request_that_needs_it():
+    """A node that is only scraped and probed never pays FastAPI's and pydantic's memory."""
+    def loaded(running) -> bool:
+        return "_pydantic_core" in Path(f"/proc/{running.proc.pid}/maps").read_text()
+
+    with Exporter("--no-nvml", "--no-mps", "--interval", "0.5") as running:
+        for _ in range(3):
+            running.metrics()
+            assert http_get(running.url + "/healthz")[0] == 200
+        assert not loaded(running)
+        get(running, "/api/v1/gpus")
+        assert loaded(running)
