@@ -1,7 +1,8 @@
 """Resident memory of the exporter at two git revisions, the way a user meets it: each revision
 unpacked fresh (`git archive`, no __pycache__), started with `python3 -m exporter` from its own
 directory, read at --at seconds (VmRSS, the RSS column of `ps`, split into anonymous, file-backed and
-shared memory, and private against shared pages from smaps_rollup).
+shared memory, and private against shared pages from smaps_rollup), then once more after one
+GET /api/v1/gpus.
 
     python3 bench/rss_compare.py --out rss.json [--revs 09a7b4f HEAD] [--runs 3] [--at 8 60] [-- EXPORTER FLAGS]
 
@@ -68,6 +69,8 @@ def one_run(tree: Path, at: list[float], flags: list[str]) -> dict:
         for seconds in sorted(at):
             time.sleep(max(0.0, started + seconds - time.monotonic()))
             readings[f"{seconds:g}s"] = memory(proc.pid)
+        http_get(f"http://127.0.0.1:{port}/api/v1/gpus")  # where the JSON API loads on first use
+        readings["after_api_request"] = memory(proc.pid)
         return readings
     finally:
         proc.terminate()
