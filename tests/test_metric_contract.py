@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.helpers import FIXTURES, ROOT, Exporter, wait_for
+from tests.helpers import ROOT, Exporter, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID, kubernetes_node, pod
 from tests.test_exporter_e2e import REPLAY_ARGS
 from tests.test_nsys_source import QUARTER, post
@@ -21,7 +21,7 @@ def published(text: str) -> set[str]:
     """Family names in exposition text, as the contract writes them: counters with `_total`; the
     `_created` series every counter has belong to their counter."""
     names = set()
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M):
+    for name in re.findall(r"^# TYPE (\S+) \S+$", text, re.M):
         if name.endswith("_created") and f"# TYPE {name[:-len('_created')]}_total counter" in text:
             continue
         names.add(name)
