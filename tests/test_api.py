@@ -223,3 +223,24 @@ def test_fastapi_is_loaded_only_for_the_first_request_that_needs_it():
         assert not loaded(running)
         get(running, "/api/v1/gpus")
         assert loaded(running)
+
+
+def test_models_keep_every_field_of_the_snapshot_records_they_serve():
+    """FastAPI drops what a response model does not declare: a field added to a record must be added
+    to its model too (and to docs/openapi.json), or clients never see it."""
+    import dataclasses
+
+    from exporter import api_models, snapshot
+    from exporter.samplers import kubelet, mps
+    from exporter.spool import SpoolStats
+    from nsys_ingest import verdicts
+
+    pairs = [(snapshot.SpatialReading, api_models.SpatialReading), (snapshot.SourceStatus, api_models.SourceStatus),
+             (snapshot.ProcessUtilization, api_models.ProcessUtilization),
+             (snapshot.ComputeProcess, api_models.ComputeProcess), (snapshot.MigDevice, api_models.MigDevice),
+             (snapshot.CollectorHealth, api_models.CollectorHealth), (mps.DaemonStats, api_models.MpsDaemon),
+             (mps.MpsSnapshot, api_models.Mps), (kubelet.PodRef, api_models.PodRef),
+             (SpoolStats, api_models.SpoolStats), (verdicts.Evidence, api_models.Evidence)]
+    for record, model in pairs:
+        assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
+    assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
