@@ -59,7 +59,9 @@ def unpack(rev: str, into: Path) -> Path:
 
 def one_run(tree: Path, at: list[float], flags: list[str]) -> dict:
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
+    # The tree comes first (python -m puts the working directory first); PYTHONPATH stays for
+    # packages carried outside site-packages (the device: /tmp/site).
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), *flags], cwd=tree, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     started = time.monotonic()
