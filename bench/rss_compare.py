@@ -6,6 +6,8 @@ GET /api/v1/gpus.
 
     python3 bench/rss_compare.py --out rss.json [--revs 09a7b4f HEAD] [--runs 3] [--at 8 60] [-- EXPORTER FLAGS]
 
+A --revs item may also be a directory (a tree unpacked elsewhere, `.`): it is copied without bytecode.
+
 Run 1 of each revision starts from a tree without bytecode (Python compiles every module and writes
 __pycache__), runs 2.. reuse it. Revisions alternate run by run, so a drift of the machine hits both.
 Never asserts: it reports. Sizes are MiB (2**20 bytes, what bench/RESULTS.md has always called MB).
@@ -50,7 +52,14 @@ def memory(pid: int) -> dict[str, float]:
 
 
 def unpack(rev: str, into: Path) -> Path:
-    tree = into / rev
+    """A fresh tree of `rev`: a git revision, or a directory (where no .git came along), copied
+    without its bytecode."""
+    import shutil
+
+    tree = into / f"tree{len(list(into.iterdir()))}"
+    if Path(rev).is_dir():
+        shutil.copytree(rev, tree, ignore=shutil.ignore_patterns("__pycache__", ".git"))
+        return tree
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
