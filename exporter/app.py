@@ -161,7 +161,7 @@ def api(engine, upload=None):
     """The FastAPI app of the JSON API (the engine's lifespan and the /metrics fast path are LazyApi's
     and MetricsFastPath's). `upload`: an exporter.samplers.nsys.UploadSpool, or None: then the POST
     routes answer 404 with why."""
-    from fastapi import FastAPI, Request, Security
+    from fastapi import FastAPI, Path, Request, Security
     from fastapi.responses import JSONResponse
     from fastapi.security import HTTPBearer
 
@@ -192,7 +192,7 @@ def api(engine, upload=None):
 
     @app.get("/api/v1/gpus/{gpu}", response_model=models.Gpu,
              responses={404: {"model": models.Error, "description": "no such GPU"}})
-    async def gpu(gpu: str):
+    async def gpu(gpu: str = Path(description="NVML index (`0`) or UUID (`GPU-...`)")):
         """One GPU, by NVML index (`0`) or UUID (`GPU-...`)."""
         snapshot = engine.snapshot
         for view in snapshot.gpus:
