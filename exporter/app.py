@@ -131,7 +131,7 @@ def workload_json(record) -> dict:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def health_json(snapshot, interval: float, nvml_enabled: bool) -> tuple[dict, int]:
+def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
     """/healthz: 503 when the samplers stopped, or when NVML was asked for and no GPU is known (a GPU
     node whose driver is missing is not healthy); 200 with status no_gpu where no GPU is what was asked
     for (--no-nvml)."""
@@ -141,9 +141,9 @@ def health_json(snapshot, interval: float, nvml_enabled: bool) -> tuple[dict, in
         return {**body, "status": "stale", "reason": "the samplers stopped publishing snapshots"}, 503
     if not snapshot.gpus:
         nvml = snapshot.health.get("nvml")
-        if not nvml_enabled:
+        if not nvml_on:
             return {**body, "status": "no_gpu", "reason": "NVML switched off (--no-nvml) and no export replayed"}, 200
-        why = (nvml.error if nvml and nvml.error else "NVML found no GPU")
+        why = nvml.error if nvml and nvml.error else "NVML found no GPU"
         return {**body, "status": "no_gpu", "reason": f"{why}; on a host without a GPU, pass --no-nvml"}, 503
     return body, 200
 
@@ -154,6 +154,7 @@ UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"
 
 
 def nvml_enabled(engine) -> bool:
+    """False with --no-nvml: no GPU is then what was asked for."""
     return getattr(engine.nvml, "enabled", True)
 
 
@@ -262,7 +263,11 @@ class LazyApi:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._engine.start()
+                try:
+                    self._engine.start()
+                except Exception as exc:  # noqa: BLE001 - the server says why and exits
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self._engine.stop()
