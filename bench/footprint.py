@@ -6,6 +6,9 @@
 Starts `python -m exporter --interval 1` (from --source-dir, default this checkout), waits --warmup
 seconds, then reads RSS, the CPU share of one core over --window seconds with no scrapes, the largest
 mappings (smaps) and the modules loaded. Run two checkouts in one session to compare them.
+`rss_mb` is VmRSS (the RSS column of `ps`) at the end, in MiB; `memory_mib` splits it (anon, file,
+shared; private against shared pages) at --early seconds after start and at the end, and
+`api_loaded_mib` after one GET /api/v1/gpus (the JSON API is loaded on first use).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.rss_compare import memory  # noqa: E402
 from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
 from tests.helpers import free_port, http_get, wait_for  # noqa: E402
 
@@ -68,6 +72,7 @@ def main() -> int:
     p.add_argument("--source-dir", type=Path, default=ROOT)
     p.add_argument("--warmup", type=float, default=20)
     p.add_argument("--window", type=float, default=60)
+    p.add_argument("--early", type=float, default=8, help="also read memory this many seconds after start")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("exporter_args", nargs="*", help="more exporter flags, after --")
     args = p.parse_args()
@@ -79,10 +84,13 @@ def main() -> int:
     env = {**os.environ, "PYTHONPATH": f"{args.source_dir}:{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1", *args.exporter_args],
                             cwd=args.source_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    started = time.monotonic()
     try:
         wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz", 1)[0] == 200, 60, 0.2, "exporter up")
         http_get(f"http://127.0.0.1:{port}/metrics")
-        time.sleep(args.warmup)
+        time.sleep(max(0.0, started + args.early - time.monotonic()))
+        early = memory(proc.pid)
+        time.sleep(max(0.0, started + args.warmup - time.monotonic()))
         cpu0, t0 = cpu_seconds(proc.pid), time.monotonic()
         time.sleep(args.window)
         cpu = (cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
@@ -91,13 +99,18 @@ def main() -> int:
                   "cpu_share_of_core": round(cpu, 5), "window_s": args.window,
                   "gpu_series": sum(line.startswith("gpu_") for line in body.decode().splitlines()),
                   "threads": len(os.listdir(f"/proc/{proc.pid}/task")),
-                  "largest_mappings_kb": mappings(proc.pid)}
+                  "largest_mappings_kb": mappings(proc.pid),
+                  "memory_mib": {f"{args.early:g}s": early, "end": memory(proc.pid)}}
+        http_get(f"http://127.0.0.1:{port}/api/v1/gpus")
+        report["api_loaded_mib"] = memory(proc.pid)
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     report["log_tail"] = err.strip().splitlines()[-5:]
     args.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(json.dumps({k: report[k] for k in ("label", "rss_mb", "cpu_share_of_core", "gpu_series", "threads")}))
+    print(json.dumps({**{k: report[k] for k in ("label", "rss_mb", "cpu_share_of_core", "gpu_series", "threads")},
+                      "rss_early_mib": report["memory_mib"][f"{args.early:g}s"]["VmRSS"],
+                      "rss_api_loaded_mib": report["api_loaded_mib"]["VmRSS"]}))
     return 0
 
 

@@ -5,6 +5,7 @@ from exporter.samplers.nvml import window_mean
 from nsys_ingest.verdicts import Evidence, judge, sharing_mode
 from exporter.snapshot import (
     ACTIVE,
+    DISABLED,
     ERROR,
     OK,
     PENDING,
@@ -20,17 +21,24 @@ from exporter.snapshot import (
 DEFAULT_ORDER = ("dcgm", "gpm", "nsys")
 
 
-def choose_source(order, results: dict[str, SourceResult | None], disabled_reasons: dict[str, str]):
+def choose_source(order, results: dict[str, SourceResult | None], disabled_reasons: dict[str, str | SourceResult]):
     """The first source in `order` with a reading is active; the rest say why they are not.
 
+    `disabled_reasons`: why a source runs nowhere: a reason (it was not configured: disabled), or a
+    SourceResult (configured, but it could not start: its state and reason).
     Returns (active SourceResult or None, statuses in order)."""
     active = None
     statuses = []
     for name in order:
         result = results.get(name)
         if result is None:
-            reason = disabled_reasons.get(name, "this source does not know this GPU")
-            statuses.append(SourceStatus(name, UNSUPPORTED, reason))
+            why = disabled_reasons.get(name)
+            if why is None:
+                statuses.append(SourceStatus(name, UNSUPPORTED, "this source does not know this GPU"))
+            elif isinstance(why, SourceResult):
+                statuses.append(SourceStatus(name, why.state, why.reason))
+            else:
+                statuses.append(SourceStatus(name, DISABLED, why))
             continue
         if result.state == OK and result.reading is not None and active is None:
             active = result
@@ -84,6 +92,16 @@ def build_view(
     mode, diagnosis = diagnose(telemetry if live else None, spatial, busy if busy is not None else time_util, mps)
     return GpuView(identity, telemetry, time_util, memory_util, time_window, spatial, hidden, statuses,
                    mode, diagnosis)
+
+
+def time_utilization_source(view: GpuView) -> str | None:
+    """Where a view's time utilization comes from: NVML while NVML knows the GPU, else the spatial
+    source's own busy time (an export's GR Active, for a GPU only an export knows)."""
+    if view.time_utilization is None:
+        return None
+    if view.telemetry is not None and not view.telemetry.lost:
+        return "nvml"
+    return view.spatial.source if view.spatial is not None else None
 
 
 def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps):

@@ -6,7 +6,7 @@ import threading
 import time
 
 from exporter.chain import build_view
-from exporter.snapshot import CollectorHealth, GpuIdentity, LogOnce, Snapshot
+from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
 log = logging.getLogger(__name__)
 
@@ -153,5 +153,5 @@ class Engine:
     def _reasons(self) -> dict[str, str]:
         reasons = dict(self.disabled_reasons)
         if self.nvml.backend is None:
-            reasons.setdefault("gpm", "NVML unavailable: " + self.nvml.health.error)
+            reasons.setdefault("gpm", SourceResult(UNSUPPORTED, self.nvml.health.error or "NVML unavailable"))
         return reasons

@@ -7,10 +7,11 @@ from dataclasses import dataclass, field
 
 SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")
 
-# States a source reports for one GPU; the chain turns "ok" and "pending" into active or standby.
+# States a source reports for one GPU; the chain turns "ok" and "pending" into active or standby, and
+# a source that was not configured (or switched off) is disabled.
 OK, PENDING, UNSUPPORTED, ERROR = "ok", "pending", "unsupported", "error"
-ACTIVE, STANDBY = "active", "standby"
-PUBLISHED_STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR)
+ACTIVE, STANDBY, DISABLED = "active", "standby", "disabled"
+PUBLISHED_STATES = (ACTIVE, STANDBY, DISABLED, UNSUPPORTED, ERROR)
 
 
 def as_ratio(value, per: float = 1.0) -> float | None:

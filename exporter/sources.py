@@ -4,6 +4,8 @@ from __future__ import annotations
 import logging
 import tempfile
 
+from exporter.snapshot import ERROR, SourceResult
+
 log = logging.getLogger(__name__)
 
 
@@ -18,17 +20,19 @@ def _dcgm(args, nvml):
                                       args.dcgm_frozen_after), None
         except ImportError:
             if not args.dcgm_exporter_url:
-                return None, "DCGM's Python bindings (pydcgm) are not importable: install DCGM, or use --dcgm-exporter-url"
+                return None, SourceResult(ERROR, "DCGM's Python bindings (pydcgm) are not importable: install DCGM, "
+                                                 "or use --dcgm-exporter-url")
             log.warning("DCGM bindings not importable: reading dcgm-exporter at %s instead", args.dcgm_exporter_url)
         except Exception as exc:  # noqa: BLE001 - the host engine refused: say so, serve the rest
             if not args.dcgm_exporter_url:
-                return None, f"DCGM host engine {args.dcgm_hostengine}: {exc}"
+                return None, SourceResult(ERROR, f"DCGM host engine {args.dcgm_hostengine}: {exc}")
     return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
                               max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None
 
 
 def build_spatial_sources(args, nvml, gpm=None):
-    """Returns (sources by name, reasons for the candidates not built, upload spool or None)."""
+    """Returns (sources by name, why each other candidate was not built, upload spool or None): a
+    reason string for one not configured, a SourceResult (state error) for one that failed to start."""
     spatial, disabled, upload = {}, {}, None
     order = args.spatial_sources
     if "dcgm" in order:

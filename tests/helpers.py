@@ -70,9 +70,11 @@ class Exporter:
         return self
 
     def _ready(self):
+        """Serving a snapshot: 200, or 503 `no_gpu` on this host without a GPU (NVML asked for)."""
         if self.proc.poll() is not None:
             raise RuntimeError(f"exporter exited with {self.proc.returncode}:\n{self.log()}")
-        return http_get(self.url + "/healthz", timeout=1)[0] == 200
+        status, body = http_get(self.url + "/healthz", timeout=1)
+        return status == 200 or (status == 503 and json.loads(body)["status"] == "no_gpu")
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path else ""

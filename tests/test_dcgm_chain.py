@@ -163,8 +163,9 @@ def test_chain_picks_the_first_working_source_and_explains_the_rest(kinds):
     assert [s.source for s in statuses] == list(order)
     assert sum(s.state == "active" for s in statuses) == (1 if first_ok else 0)
     for status, kind in zip(statuses, kinds):
+        absent = "disabled" if status.source == "dcgm" else "unsupported"  # dcgm: not configured
         expected = {"ok": "active" if status.source == first_ok else "standby", "pending": "standby",
-                    "unsupported": "unsupported", "error": "error", "absent": "unsupported"}[kind]
+                    "unsupported": "unsupported", "error": "error", "absent": absent}[kind]
         assert status.state == expected and status.reason
 
 

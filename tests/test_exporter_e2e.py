@@ -58,8 +58,8 @@ def test_quarter_of_the_sms_reads_busy_in_time_and_a_quarter_in_space(exporter):
     assert labels["source"] == "gpm" and sm_active == pytest.approx(0.2495, abs=1e-3)
     assert samples["gpu_hidden_idle_sm_ratio"][0][1] == pytest.approx(0.99 - sm_active, abs=1e-6)
     states = {(l["source"], l["state"]): v for l, v in samples["gpu_spatial_source_state"]}
-    assert states[("gpm", "active")] == 1 and states[("dcgm", "unsupported")] == 1
-    assert states[("nsys", "unsupported")] == 1
+    assert states[("gpm", "active")] == 1 and states[("dcgm", "disabled")] == 1  # not configured
+    assert states[("nsys", "disabled")] == 1
 
 
 def test_no_nan_and_contract_labels(exporter):

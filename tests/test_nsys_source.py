@@ -99,13 +99,13 @@ def test_replay_on_a_host_without_gpus_serves_the_contract():
         assert samples["gpu_spatial_sample_timestamp_seconds"][0][1] > time.time() - 5
 
 
-def answer_before_the_body(port, length, token=None) -> int:
+def answer_before_the_body(port, length, token=None, path="/api/v1/nsys") -> int:
     """Announces a body and sends none of it: a wrong token or a size over the limit is answered at
     once, without reading the body (a client sending it would race the closing connection)."""
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    conn.putrequest("POST", "/api/v1/nsys")
+    conn.putrequest("POST", path)
     if token:
         conn.putheader("Authorization", f"Bearer {token}")
     conn.putheader("Content-Length", str(length))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from prometheus_client.core import GaugeMetricFamily
 
+from exporter.chain import time_utilization_source
 from exporter.snapshot import PUBLISHED_STATES, SPATIAL_FIELDS
 from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
@@ -86,6 +87,9 @@ class GpuCollector:
                           "join on uuid.", ["namespace", "pod", "container", "resource"])
         pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
         time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
+        time_source = _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes from: "
+                             "nvml, or a spatial source's own busy time (nsys GR Active: a GPU only an export knows).",
+                             ["source"])
         memory_util = _gauge("gpu_memory_time_utilization_ratio",
                              "Share of time device memory was read or written (NVML utilization.memory).")
         telemetry = {attr: _gauge(name, doc) for attr, name, doc in TELEMETRY}
@@ -111,6 +115,7 @@ class GpuCollector:
             labels = gpu_labels(view)
             if view.time_utilization is not None:
                 time_util.add_metric(labels, view.time_utilization)
+                time_source.add_metric(labels + [time_utilization_source(view)], 1.0)
             if view.memory_time_utilization is not None:
                 memory_util.add_metric(labels, view.memory_time_utilization)
             tel = view.telemetry
@@ -148,6 +153,7 @@ class GpuCollector:
                 for candidate in PUBLISHED_STATES:
                     state.add_metric(labels + [status.source, candidate], 1.0 if status.state == candidate else 0.0)
         yield time_util
+        yield time_source
         yield memory_util
         yield from spatial.values()
         yield hidden

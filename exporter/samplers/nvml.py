@@ -53,7 +53,13 @@ class NvmlSampler:
         self._slow_read_at: dict[str, float] = {}
         self._mig_read_at: dict[str, float] = {}
         self._last_init_try = -REINIT_AFTER_S
+        self._unavailable = "NVML unavailable"  # why, once an attempt failed
         self._log = LogOnce(log)
+
+    @property
+    def enabled(self) -> bool:
+        """False with --no-nvml: no GPU is then what was asked for."""
+        return self.backend is not None or self._factory is not None
 
     # -- discovery ------------------------------------------------------------------------------
     def _ensure_backend(self) -> bool:
@@ -68,7 +74,8 @@ class NvmlSampler:
         try:
             self.backend = self._factory()
         except NvmlError as exc:
-            self._log.problem("nvml", f"NVML unavailable, serving everything else: {exc.reason}")
+            self._unavailable = f"NVML unavailable: {exc.reason}"
+            self._log.problem("nvml", f"{self._unavailable}; serving everything else (no GPU here? pass --no-nvml)")
             return False
         self._log.clear("nvml", "NVML initialised")
         return True
@@ -88,7 +95,7 @@ class NvmlSampler:
     def tick(self) -> None:
         started = time.perf_counter()
         if not self._ensure_backend():
-            why = "NVML switched off (--no-nvml)" if self._factory is None else "NVML unavailable"
+            why = "NVML switched off (--no-nvml)" if self._factory is None else self._unavailable
             self.health = CollectorHealth(self._factory is None, time.perf_counter() - started, why)
             return
         try:

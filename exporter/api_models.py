@@ -1,0 +1,243 @@
+"""Response models of the JSON API: the OpenAPI schema (/openapi.json, docs/openapi.json) is made from
+these. Field names are the ones /api/v1/gpus always had (clients and `gpu-spatial top` read them):
+add fields, never rename. Ratios are 0..1, times are wall-clock seconds since the epoch."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Ratio = Optional[float]
+
+
+class Error(BaseModel):
+    error: str = Field(description="what is wrong, in one line, and how to fix it")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "no_gpu", "stale"] = Field(
+        description="ok: fresh snapshot with GPUs; no_gpu: fresh, but no GPU known (HTTP 200 only with --no-nvml, "
+                    "503 when NVML was asked for); stale: the samplers stopped (503)")
+    snapshot_age_seconds: float
+    gpus: int = Field(description="GPUs in the snapshot (NVML's and those only an export knows)")
+    reason: Optional[str] = Field(None, description="why the status is not ok")
+
+
+class SpatialReading(BaseModel):
+    source: str = Field(description="dcgm, gpm or nsys")
+    window_start: float
+    window_end: float = Field(description="end of the window the values describe (a replay: now)")
+    sm_active: Ratio = None
+    sm_occupancy: Ratio = None
+    graphics_engine_active: Ratio = None
+    tensor_active: Ratio = None
+    dram_active: Ratio = None
+    time_utilization: Ratio = Field(None, description="the source's own busy time over the window (nsys GR Active)")
+
+
+class SourceStatus(BaseModel):
+    source: str
+    state: Literal["active", "standby", "disabled", "unsupported", "error"]
+    reason: str
+
+
+class Evidence(BaseModel):
+    """What the verdict's rule looked at; absent where the source cannot tell."""
+
+    time_utilization: Ratio = None
+    sm_active: Ratio = None
+    dram_active: Ratio = None
+    sharing_mode: Optional[str] = None
+    processes: Optional[int] = None
+    mps_server_faults_per_s: Optional[float] = None
+    long_gap_idle_share: Ratio = None
+    median_kernel_s: Optional[float] = None
+    median_grid_blocks: Optional[float] = None
+    sm_count: Optional[int] = None
+    sm_footprint: Ratio = None
+
+
+class Diagnosis(BaseModel):
+    verdict: str = Field(description="one of nsys_ingest.verdicts.VERDICTS (README, Diagnosis)")
+    reason: str = Field(description="what the rule saw, in numbers")
+    advice: str = Field(description="what to change")
+    evidence: Evidence
+
+
+class PodRef(BaseModel):
+    namespace: str
+    pod: str
+    container: str
+    resource: str = Field("", description="the extended resource held (nvidia.com/gpu, nvidia.com/mig-...)")
+
+
+class ProcessUtilization(BaseModel):
+    pid: int
+    command: str
+    sm: float = Field(description="share of time a kernel of this process ran (NVML)")
+    memory: float
+
+
+class ComputeProcess(BaseModel):
+    pid: int
+    command: str
+    kind: Literal["mps", "time_sliced", "mps_server"]
+
+
+class MigDevice(BaseModel):
+    uuid: str
+    gpu_instance: int
+    compute_instance: int
+
+
+class Telemetry(BaseModel):
+    lost: bool = Field(description="the GPU fell off the bus (NVML GPU_IS_LOST)")
+    memory_used_bytes: Optional[float] = None
+    memory_total_bytes: Optional[float] = None
+    power_watts: Optional[float] = None
+    sm_clock_hertz: Optional[float] = None
+    temperature_celsius: Optional[float] = None
+    processes: list[ProcessUtilization]
+    compute_processes: Optional[list[ComputeProcess]] = Field(description="None: NVML could not say")
+    mig_enabled: Optional[bool] = None
+    mig_devices: list[MigDevice]
+    errors: list[str]
+
+
+class Gpu(BaseModel):
+    index: int = Field(description="NVML index (the `gpu` label)")
+    uuid: str
+    model: str
+    time_utilization: Ratio = Field(description="share of time a kernel ran, over time_window")
+    time_utilization_source: Optional[str] = Field(
+        None, description="nvml, or the spatial source whose own busy time stands in (an export of a GPU NVML "
+                          "does not know: nsys GR Active)")
+    memory_time_utilization: Ratio = None
+    time_window: Optional[tuple[float, float]] = None
+    spatial: Optional[SpatialReading] = Field(description="the active source's reading")
+    hidden_idle_sm_ratio: Ratio = Field(description="max(0, time utilization - SM active) over the spatial window")
+    sharing_mode: Optional[Literal["exclusive", "time_sliced", "mps", "mig", "idle"]] = None
+    diagnosis: Optional[Diagnosis] = None
+    sources: list[SourceStatus] = Field(description="every candidate spatial source, in order of preference")
+    pods: Optional[list[PodRef]] = Field(description="holders from the kubelet; None: pod attribution off or failing")
+    telemetry: Optional[Telemetry] = Field(description="None: NVML does not know this GPU")
+
+
+class CollectorHealth(BaseModel):
+    success: bool
+    duration_seconds: float
+    error: str = ""
+
+
+class MpsDaemon(BaseModel):
+    role: Literal["control", "server"]
+    user: str
+    pid: int
+    start_time: float
+    major_faults: int
+    minor_faults: int
+    cpu_seconds: float
+    resident_bytes: Optional[int] = None
+    swap_bytes: Optional[int] = None
+    major_faults_per_s: Optional[float] = None
+
+
+class Mps(BaseModel):
+    daemons: list[MpsDaemon]
+    clients: dict[str, int] = Field(description="MPS clients by server user")
+    default_active_thread_percentage: Optional[float] = None
+    control_reachable: bool
+    control_error: str = ""
+
+
+class Kubelet(BaseModel):
+    error: str
+    pods: dict[str, list[PodRef]] = Field(description="GPU UUID -> containers holding it or a share of it")
+    process_owners: dict[str, PodRef] = Field(description="host pid -> its container")
+
+
+class SpoolStats(BaseModel):
+    files: int
+    bytes: int
+    removed: int = Field(description="uploads removed by retention since start")
+
+
+class Gpus(BaseModel):
+    snapshot_version: int
+    snapshot_time: float
+    gpus: list[Gpu]
+    collectors: dict[str, CollectorHealth]
+    mps: Optional[Mps] = Field(description="None: --no-mps")
+    kubelet: Optional[Kubelet] = Field(description="None: pod attribution off")
+    spool: Optional[SpoolStats] = Field(description="None: uploads off")
+
+
+class WorkloadGpuSeconds(BaseModel):
+    """The GPU-second counters of one holder (docs/metrics.md, Workloads), since it was first seen."""
+
+    held: float
+    busy: float
+    held_idle: float
+    sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, time_share)")
+    hidden_idle: dict[str, float] = Field(description="GPU-seconds busy while the SMs idled, by basis")
+
+
+class Workload(BaseModel):
+    """One holder (a Kubernetes container or a Slurm job) of one GPU: docs/metrics.md, Workloads."""
+
+    gpu: int
+    uuid: str
+    model: str
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    hpc_job: str = ""
+    held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
+                                                    "cannot be known (replicas without GetAllocatableResources)")
+    processes: Optional[int] = Field(description="the holder's CUDA processes on the GPU; None: NVML could not say")
+    pids: list[int]
+    time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
+    time_share_reason: str = Field(description="how the time share was obtained, or why there is none")
+    sm_active: Optional[float] = Field(None, description="GPU-equivalents of SM activity")
+    sm_active_basis: Optional[Literal["exact", "time_share"]] = None
+    idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
+    held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
+    gpu_seconds: WorkloadGpuSeconds
+
+
+class Workloads(BaseModel):
+    snapshot_version: int
+    snapshot_time: float
+    workloads: list[Workload]
+
+
+class Uploaded(BaseModel):
+    stored: str = Field(description="the name the server gave the export in its spool")
+    bytes: int
+    gpus: list[str] = Field(description="UUIDs of the GPUs with metrics in the export")
+    schema_: Optional[str] = Field(None, alias="schema", description="gpu_metrics or generic_events")
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class DiagnosedGpu(BaseModel):
+    """One GPU of `nsys-ingest diagnose --json` (its other fields: kernels, processes, GPU metrics)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    gpu: int
+    name: str
+    uuid: Optional[str] = None
+    sm_count: Optional[int] = None
+    verdict: Optional[Diagnosis] = None
+
+
+class Diagnosed(BaseModel):
+    """The answer of `nsys-ingest diagnose --json` for the uploaded export."""
+
+    model_config = ConfigDict(extra="allow")
+
+    file: str
+    window_s: list[Optional[float]]
+    notes: list[str]
+    gpus: list[DiagnosedGpu]
