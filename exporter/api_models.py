@@ -88,6 +88,7 @@ class MigDevice(BaseModel):
     uuid: str
     gpu_instance: int
     compute_instance: int
+    sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
 
 
 class Telemetry(BaseModel):
@@ -101,6 +102,7 @@ class Telemetry(BaseModel):
     compute_processes: Optional[list[ComputeProcess]] = Field(description="None: NVML could not say")
     mig_enabled: Optional[bool] = None
     mig_devices: list[MigDevice]
+    mig_sm_count: Optional[int] = Field(None, description="SMs of the whole GPU in MIG mode")
     errors: list[str]
 
 
@@ -156,6 +158,12 @@ class Kubelet(BaseModel):
     process_owners: dict[str, PodRef] = Field(description="host pid -> its container")
 
 
+class Slurm(BaseModel):
+    error: str
+    jobs: dict[str, list[str]] = Field(description="GPU UUID -> Slurm job IDs holding it (job mapping directory)")
+    process_jobs: dict[str, str] = Field(description="host pid -> its Slurm job (cgroup)")
+
+
 class SpoolStats(BaseModel):
     files: int
     bytes: int
@@ -170,6 +178,7 @@ class Gpus(BaseModel):
     mps: Optional[Mps] = Field(description="None: --no-mps")
     kubelet: Optional[Kubelet] = Field(description="None: pod attribution off")
     spool: Optional[SpoolStats] = Field(description="None: uploads off")
+    slurm: Optional[Slurm] = Field(None, description="None: no --hpc-job-mapping-dir")
 
 
 class WorkloadGpuSeconds(BaseModel):

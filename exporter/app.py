@@ -103,6 +103,7 @@ def gpu_json(view, kubelet) -> dict:
             [dataclasses.asdict(p) for p in tel.compute_processes],
             "mig_enabled": tel.mig_enabled,
             "mig_devices": [dataclasses.asdict(m) for m in tel.mig_devices],
+            "mig_sm_count": tel.mig_sm_count,
             "errors": list(tel.errors),
         },
     }
