@@ -14,6 +14,7 @@ from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuV
 from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
+from tests.test_kubelet import node  # noqa: F401 - the fixture: a Kubernetes node with a real PodResources server
 
 GPU0 = GpuIdentity(0, "GPU-aaaa", "H100")
 TRAINER, NOTEBOOK, IDLE = Holder("team-a", "train-0", "trainer"), Holder("team-b", "notebook", "nb"), Holder("team-c", "idle", "c")
@@ -229,13 +230,6 @@ def workloads(exporter):
     status, body = http_get(exporter.url + "/api/v1/workloads")
     assert status == 200
     return {(w["namespace"], w["pod"], w["container"], w["hpc_job"]): w for w in json.loads(body)["workloads"]}
-
-
-@pytest.fixture()
-def node(tmp_path):
-    server, args = kubernetes_node(tmp_path)
-    yield server, args
-    server.stop()
 
 
 def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
