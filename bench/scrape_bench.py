@@ -1,11 +1,13 @@
 """Scrape latency and CPU cost of this exporter against nvitop-exporter, on the same GPU.
 
     python3 bench/scrape_bench.py --out bench_results.json
+    python3 bench/scrape_bench.py --exporters ours --latency-only --source-dir DIR -- --nvml-replay FILE
 
 For each exporter: /metrics latency p50/p99 with 1 and 50 concurrent scrapers (keep-alive HTTP/1.1
 clients in threads, each scraping back to back for --seconds), then the exporter's CPU time as a
 share of one core while it only samples (no scrapers) at 1 s and 0.1 s interval. Never asserts on
-time: it reports.
+time: it reports. `--source-dir` runs `python -m exporter` from another checkout (a before/after
+comparison in one session), flags after `--` go to it; `--latency-only` skips the CPU windows.
 """
 from __future__ import annotations
 
@@ -31,14 +33,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def start(kind: str, interval: float) -> tuple[subprocess.Popen, int]:
+def start(kind: str, interval: float, source_dir: Path = ROOT, extra=()) -> tuple[subprocess.Popen, int]:
     port = free_port()
     if kind == "ours":
-        cmd = [sys.executable, "-m", "exporter", "--port", str(port), "--interval", str(interval)]
+        cmd = [sys.executable, "-m", "exporter", "--port", str(port), "--interval", str(interval), *extra]
     else:
         cmd = [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(port),
                "--interval", str(interval)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": str(source_dir)}
+    proc = subprocess.Popen(cmd, cwd=source_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics", 1)[0] == 200, 30, what=f"{kind} up")
     time.sleep(2 * interval + 1)  # past the first samples
     return proc, port
@@ -84,17 +87,19 @@ def cpu_share(pid: int, seconds: float) -> float:
     return round(100 * (cpu_seconds(pid) - c0) / (time.monotonic() - t0), 3)
 
 
-def bench(kind: str, seconds: float, cpu_window: float) -> dict:
+def bench(kind: str, seconds: float, cpu_window: float, source_dir: Path = ROOT, extra=(),
+          latency_only: bool = False) -> dict:
     """Each measurement on its own: one that fails is recorded as failed, the others still run."""
-    result = {"exporter": kind}
-    for interval in (1.0, 0.1):
+    result = {"exporter": kind, "source_dir": str(source_dir), "flags": list(extra)}
+    for interval in ((1.0,) if latency_only else (1.0, 0.1)):
         try:
-            proc, port = start(kind, interval)
+            proc, port = start(kind, interval, source_dir, extra)
         except (TimeoutError, RuntimeError) as exc:
             result[f"start_interval_{interval}s"] = f"failed: {exc}"
             continue
         try:
-            result[f"cpu_percent_of_core_interval_{interval}s"] = cpu_share(proc.pid, cpu_window)
+            if not latency_only:
+                result[f"cpu_percent_of_core_interval_{interval}s"] = cpu_share(proc.pid, cpu_window)
             if interval == 1.0:
                 result["latency"] = [scrape_latencies(port, n, seconds) for n in (1, 50)]
                 result["cpu_percent_of_core_under_50_scrapers"] = None
@@ -115,8 +120,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="scraping time per concurrency level")
     parser.add_argument("--cpu-window", type=float, default=30.0, help="seconds over which CPU time is measured")
     parser.add_argument("--exporters", default="ours,nvitop")
+    parser.add_argument("--source-dir", type=Path, default=ROOT, help="the checkout `ours` runs from")
+    parser.add_argument("--latency-only", action="store_true", help="skip the CPU measurements")
+    parser.add_argument("flags", nargs="*", help="after --: flags for our exporter")
     args = parser.parse_args()
-    results = [bench(kind, args.seconds, args.cpu_window) for kind in args.exporters.split(",")]
+    results = [bench(kind, args.seconds, args.cpu_window, args.source_dir.resolve(), args.flags, args.latency_only)
+               for kind in args.exporters.split(",")]
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:
