@@ -66,11 +66,16 @@ def _scraper(port: int, seconds: float) -> tuple[list[float], int, int]:
     return latencies, failures, size
 
 
-def scrape_latencies(port: int, clients: int, seconds: float) -> dict:
+def scrape_latencies(port: int, clients: int, seconds: float, pid: int | None = None) -> dict:
+    """Latencies, and the exporter's CPU time per scrape (less sensitive than latency to other load
+    on the machine)."""
     from concurrent.futures import ProcessPoolExecutor
 
     with ProcessPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(abs, range(clients)))  # the workers started before the clock and CPU count do
+        cpu0 = cpu_seconds(pid) if pid else 0.0
         results = list(pool.map(_scraper, [port] * clients, [seconds] * clients))
+        cpu = cpu_seconds(pid) - cpu0 if pid else None
     latencies = [x for r in results for x in r[0]]
     failures = sum(r[1] for r in results)
     if len(latencies) < 2:
@@ -78,7 +83,8 @@ def scrape_latencies(port: int, clients: int, seconds: float) -> dict:
     q = statistics.quantiles(latencies, n=100)
     return {"clients": clients, "scrapes": len(latencies), "failed_scrapes": failures,
             "p50_ms": round(q[49] * 1e3, 3), "p99_ms": round(q[98] * 1e3, 3),
-            "scrapes_per_s": round(len(latencies) / seconds, 1), "body_bytes": max(r[2] for r in results)}
+            "scrapes_per_s": round(len(latencies) / seconds, 1), "body_bytes": max(r[2] for r in results),
+            **({"server_cpu_us_per_scrape": round(1e6 * cpu / len(latencies), 1)} if cpu is not None else {})}
 
 
 def cpu_share(pid: int, seconds: float) -> float:
@@ -101,7 +107,7 @@ def bench(kind: str, seconds: float, cpu_window: float, source_dir: Path = ROOT,
             if not latency_only:
                 result[f"cpu_percent_of_core_interval_{interval}s"] = cpu_share(proc.pid, cpu_window)
             if interval == 1.0:
-                result["latency"] = [scrape_latencies(port, n, seconds) for n in (1, 50)]
+                result["latency"] = [scrape_latencies(port, n, seconds, proc.pid) for n in (1, 50)]
                 result["cpu_percent_of_core_under_50_scrapers"] = None
         finally:
             proc.terminate()
