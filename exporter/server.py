@@ -67,7 +67,7 @@ class Guard:
         self.limits = limits
         self.connections: dict[GuardedProtocol, None] = {}  # insertion-ordered sets
         self.by_host: dict[str, dict[GuardedProtocol, None]] = {}
-        self.closed: Counter = Counter()  # why connections were closed, since the last report
+        self.closed: Counter = Counter()  # why clients were cut off, since the last report
         self._sweeper = None
         self._reported = 0.0
 
@@ -99,7 +99,8 @@ class Guard:
 
     def close(self, conn: "GuardedProtocol", reason: str, answer: bytes = b"") -> None:
         self.forget(conn)
-        self.closed[reason] += 1
+        if reason != "idle":  # routine: every kept-alive scraper's connection ends so
+            self.closed[reason] += 1
         if not conn.transport.is_closing():
             if answer:
                 conn.transport.write(answer)

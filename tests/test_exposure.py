@@ -146,6 +146,7 @@ def test_slowloris_headers_are_closed_at_the_header_timeout():
         sock.close()
         assert 2.5 <= took <= 5.0, took  # header timeout 3 s from the first byte
         assert said.startswith(b"HTTP/1.1 408 "), said
+        wait_for(lambda: "HTTP limits: closed 1 slow headers" in exporter.log(), 5, what="one log line")
 
 
 def test_headers_that_arrive_within_the_timeout_are_served():
