@@ -114,11 +114,16 @@ class Guard:
             self.sweep(loop.time())
 
     def sweep(self, now: float) -> None:
-        for conn in [c for c in self.connections if c.deadline() < now]:
+        for conn in list(self.connections):
             phase = conn.phase
-            answer = TIMED_OUT if phase == HEADERS or (phase == BODY and not conn.cycle.response_started) else b""
-            self.close(conn, {IDLE: "idle", HEADERS: "slow headers", BODY: "slow body", RESPONSE: "not reading",
-                              CLOSING: "header cap"}[phase], answer)
+            if phase != conn.seen_phase:
+                conn.seen_phase = phase
+                if phase == IDLE:  # answered since the last sweep (uvicorn's keep-alive timer is first)
+                    conn.idle_since = now
+            if conn.deadline(phase) < now:
+                answer = TIMED_OUT if phase == HEADERS or (phase == BODY and not conn.cycle.response_started) else b""
+                self.close(conn, {IDLE: "idle", HEADERS: "slow headers", BODY: "slow body", RESPONSE: "not reading",
+                                  CLOSING: "header cap"}[phase], answer)
         if self.closed and now - self._reported >= REPORT_EVERY_S:
             log.warning("HTTP limits: closed %s (README, Exposure)",
                         ", ".join(f"{n} {why}" for why, n in self.closed.most_common()))
@@ -127,16 +132,21 @@ class Guard:
 
 
 class GuardedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol that keeps its phase and the time it entered it for the guard.
-    `guard` is set on a subclass per server (see `protocol_for`)."""
+    """uvicorn's httptools protocol, counting header bytes before they are parsed and keeping the
+    times the guard's deadlines start from. The phase is derived only when the guard asks (a sweep,
+    a full house): a scrape pays for three plain hooks, not for the bookkeeping. `guard` is set on
+    a subclass per server (see `protocol_for`)."""
 
     guard: Guard
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.phase, self.since = IDLE, self.loop.time()
         self.host = self.client[0] if self.client else ""
-        self.header_bytes = self.body_bytes = self.headers_seen = 0
+        self.max_header_bytes = self.guard.limits.max_header_bytes
+        self.header_bytes = self.body_bytes = 0  # of the header block / body being received
+        self.receiving_body = self.refused = False
+        self.since = self.idle_since = self.loop.time()  # header block or body start; idle start
+        self.seen_phase = IDLE  # the phase the last sweep saw: a change to idle starts idle_since
         self.write_blocked_since = None
         self.guard.admit(self)
 
@@ -144,81 +154,78 @@ class GuardedProtocol(HttpToolsProtocol):
         self.guard.forget(self)
         super().connection_lost(exc)
 
+    @property
+    def phase(self) -> str:
+        if self.refused:
+            return CLOSING
+        if self.receiving_body:
+            return BODY
+        if self.header_bytes:
+            return HEADERS
+        if self.cycle is not None and not self.cycle.response_complete:
+            return RESPONSE
+        return IDLE
+
     def evictable(self) -> bool:
         """Anything but a request being answered to a client that reads."""
         return self.phase != RESPONSE or self.write_blocked_since is not None
 
-    def deadline(self) -> float:
+    def deadline(self, phase: str) -> float:
         limits = self.guard.limits
-        if self.phase == IDLE:
-            return self.since + limits.idle_timeout
-        if self.phase == HEADERS:
+        if phase == IDLE:  # from the last request's start where it came and went between two sweeps
+            return max(self.idle_since, self.since) + limits.idle_timeout
+        if phase == HEADERS:
             return self.since + limits.header_timeout
-        if self.phase == BODY:
+        if phase == BODY:
             return self.since + limits.body_timeout + self.body_bytes / limits.body_min_rate
-        if self.phase == CLOSING:
+        if phase == CLOSING:
             return self.since + LINGER_S
         return math.inf if self.write_blocked_since is None else self.write_blocked_since + limits.body_timeout
 
     def data_received(self, data: bytes) -> None:
-        if self.phase == CLOSING:
-            return
-        if self.phase == IDLE:
-            self.phase, self.since = HEADERS, self.loop.time()
-        elif self.phase == BODY:
+        if self.receiving_body:
             self.body_bytes += len(data)
             super().data_received(data)
             return
-        # HEADERS, or RESPONSE with the next (pipelined) request arriving: header bytes, counted
-        # before the parser buffers them.
-        room = self.guard.limits.max_header_bytes - self.header_bytes
+        if self.refused:
+            return
+        # Header bytes (of a new request, or of a pipelined one while the last is answered),
+        # counted before the parser buffers them.
+        if not self.header_bytes:
+            self.since = self.loop.time()
+        room = self.max_header_bytes - self.header_bytes
         if len(data) <= room:
             self.header_bytes += len(data)
             super().data_received(data)
             return
-        seen = self.headers_seen
-        self.header_bytes += room
+        self.header_bytes = self.max_header_bytes
         super().data_received(data[:room])
-        if self.headers_seen == seen:  # the header block does not end within the limit
+        if self.header_bytes == self.max_header_bytes:  # on_headers_complete did not reset it
             self._refuse_too_large()
         elif not self.transport.is_closing():
-            self.data_received(data[room:])  # body or the next request, counted in their phase
+            self.data_received(data[room:])  # body or the next request, counted as such
 
     def _refuse_too_large(self) -> None:
         """431, then no more reading: the client gets LINGER_S to read the answer before the close
         (an immediate close with unread input resets the connection and loses the answer)."""
         if self.transport.is_closing():
             return
-        self.phase, self.since = CLOSING, self.loop.time()
+        self.refused, self.since = True, self.loop.time()
         self.transport.pause_reading()
         self.transport.write(TOO_LARGE)
         if self.transport.can_write_eof():
             self.transport.write_eof()
 
     def on_headers_complete(self) -> None:
-        self.header_bytes = 0
-        self.headers_seen += 1
-        if self.phase == HEADERS:
-            self.phase, self.since, self.body_bytes = BODY, self.loop.time(), 0
+        self.header_bytes = self.body_bytes = 0
+        self.receiving_body, self.since = True, self.loop.time()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        # Also where uvicorn ignores it (the response went out before the body ended): from here
+        # on, bytes are the next request's headers again.
+        self.receiving_body = False
         super().on_message_complete()
-        if self.phase == BODY:
-            self._after_request()
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if self.phase == RESPONSE:
-            self._after_request()
-
-    def _after_request(self) -> None:
-        """The request is read: it is being answered, or (answered early) the connection waits
-        for the next one."""
-        if self.cycle is not None and not self.cycle.response_complete:
-            self.phase = RESPONSE
-        else:
-            self.phase, self.since = HEADERS if self.header_bytes else IDLE, self.loop.time()
 
     def pause_writing(self) -> None:
         self.write_blocked_since = self.loop.time()

@@ -132,6 +132,20 @@ def test_a_body_in_the_same_packet_as_the_headers_is_not_counted_as_header():
         assert said.startswith(b"HTTP/1.1 405 "), said
 
 
+def test_the_header_cap_holds_for_the_next_request_after_an_early_answer():
+    """A body answered before it ended (405 on POST /metrics), then an oversized next request on
+    the same connection: its header bytes are counted as headers, not as the old body."""
+    with Exporter(*SHORT, "--http-max-header-bytes", "8K") as exporter:
+        sock = connect(exporter.port)
+        sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
+        assert sock.recv(256).startswith(b"HTTP/1.1 405 ")
+        time.sleep(0.2)
+        sock.sendall(b"0123456789" + request_of_size(8193))
+        _, said = closed_after(sock, 5)
+        sock.close()
+        assert said.startswith(b"HTTP/1.1 431 "), said
+
+
 # --- timeouts -------------------------------------------------------------------------------------
 
 TIMEOUTS = [*SHORT, "--http-header-timeout", "3", "--http-idle-timeout", "2", "--http-body-timeout", "3",
