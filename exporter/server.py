@@ -121,7 +121,7 @@ class Guard:
                 if phase == IDLE:  # answered since the last sweep (uvicorn's keep-alive timer is first)
                     conn.idle_since = now
             if conn.deadline(phase) < now:
-                answer = TIMED_OUT if phase == HEADERS or (phase == BODY and not conn.cycle.response_started) else b""
+                answer = TIMED_OUT if phase == HEADERS and not conn.answering() else b""
                 self.close(conn, {IDLE: "idle", HEADERS: "slow headers", BODY: "slow body", RESPONSE: "not reading",
                                   CLOSING: "header cap"}[phase], answer)
         if self.closed and now - self._reported >= REPORT_EVERY_S:
@@ -154,6 +154,9 @@ class GuardedProtocol(HttpToolsProtocol):
         self.guard.forget(self)
         super().connection_lost(exc)
 
+    def answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
     @property
     def phase(self) -> str:
         if self.refused:
@@ -162,9 +165,7 @@ class GuardedProtocol(HttpToolsProtocol):
             return BODY
         if self.header_bytes:
             return HEADERS
-        if self.cycle is not None and not self.cycle.response_complete:
-            return RESPONSE
-        return IDLE
+        return RESPONSE if self.answering() else IDLE
 
     def evictable(self) -> bool:
         """Anything but a request being answered to a client that reads."""
@@ -212,6 +213,9 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self.refused, self.since = True, self.loop.time()
         self.transport.pause_reading()
+        if self.answering():  # a pipelined request's: the answer in flight goes out, then the close
+            self.cycle.keep_alive = False
+            return
         self.transport.write(TOO_LARGE)
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -297,6 +301,9 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
     import uvicorn
 
     limits = fit_to_file_limit(limits)
+    # No proxy headers: nothing in front of the exporter is trusted to name the client, and a
+    # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
     config = uvicorn.Config(app, http=protocol_for(Guard(limits)), ws="none", log_level="warning",
-                            access_log=False, timeout_keep_alive=limits.idle_timeout)
+                            access_log=False, timeout_keep_alive=limits.idle_timeout, proxy_headers=False,
+                            server_header=False)
     uvicorn.Server(config).run(sockets=[sock])
