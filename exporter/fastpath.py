@@ -100,8 +100,8 @@ class MetricsFastPath:
             elif name == b"accept-encoding" and b"gzip" in value:
                 gzipped = accepts(value, b"gzip")
         body = self._cache.render(om, gzipped)
-        headers = [(b"content-type", _CONTENT_TYPES[om]), (b"content-length", str(len(body)).encode()),
-                   (b"vary", b"Accept, Accept-Encoding")]
+        # No Vary header: nothing caches /metrics, and uvicorn checks every header it sends.
+        headers = [(b"content-type", _CONTENT_TYPES[om]), (b"content-length", str(len(body)).encode())]
         if gzipped:
             headers.append((b"content-encoding", b"gzip"))
         await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -274,6 +274,23 @@ def test_scrapes_and_probes_get_in_while_an_attacker_holds_every_connection():
         assert "Too many open files" not in exporter.log()
 
 
+def test_the_bound_fits_under_the_open_file_limit(tmp_path):
+    """Hard limit 200 files: the 512 connections asked for would starve the samplers, so the
+    bound drops to 200 - 128 = 72, said in one warning."""
+    log = tmp_path / "log"
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", *SHORT, "--port", str(port)], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200)))
+    try:
+        wait_for(lambda: "at most" in log.read_text(), 20, what="the warning")
+        assert "open-file limit 200: serving at most 72 connections instead of 512" in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_over_the_bound_the_address_holding_the_most_connections_gives_one_up():
     """Bound 2: a scraper's kept-alive connection (the oldest, idle) stays while another address
     opens five: that address's own oldest connections make room."""
