@@ -25,9 +25,9 @@ SHORT = ["--no-nvml", "--no-mps"]
 
 
 @contextlib.contextmanager
-def exporter_under_attack(*args):
+def exporter_under_attack(*args, env=None):
     """The exporter as a process; whatever was thrown at it, its log holds no traceback."""
-    with Exporter(*args) as exporter:
+    with Exporter(*args, env=env) as exporter:
         yield exporter
     assert "Traceback" not in exporter.log(), exporter.log()
 
@@ -382,6 +382,14 @@ def test_the_upload_token_is_read_from_a_file(tmp_path):
         assert get(exporter.port, "/api/v1/nsys", "POST", {"Authorization": "Bearer wrong"})[0] == 401
         status, _, _ = get(exporter.port, "/api/v1/nsys", "POST", {"Authorization": "Bearer s3cret-from-file"})
         assert status not in (401, 403, 404, 405), status  # past the token: the (empty) export is judged
+
+
+def test_the_upload_token_is_read_from_the_environment(tmp_path):
+    with exporter_under_attack(*SHORT, "--nsys-spool-dir", str(tmp_path),
+                               env={"GPU_EXPORTER_NSYS_UPLOAD_TOKEN": "s3cret-from-env"}) as exporter:
+        assert get(exporter.port, "/api/v1/nsys", "POST", {"Authorization": "Bearer wrong"})[0] == 401
+        status, _, _ = get(exporter.port, "/api/v1/nsys", "POST", {"Authorization": "Bearer s3cret-from-env"})
+        assert status not in (401, 403, 404, 405), status
 
 
 @pytest.mark.parametrize("content", [b"", b" \n\t", None])
