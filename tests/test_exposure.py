@@ -148,8 +148,10 @@ def test_the_header_cap_holds_for_the_next_request_after_an_early_answer():
         sock = connect(exporter.port)
         sock.sendall(b"POST /metrics HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\n")
         answer = b""
-        while not answer.endswith(b"GET and HEAD\n") and len(answer) < 1000:
+        for _ in range(10):  # the 405 may come in more than one segment
             answer += sock.recv(1000)
+            if answer.endswith(b"GET and HEAD\n"):
+                break
         assert answer.startswith(b"HTTP/1.1 405 ")
         sock.sendall(b"0123456789")
         time.sleep(0.2)
