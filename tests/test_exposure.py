@@ -237,16 +237,18 @@ def test_a_slow_body_is_closed_and_a_steady_one_is_not():
 
 # --- connection bound -----------------------------------------------------------------------------
 
-def test_scrapes_and_probes_get_in_while_an_attacker_holds_every_connection():
-    """The exporter may open 150 files and serve 60 connections; an attacker on another address
-    holds 300 idle or slowloris connections and keeps opening more. Without the bound the files
-    run out and scrapes are reset; with it every scrape and probe answers within a second."""
+@pytest.mark.parametrize("attacker", ["127.0.0.2", "127.0.0.1"])
+def test_scrapes_and_probes_get_in_while_an_attacker_holds_every_connection(attacker):
+    """The exporter may open 150 files and serve 60 connections; an attacker holds 300 idle or
+    slowloris connections (from another address, or from the scraper's own) while another
+    address keeps opening more. Without the bound the files run out and scrapes are reset; with
+    it every scrape and probe answers within a second."""
     with exporter_under_attack(*SHORT, "--http-max-connections", "60", "--http-idle-timeout", "60",
-                  "--http-header-timeout", "60") as exporter:
+                               "--http-header-timeout", "60") as exporter:
         resource.prlimit(exporter.proc.pid, resource.RLIMIT_NOFILE, (150, 150))
         held, stop = [], threading.Event()
         for i in range(300):
-            sock = connect(exporter.port, source="127.0.0.2")
+            sock = connect(exporter.port, source=attacker)
             if i % 2:
                 sock.sendall(b"GET /metrics HTTP/1.1\r\nX-Slow: ")
             held.append(sock)
