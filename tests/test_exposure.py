@@ -426,8 +426,11 @@ def test_a_port_in_use_is_said_first_in_one_line_with_the_flag_to_change_it():
 
 
 def test_bad_input_exits_2_with_one_line(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("t")
     for args in (["--nvml-replay", str(tmp_path / "missing.json")], ["--http-idle-timeout", "0"],
-                 ["--http-max-header-bytes", "1x"]):
+                 ["--http-max-header-bytes", "1x"], ["--http-max-connections", "many"],
+                 ["--nsys-upload-token", "t", "--nsys-upload-token-file", str(token)]):
         done = run_exporter("--no-mps", "--port", str(free_port()), *args)
         lines = (done.stdout + done.stderr).strip().splitlines()
         assert done.returncode == 2 and len(lines) == 1, (args, done.stdout + done.stderr)
