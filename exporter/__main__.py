@@ -1,4 +1,6 @@
-"""python -m exporter: build the samplers from the flags and serve them under uvicorn."""
+"""python -m exporter: bind the port, build the samplers from the flags, serve them (exporter/server.py).
+
+Exit codes: 0 after SIGTERM/SIGINT, 2 for bad input (a flag, a file, a port in use), one line on stderr."""
 from __future__ import annotations
 
 import logging
@@ -90,16 +92,26 @@ def main(argv=None) -> int:
     limit_malloc_arenas()
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine, upload = build_engine(args)
+    from exporter.server import BindError, Limits, bind, serve
 
-    import uvicorn
+    try:
+        sock = bind(args.listen_address, args.port)  # first: a port in use is the one thing said
+        engine, upload = build_engine(args)
+    except BindError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # bad input found while building the samplers: its one line
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            return 2
+        raise
 
     from exporter.app import create_app
 
     app = create_app(engine, upload)
     log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s)",
              args.listen_address, args.port, args.interval, ",".join(args.spatial_sources))
-    uvicorn.run(app, host=args.listen_address, port=args.port, log_level="warning", access_log=False)
+    serve(app, sock, Limits.from_args(args))
     return 0
 
 

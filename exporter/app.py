@@ -11,14 +11,14 @@ import json
 import logging
 import time
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.process_collector import ProcessCollector
+from prometheus_client import CollectorRegistry
 
 from exporter.chain import time_utilization_source
 from exporter.collectors.gpu import GpuCollector
 from exporter.collectors.health import HealthCollector
 from exporter.collectors.mps import MpsCollector
 from exporter.collectors.workloads import WorkloadCollector
+from exporter.fastpath import MetricsCache, MetricsFastPath
 
 log = logging.getLogger(__name__)
 STALE_AFTER_TICKS = 10
@@ -31,47 +31,6 @@ def build_registry(engine) -> CollectorRegistry:
     registry.register(WorkloadCollector(engine))
     registry.register(HealthCollector(engine))
     return registry
-
-
-class MetricsCache:
-    """Renders the exposition once per snapshot: fifty scrapers of one snapshot cost one render."""
-
-    def __init__(self, engine, registry):
-        self._engine = engine
-        self._registry = registry
-        self._process = CollectorRegistry(auto_describe=False)
-        ProcessCollector(registry=self._process)  # the exporter's own CPU and memory, always fresh
-        self._version = -1
-        self._body = b""
-
-    def render(self) -> bytes:
-        snapshot = self._engine.snapshot
-        if snapshot.version != self._version:
-            # The exporter's own process metrics refresh with each snapshot too: reading /proc/self
-            # on every scrape would double a scrape's cost for no news.
-            self._body = generate_latest(self._registry) + generate_latest(self._process)
-            self._version = snapshot.version
-        return self._body
-
-
-class MetricsFastPath:
-    """Answers GET /metrics straight from the cache at the ASGI level, before routing: under fifty
-    concurrent scrapers the framework's per-request work was most of a scrape's cost. Everything
-    else (lifespan included) goes to the Starlette app."""
-
-    def __init__(self, app, cache: MetricsCache):
-        self.app = app
-        self._cache = cache
-        self._content_type = CONTENT_TYPE_LATEST.encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] != "/metrics" or scope["method"] not in ("GET", "HEAD"):
-            await self.app(scope, receive, send)
-            return
-        body = self._cache.render()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", self._content_type), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body if scope["method"] == "GET" else b""})
 
 
 def gpu_json(view, kubelet) -> dict:

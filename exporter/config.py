@@ -48,8 +48,83 @@ def _duration(text: str) -> float:
     return _scaled(text, {"d": 86400, "h": 3600, "m": 60, "s": 1}, "duration in seconds")
 
 
+def _at_least(convert, minimum, what: str):
+    """`convert`, refusing values under `minimum` (timeouts of 0, a bound of no connections)."""
+    def checked(text):
+        value = convert(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: want {what} of at least {minimum}")
+        return value
+    checked.__name__ = convert.__name__  # the help shows defaults by the converter's name
+    return checked
+
+
 def _bool(text: str) -> bool:
     return str(text).lower() in ("1", "true", "yes", "on")
+
+
+TOKEN_FILE_MAX_BYTES = 4096
+
+
+def _read_token(path: str) -> str:
+    """The upload token from a file (a Kubernetes or compose secret), surrounding whitespace removed."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(TOKEN_FILE_MAX_BYTES + 1)
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc.strerror}") from None
+    if len(raw) > TOKEN_FILE_MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: over {TOKEN_FILE_MAX_BYTES} bytes, "
+                                         f"not a token")
+    try:
+        token = raw.decode().strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: empty or not text; "
+                                         f"write the token into it")
+    return token
+
+
+def _human(value, kind) -> str:
+    """A default as a user would type it: 10G, 7d, dcgm,gpm,nsys."""
+    name = getattr(kind, "__name__", "")
+    units = {"_size": (("G", 1024**3), ("M", 1024**2), ("K", 1024)),
+             "_duration": (("d", 86400), ("h", 3600), ("m", 60))}.get(name)
+    if units:
+        for unit, factor in units:
+            if value >= factor and value % factor == 0:
+                return f"{value / factor:g}{unit}"
+        return f"{value:g}" + ("s" if name == "_duration" else "")
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+SUFFIXES = {"_size": "suffixes K, M, G", "_duration": "suffixes s, m, h, d"}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each flag's default (from the environment where set) in the form it is typed, and the
+    suffixes it takes; secrets and unset defaults are not shown."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        kind = getattr(action.type, "__name__", "")
+        shown = [] if action.default in (None, False, "", argparse.SUPPRESS) or "token" in action.dest \
+            else [f"default: {_human(action.default, action.type)}"]
+        if kind in SUFFIXES:
+            shown.append(SUFFIXES[kind])
+        if shown:
+            words, env, tail = text.rpartition(" [env ")
+            text = (words or tail) + " (" + "; ".join(shown) + ")" + (env + tail if words else "")
+        return text.replace("%", "%%")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Bad input: one line naming the problem, exit 2 (no usage dump)."""
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def _apply_environment(parser: argparse.ArgumentParser) -> None:
@@ -60,8 +135,6 @@ def _apply_environment(parser: argparse.ArgumentParser) -> None:
             continue
         env = _env_name(flag)
         action.help = f"{action.help or ''} [env {env}]".strip()
-        if "token" in flag:  # a secret: never printed as a default
-            action.help += "%(default).0s"
         if env not in os.environ:
             continue
         raw = os.environ[env]
@@ -75,17 +148,32 @@ def _apply_environment(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="python -m exporter",
         description="GPU utilization exporter: NVML time utilization next to spatial utilization "
                     "(DCGM profiling, NVML GPM or Nsight Systems GPU metrics), and CUDA MPS daemons.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     g = p.add_argument_group("serving")
     g.add_argument("--listen-address", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of /metrics, /healthz and /api/v1")
     g.add_argument("--interval", type=_interval, default=1.0, help="sampling interval in seconds (0.1 to 60)")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
+    # HTTP limits (exporter/server.py): what one client can cost the exporter.
+    g.add_argument("--http-max-connections", type=_at_least(int, 2, "a bound"), default=512,
+                   help="connections served at once; one more closes an idle or slow connection of the client "
+                        "address holding the most, so scrapes and probes get in while an attacker holds the rest")
+    g.add_argument("--http-max-header-bytes", type=_at_least(_size, 1024, "a size"), default=64 * 1024,
+                   help="largest request line plus headers; a larger one is answered 431 and closed")
+    g.add_argument("--http-header-timeout", type=_at_least(_duration, 0.1, "a timeout"), default=10.0,
+                   help="seconds a request line and headers may take from their first byte (slow clients)")
+    g.add_argument("--http-idle-timeout", type=_at_least(_duration, 0.1, "a timeout"), default=5.0,
+                   help="seconds a connection may wait for its first or next (keep-alive) request")
+    g.add_argument("--http-body-timeout", type=_at_least(_duration, 0.1, "a timeout"), default=30.0,
+                   help="seconds a request body may take beyond one second per --http-body-min-rate bytes; "
+                        "also how long a response may wait for a client that does not read")
+    g.add_argument("--http-body-min-rate", type=_at_least(_size, 1, "a rate"), default=64 * 1024,
+                   help="bytes per second a request body must keep up (see --http-body-timeout)")
 
     g = p.add_argument_group("sources")
     g.add_argument("--spatial-sources", type=_source_list, default=SOURCES,
@@ -101,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
     g.add_argument("--dcgm-timeout", type=float, default=2.0, help="timeout of one dcgm-exporter scrape, seconds")
     g.add_argument("--dcgm-frozen-after", type=_duration, default=30.0,
-                   help="seconds of exactly repeated non-zero DCGM values after which they count as frozen "
+                   help="time of exactly repeated non-zero DCGM values after which they count as frozen "
                         "(dcgm-exporter repeats its last values when its host engine restarts or hangs)")
     g.add_argument("--dcgm-window", type=float, default=1.0,
                    help="seconds of GPU time a DCGM value describes (dcgm-exporter's collect interval)")
@@ -118,16 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--nsys-frequency", type=int, default=100, help="GPU metrics sampling frequency of live captures, Hz")
     g.add_argument("--nsys-binary", default="nsys", help="the nsys executable for live captures and .nsys-rep exports")
     g.add_argument("--nsys-upload-token", default=None,
-                   help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it)")
+                   help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it); "
+                        "prefer the file or the environment variable: a flag shows in `ps` to every user")
+    g.add_argument("--nsys-upload-token-file", metavar="FILE", default=None,
+                   help="read the upload token from this file (a mounted secret), whitespace stripped")
     g.add_argument("--nsys-spool-dir", default=None,
                    help="where uploaded exports are kept (default: the watch directory, else a temporary directory)")
     g.add_argument("--nsys-upload-max-bytes", type=_size, default=512 * 1024 * 1024, help="largest upload accepted")
     g.add_argument("--nsys-spool-max-files", type=int, default=100,
                    help="uploads kept in the spool; the oldest go first (never the one published now)")
     g.add_argument("--nsys-spool-max-bytes", type=_size, default=10 * 1024**3,
-                   help="bytes of uploads kept in the spool (suffixes K, M, G)")
+                   help="bytes of uploads kept in the spool")
     g.add_argument("--nsys-spool-max-age", type=_duration, default=7 * 86400,
-                   help="seconds an upload is kept (suffixes m, h, d)")
+                   help="how long an upload is kept")
 
     g = p.add_argument_group("mps")
     g.add_argument("--no-mps", action="store_true", help="do not watch CUDA MPS daemons")
@@ -161,4 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.nsys_upload_token_file:
+        if args.nsys_upload_token:
+            parser.error("give the upload token once: --nsys-upload-token-file or --nsys-upload-token "
+                         f"({_env_name('--nsys-upload-token')}), not both")
+        try:
+            args.nsys_upload_token = _read_token(args.nsys_upload_token_file)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
+    return args

@@ -49,7 +49,8 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test():
 
 @needs("docker-compose")
 def test_compose_file_is_valid_and_complete():
-    done = run("docker-compose", "-f", "docker-compose.yaml", "config")
+    done = subprocess.run(["docker-compose", "-f", "docker-compose.yaml", "config"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "GRAFANA_ADMIN_PASSWORD": "test"})  # required (issue 17)
     assert done.returncode == 0, done.stderr
     config = yaml.safe_load(done.stdout)
     services = config["services"]

@@ -1,0 +1,313 @@
+"""The HTTP server: uvicorn with httptools behind a guard that bounds what one client can cost.
+
+Anything on the pod network can reach the exporter, so every connection is held to limits
+(flags in exporter/config.py, "serving"; README, "Exposure"):
+- the request line and headers: at most `max_header_bytes`. Bytes are counted before the parser
+  sees them, so a larger header block is answered 431 and nothing beyond the limit is buffered.
+- time: a connection waiting for a request (new, or kept alive after a response) is closed after
+  `idle_timeout`; a request's line and headers must arrive within `header_timeout` of its first
+  byte (slowloris); its body gets `body_timeout` plus one second per `body_min_rate` bytes
+  received; a response that waits on a client that does not read gets `body_timeout`.
+- connections: at most `max_connections`. One more closes the oldest connection of the client
+  address holding the most (idle or slow, never a request being answered), so Prometheus and the
+  kubelet's probes get in while an attacker holds the rest.
+The guard hooks uvicorn's httptools protocol (measured against uvicorn's h11: bench/RESULTS.md,
+"Exposure"); deadlines are checked by one sweep a few times a second, not a timer per request, and
+the request path reads the sweep's clock (deadlines are as exact as a sweep's interval, 0.2 s).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import errno
+import logging
+import math
+import resource
+import socket
+from collections import Counter
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+IDLE, HEADERS, BODY, RESPONSE, CLOSING = "idle", "headers", "body", "response", "closing"
+LINGER_S = 1.0  # a refused client gets this long to read its 431 before the socket is closed
+RESERVED_FDS = 128  # file descriptors kept for the samplers (NVML, SQLite, sockets, logs)
+REPORT_EVERY_S = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_connections: int = 512
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    idle_timeout: float = 5.0
+    body_timeout: float = 30.0
+    body_min_rate: float = 64 * 1024
+
+    @classmethod
+    def from_args(cls, args) -> "Limits":
+        return cls(args.http_max_connections, args.http_max_header_bytes, args.http_header_timeout,
+                   args.http_idle_timeout, args.http_body_timeout, args.http_body_min_rate)
+
+
+def _response(status: bytes) -> bytes:
+    return b"HTTP/1.1 " + status + b"\r\ncontent-type: text/plain\r\ncontent-length: " + \
+        str(len(status) + 1).encode() + b"\r\nconnection: close\r\n\r\n" + status + b"\n"
+
+
+TOO_LARGE = _response(b"431 Request Header Fields Too Large")
+TIMED_OUT = _response(b"408 Request Timeout")
+BUSY = _response(b"503 Service Unavailable")
+
+
+class Guard:
+    """The live connections with their deadlines; closes the ones past them and makes room for new ones."""
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.connections: dict[GuardedProtocol, None] = {}  # insertion-ordered sets
+        self.by_host: dict[str, dict[GuardedProtocol, None]] = {}
+        self.closed: Counter = Counter()  # why clients were cut off, since the last report
+        self.now = 0.0  # the loop's clock at the last sweep: the request path reads it, not the clock
+        self._sweeper = None
+        self._reported = 0.0
+
+    def admit(self, conn: "GuardedProtocol") -> None:
+        """Registers a new connection. Over the bound, the client address holding the most
+        connections gives up its oldest one that is not being answered: one attacker address can
+        never push out Prometheus or the kubelet. Where every connection is being answered, the
+        new one is refused (503)."""
+        self.connections[conn] = None
+        self.by_host.setdefault(conn.host, {})[conn] = None
+        if self._sweeper is None:
+            self.now = conn.loop.time()
+            self._sweeper = conn.loop.create_task(self._sweep_forever(conn.loop))
+        if len(self.connections) <= self.limits.max_connections:
+            return
+        for host in sorted(self.by_host, key=lambda h: len(self.by_host[h]), reverse=True):
+            victim = next((c for c in self.by_host[host] if c is not conn and c.evictable()), None)
+            if victim is not None:
+                self.close(victim, "closed for a new connection")
+                return
+        self.close(conn, "refused, all connections busy", BUSY)
+
+    def forget(self, conn: "GuardedProtocol") -> None:
+        self.connections.pop(conn, None)
+        mine = self.by_host.get(conn.host)
+        if mine is not None:
+            mine.pop(conn, None)
+            if not mine:
+                del self.by_host[conn.host]
+
+    def close(self, conn: "GuardedProtocol", reason: str, answer: bytes = b"") -> None:
+        self.forget(conn)
+        if reason != "idle":  # routine: every kept-alive scraper's connection ends so
+            self.closed[reason] += 1
+        if not conn.transport.is_closing():
+            if answer:
+                conn.transport.write(answer)
+            conn.transport.close()
+
+    async def _sweep_forever(self, loop) -> None:
+        tick = min(1.0, max(0.05, min(self.limits.header_timeout, self.limits.idle_timeout,
+                                      self.limits.body_timeout, LINGER_S) / 5))
+        while True:
+            await asyncio.sleep(tick)
+            self.sweep(loop.time())
+
+    def sweep(self, now: float) -> None:
+        self.now = now
+        for conn in list(self.connections):
+            phase = conn.phase
+            if phase != conn.seen_phase:
+                conn.seen_phase = phase
+                if phase == IDLE:  # answered since the last sweep (uvicorn's keep-alive timer is first)
+                    conn.idle_since = now
+            if conn.deadline(phase) < now:
+                answer = TIMED_OUT if phase == HEADERS and not conn.answering() else b""
+                self.close(conn, {IDLE: "idle", HEADERS: "slow headers", BODY: "slow body", RESPONSE: "not reading",
+                                  CLOSING: "header cap"}[phase], answer)
+        if self.closed and now - self._reported >= REPORT_EVERY_S:
+            log.warning("HTTP limits: closed %s (README, Exposure)",
+                        ", ".join(f"{n} {why}" for why, n in self.closed.most_common()))
+            self.closed.clear()
+            self._reported = now
+
+
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, counting header bytes before they are parsed and keeping the
+    times the guard's deadlines start from. The phase is derived only when the guard asks (a sweep,
+    a full house): a scrape pays for three plain hooks, not for the bookkeeping. `guard` is set on
+    a subclass per server (see `protocol_for`)."""
+
+    guard: Guard
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.host = self.client[0] if self.client else ""
+        self.max_header_bytes = self.guard.limits.max_header_bytes
+        self.header_bytes = self.body_bytes = 0  # of the header block / body being received
+        self.receiving_body = self.refused = False
+        self.since = self.idle_since = self.loop.time()  # header block or body start; idle start
+        self.seen_phase = IDLE  # the phase the last sweep saw: a change to idle starts idle_since
+        self.write_blocked_since = None
+        self.guard.admit(self)
+
+    def connection_lost(self, exc) -> None:
+        self.guard.forget(self)
+        super().connection_lost(exc)
+
+    def answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    @property
+    def phase(self) -> str:
+        if self.refused:
+            return CLOSING
+        if self.receiving_body:
+            return BODY
+        if self.header_bytes:
+            return HEADERS
+        return RESPONSE if self.answering() else IDLE
+
+    def evictable(self) -> bool:
+        """Anything but a request being answered to a client that reads."""
+        return self.phase != RESPONSE or self.write_blocked_since is not None
+
+    def deadline(self, phase: str) -> float:
+        limits = self.guard.limits
+        if phase == IDLE:  # from the last request's start where it came and went between two sweeps
+            return max(self.idle_since, self.since) + limits.idle_timeout
+        if phase == HEADERS:
+            return self.since + limits.header_timeout
+        if phase == BODY:
+            return self.since + limits.body_timeout + self.body_bytes / limits.body_min_rate
+        if phase == CLOSING:
+            return self.since + LINGER_S
+        return math.inf if self.write_blocked_since is None else self.write_blocked_since + limits.body_timeout
+
+    def data_received(self, data: bytes) -> None:
+        if self.receiving_body:
+            self.body_bytes += len(data)
+            HttpToolsProtocol.data_received(self, data)
+            return
+        if self.refused:
+            return
+        # Header bytes (of a new request, or of a pipelined one while the last is answered),
+        # counted before the parser buffers them.
+        if not self.header_bytes:
+            self.since = self.guard.now
+        room = self.max_header_bytes - self.header_bytes
+        if len(data) <= room:
+            self.header_bytes += len(data)
+            HttpToolsProtocol.data_received(self, data)
+            return
+        self.header_bytes = self.max_header_bytes
+        HttpToolsProtocol.data_received(self, data[:room])
+        if self.header_bytes == self.max_header_bytes:  # on_headers_complete did not reset it
+            self._refuse_too_large()
+        elif not self.transport.is_closing():
+            self.data_received(data[room:])  # body or the next request, counted as such
+
+    def _refuse_too_large(self) -> None:
+        """431, then no more reading: the client gets LINGER_S to read the answer before the close
+        (an immediate close with unread input resets the connection and loses the answer)."""
+        if self.transport.is_closing():
+            return
+        self.refused, self.since = True, self.loop.time()
+        self.transport.pause_reading()
+        if self.answering():  # a pipelined request's: the answer in flight goes out, then the close
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(TOO_LARGE)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+
+    def on_headers_complete(self) -> None:
+        self.header_bytes = self.body_bytes = 0
+        self.receiving_body, self.since = True, self.guard.now
+        HttpToolsProtocol.on_headers_complete(self)
+
+    def on_message_complete(self) -> None:
+        # Also where uvicorn ignores it (the response went out before the body ended): from here
+        # on, bytes are the next request's headers again.
+        self.receiving_body = False
+        HttpToolsProtocol.on_message_complete(self)
+
+    def pause_writing(self) -> None:
+        self.write_blocked_since = self.loop.time()
+        super().pause_writing()
+
+    def resume_writing(self) -> None:
+        self.write_blocked_since = None
+        super().resume_writing()
+
+
+def protocol_for(guard: Guard) -> type:
+    return type("GuardedProtocol", (GuardedProtocol,), {"guard": guard})
+
+
+class BindError(Exception):
+    pass
+
+
+def bind(address: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything is logged or started: a port in use is the first
+    and only thing said."""
+    try:
+        infos = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise BindError(f"--listen-address {address}: {exc.strerror}: give an IP address of this host "
+                        f"(0.0.0.0 for all)") from None
+    family, kind, proto, _name, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+    except OSError as exc:
+        sock.close()
+        where = f"{address}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise BindError(f"port {port} on {address} is in use (another exporter?): "
+                            f"choose another with --port") from None
+        if exc.errno == errno.EACCES:
+            raise BindError(f"no permission to listen on {where}: choose a port above 1023 with --port") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise BindError(f"{address} is not an address of this host: fix --listen-address") from None
+        raise BindError(f"cannot listen on {where}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def fit_to_file_limit(limits: Limits) -> Limits:
+    """Raises the soft limit on open files to what the connection bound needs (up to the hard
+    limit); where it cannot, lowers the bound so connections never starve the samplers of files."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = limits.max_connections + RESERVED_FDS
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < want:
+        bound = max(2, soft - RESERVED_FDS)
+        log.warning("open-file limit %d: serving at most %d connections instead of %d (raise `ulimit -n`)",
+                    soft, bound, limits.max_connections)
+        limits = dataclasses.replace(limits, max_connections=bound)
+    return limits
+
+
+def serve(app, sock: socket.socket, limits: Limits) -> None:
+    """Serves `app` on the bound socket until SIGINT/SIGTERM."""
+    import uvicorn
+
+    limits = fit_to_file_limit(limits)
+    # No proxy headers: nothing in front of the exporter is trusted to name the client, and a
+    # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
+    config = uvicorn.Config(app, http=protocol_for(Guard(limits)), ws="none", log_level="warning",
+                            access_log=False, timeout_keep_alive=limits.idle_timeout, proxy_headers=False,
+                            server_header=False)
+    uvicorn.Server(config).run(sockets=[sock])
