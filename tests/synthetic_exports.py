@@ -99,12 +99,25 @@ def empty_gpu_metrics(real: Path, out: Path) -> Path:
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
+COPIES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+DROP_COPIES = "".join(f"drop table if exists {table};" for table in COPIES)
+
+
+def without_copies(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, DROP_COPIES)
+
+
 def without_kernel_trace(real: Path, out: Path) -> Path:
-    return _edited_copy(real, out, f"drop table {KERNELS};")
+    """No CUDA trace at all: neither kernels nor copies."""
+    return _edited_copy(real, out, f"drop table {KERNELS};" + DROP_COPIES)
 
 
 def one_kernel(real: Path, out: Path) -> Path:
-    return _edited_copy(real, out, f"delete from {KERNELS} where rowid != (select min(rowid) from {KERNELS});")
+    """One kernel and nothing else: no copies either."""
+    return _edited_copy(real, out, f"delete from {KERNELS} where rowid != (select min(rowid) from {KERNELS});"
+                        + DROP_COPIES)
 
 
 def zero_length_kernels(real: Path, out: Path) -> Path:
@@ -112,9 +125,10 @@ def zero_length_kernels(real: Path, out: Path) -> Path:
 
 
 def kernels_out_of_order(real: Path, out: Path) -> Path:
-    """The same kernels written newest first: the reader must not rely on nsys' order."""
-    return _edited_copy(real, out, f"create table k as select * from {KERNELS} order by start desc; "
-                                   f"delete from {KERNELS}; insert into {KERNELS} select * from k; drop table k;")
+    """The same kernels and copies written newest first: the reader must not rely on nsys' order."""
+    return _edited_copy(real, out, "".join(
+        f"create table k as select * from {table} order by start desc; "
+        f"delete from {table}; insert into {table} select * from k; drop table k;" for table in (KERNELS, *COPIES)))
 
 
 def kernels_on_two_gpus(real: Path, out: Path) -> Path:
