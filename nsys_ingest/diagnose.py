@@ -63,8 +63,8 @@ def _copy_summary(k: GpuKernels) -> dict | None:
     if k.copies is None:
         return None
     return {"copies": k.copies.count, "bytes": k.copies.bytes,
-            "busy_s": round(k.copies.busy.busy_ns / 1e9, 6), "busy_share": _ratio(k.copies.busy.busy_ns, k.window_ns),
-            "kinds": {kind: {"count": c, "bytes": b, "seconds": round(ns / 1e9, 6)}
+            "busy_s": round(k.copies.busy.busy_ns / 1e9, 9), "busy_share": _ratio(k.copies.busy.busy_ns, k.window_ns),
+            "kinds": {kind: {"count": c, "bytes": b, "seconds": round(ns / 1e9, 9)}
                       for kind, (c, b, ns) in sorted(k.copies.kinds.items())}}
 
 

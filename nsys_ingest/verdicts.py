@@ -78,6 +78,15 @@ def _pct(value: float) -> str:
     return f"{value:.0%}"
 
 
+def _vs(value: float, op: str, threshold: float) -> str:
+    """'49.96% (< 50%)', not '50% (< 50%)': as many decimals as it takes to tell value from threshold."""
+    for digits in range(4):
+        shown = f"{value:.{digits}%}"
+        if value == threshold or shown != f"{threshold:.{digits}%}":
+            break
+    return f"{shown} ({op} {_pct(threshold)})"
+
+
 def _mps_server_paging(e: Evidence):
     if e.mps_server_faults_per_s is not None and e.mps_server_faults_per_s >= MPS_STALL_FAULTS_PER_S:
         return (f"the MPS server takes {e.mps_server_faults_per_s:.1f} major page faults/s "
@@ -87,7 +96,7 @@ def _mps_server_paging(e: Evidence):
 
 def _idle(e: Evidence):
     if e.time_utilization < IDLE_BELOW:
-        return (f"time utilization {_pct(e.time_utilization)} (< {_pct(IDLE_BELOW)})",
+        return (f"time utilization {_vs(e.time_utilization, '<', IDLE_BELOW)}",
                 "nothing to fix on the GPU; if jobs hold it, give it back or pack more work onto it")
 
 
@@ -97,7 +106,7 @@ def _memory_bound(e: Evidence):
     if e.dram_active is None or e.dram_active < MEMORY_BOUND_DRAM:
         return None
     sm = "unknown" if e.sm_active is None else _pct(e.sm_active)
-    reason = f"DRAM active {_pct(e.dram_active)} (>= {_pct(MEMORY_BOUND_DRAM)}) with SM active {sm}"
+    reason = f"DRAM active {_vs(e.dram_active, '>=', MEMORY_BOUND_DRAM)} with SM active {sm}"
     if e.copy_busy_share and e.copy_busy_share >= (e.kernel_busy_share or 0.0):
         return (f"{reason}; memory copies run {_pct(e.copy_busy_share)} of the window, kernels "
                 f"{_pct(e.kernel_busy_share or 0.0)}: the GPU's work is moving memory",
@@ -110,8 +119,8 @@ def _memory_bound(e: Evidence):
 
 def _saturated(e: Evidence):
     if e.sm_active is not None and e.sm_active >= SATURATED_SM:
-        dram = "" if e.dram_active is None else f", DRAM active {_pct(e.dram_active)} (< {_pct(MEMORY_BOUND_DRAM)})"
-        return (f"SM active {_pct(e.sm_active)} (>= {_pct(SATURATED_SM)}){dram}: compute-bound",
+        dram = "" if e.dram_active is None else f", DRAM active {_vs(e.dram_active, '<', MEMORY_BOUND_DRAM)}"
+        return (f"SM active {_vs(e.sm_active, '>=', SATURATED_SM)}{dram}: compute-bound",
                 "the GPU is the bottleneck: optimise kernels (tensor cores, precision) or add GPUs")
 
 
@@ -131,7 +140,7 @@ def _host_bound(e: Evidence):
     seen = ("SM activity unknown" if fill is None else
             f"while they run they fill {_pct(fill)} of the SMs (SM active {_pct(e.sm_active)}): small "
             "kernels with the host in between")
-    return (f"kernels run {_pct(e.time_utilization)} of the time (< {_pct(BUSY_TIME)}); {seen}",
+    return (f"kernels run {_vs(e.time_utilization, '<', BUSY_TIME)} of the time; {seen}",
             "certain: the GPU waits on the host. Launch overhead (tiny kernels: CUDA graphs, fusion, larger "
             "batches) or the input pipeline (loader workers, pinned memory)? A trace tells: nsys profile "
             "--trace=cuda, then nsys_ingest diagnose")
@@ -146,7 +155,7 @@ def _input_bound(e: Evidence):
     idle = 1.0 - e.time_utilization
     hidden = None if e.sm_active is None else max(e.time_utilization - e.sm_active, 0.0)
     if e.time_utilization < BUSY_TIME:
-        busy = f"kernels run {_pct(e.time_utilization)} of the time (< {_pct(BUSY_TIME)})"
+        busy = f"kernels run {_vs(e.time_utilization, '<', BUSY_TIME)} of the time"
     elif long_gaps and hidden is not None and idle > hidden:
         # Busy most of the time, but waiting in long gaps costs more than idle SMs inside kernels.
         busy = f"the GPU idles {_pct(idle)} of the time, more than its SMs idle while kernels run ({_pct(hidden)})"
@@ -175,8 +184,8 @@ def _time_sliced(e: Evidence):
 def _mps_shared(e: Evidence):
     # Sharing is already right; what is left is how much of the GPU the clients fill together.
     if e.sm_active is not None and e.sharing_mode == "mps":
-        return (f"{e.processes or 'several'} MPS clients run side by side and fill {_pct(e.sm_active)} of the "
-                f"SMs (< {_pct(SATURATED_SM)}){_footprint(e)}",
+        return (f"{e.processes or 'several'} MPS clients run side by side and fill {_vs(e.sm_active, '<', SATURATED_SM)} "
+                f"of the SMs{_footprint(e)}",
                 "room for more: add clients to this GPU or use larger batches; if SM active stays low, a "
                 "smaller MIG slice or GPU fits these jobs")
 
@@ -200,7 +209,7 @@ def _small_grid(e: Evidence):
 def _underused_sms(e: Evidence):
     # The trace rules out short and narrow kernels: the SMs idle inside kernels that should fill them.
     if _hidden_idle(e) and e.kernel_trace and e.median_kernel_s is not None:
-        return (f"time utilization {_pct(e.time_utilization)} but SM active {_pct(e.sm_active)} (< {_pct(LOW_SM)}), although "
+        return (f"time utilization {_pct(e.time_utilization)} but SM active {_vs(e.sm_active, '<', LOW_SM)}, although "
                 f"the median kernel runs {e.median_kernel_s * 1e6:.0f} us on {e.median_grid_blocks:g} blocks"
                 f"{_footprint(e)}",
                 "the SMs idle inside the kernels: look into them with Nsight Compute (ncu: occupancy, tail "
@@ -209,8 +218,8 @@ def _underused_sms(e: Evidence):
 
 def _small_kernels(e: Evidence):
     if _hidden_idle(e) and not e.kernel_trace:
-        return (f"time utilization {_pct(e.time_utilization)} but SM active {_pct(e.sm_active)} "
-                f"(< {_pct(LOW_SM)}){_footprint(e)}",
+        return (f"time utilization {_pct(e.time_utilization)} but SM active {_vs(e.sm_active, '<', LOW_SM)}"
+                f"{_footprint(e)}",
                 "kernels too small for the GPU: larger batches, CUDA graphs or fusion; profile with "
                 "nsys --trace=cuda and run nsys_ingest diagnose to tell launch-bound loops from small grids")
 
