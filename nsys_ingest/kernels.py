@@ -1,10 +1,11 @@
-"""CUDA kernel statistics from an export's kernel trace (nsys profile --trace=cuda), streamed.
+"""CUDA kernel and copy statistics from an export's CUDA trace (nsys profile --trace=cuda), streamed.
 
-Rows are read in time order `chunk_rows` at a time and reduced with numpy, so memory depends on the
-number of GPUs and processes, not of kernels: a one-hour trace of 24 processes has tens of millions
-of rows. Per GPU: idle gaps between kernels (exact: the busy interval is carried across chunks),
-the kernel time against the busy time (kernels of several processes overlap only under MPS), and
-duration and grid-size histograms; per process the same histograms and rates.
+Rows of the kernel, memcpy and memset tables are read in time order `chunk_rows` at a time per table,
+merged, and reduced with numpy, so memory depends on the number of GPUs and processes, not of rows: a
+one-hour trace of 24 processes has tens of millions. Per GPU: idle gaps with neither a kernel nor a
+copy running (exact: the busy interval is carried across chunks), the kernel time against the busy
+time (overlap), the same for short kernels only (only MPS overlaps those), copies and memsets by
+kind, and duration and grid-size histograms; per process the same histograms and rates.
 """
 from __future__ import annotations
 
