@@ -257,6 +257,10 @@ def _merged(cursors, chunk_rows, progress):
             cut = p.size if bound is None else int(np.searchsorted(p["start"], bound, side="right"))
             parts.append(p[:cut])
             pending[i] = p[cut:]
+        parts = [part for part in parts if part.size]
+        if len(parts) == 1:  # one table in this stretch (a kernel trace without copies): already in order
+            yield parts[0]
+            continue
         merged = np.concatenate(parts)
         yield merged[np.argsort(merged["start"], kind="stable")]
 
