@@ -23,29 +23,18 @@ import tests.synthetic_exports as synth
 from bench.verdict_table import RECORDINGS, live_diagnoses, offline, rejudge
 from exporter.chain import diagnose as diagnose_live
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, SpatialReading
-from nsys_ingest.diagnose import _sharing, diagnose
+from nsys_ingest.diagnose import _sharing
 from nsys_ingest.kernels import kernel_stats
 from nsys_ingest.reader import Export
 from nsys_ingest.verdicts import RULES, VERDICTS, Evidence, judge, sharing_mode
 from tests.helpers import FIXTURES
+from tests.test_diagnose import MPS, TIME_SLICED, only_gpu, run
 
-MPS = FIXTURES / "h100_diag_mps.sqlite"
-TIME_SLICED = FIXTURES / "h100_diag_time_sliced.sqlite"
 TS_LONG = FIXTURES / "h100_diag_ts_long.sqlite"
 PHASES = FIXTURES / "h100_phases_100hz.sqlite"
 EPS = 1e-4
 TRACE = dict(kernel_trace=True, processes=1, sharing_mode="exclusive", long_gap_idle_share=0.0,
              median_kernel_s=1e-3, median_grid_blocks=132, sm_count=132)  # a trace of long, wide kernels
-
-
-def run(path, *args, chunk_rows=200_000):
-    with Export(path, require_metrics=False) as export:
-        return diagnose(export, *args, chunk_rows=chunk_rows)
-
-
-def only_gpu(result):
-    (gpu,) = result["gpus"]
-    return gpu
 
 
 # -- thresholds: just below, at, just above ----------------------------------------------------------
