@@ -197,11 +197,12 @@ def kernel_stats(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_
     devices, names = _cuda_devices(export), _process_names(export)
     clauses, params = window_clauses(start_ns, end_ns, "start", "end")
     where = f" where {' and '.join(clauses)}" if clauses else ""
-    queries = [f"select {columns} from {table}{where}" for table, columns in _STREAMS if table in export.tables]
+    streams = [(f"select {columns} from {table}{where}", kind) for table, columns, kind in _STREAMS
+               if table in export.tables]
     has_copies = bool(set(COPY_TABLES) & export.tables)
 
     def reduce(order):
-        cursors = [export.con.execute(sql + order, params) for sql in queries]
+        cursors = [(export.con.execute(sql + order, params), kind) for sql, kind in streams]
         rows = _merged(cursors, chunk_rows, progress)
         return _reduce(export, rows, start_ns, end_ns, devices, names, has_copies)
 
@@ -218,22 +219,38 @@ class _OutOfOrder(Exception):
 ROW = np.dtype([("start", "i8"), ("end", "i8"), ("device", "i8"), ("gpid", "i8"), ("blocks", "i8"),
                 ("bytes", "i8"), ("kind", "i8")])
 KERNEL_KIND, MEMSET_KIND = -1, -2  # `kind` of a row: a kernel, a memset, or a copy's copyKind (0 and up)
+# Per table: the columns read (the fewer, the faster SQLite hands rows over) and the `kind` of its rows,
+# None where the row brings its own (a copy's copyKind).
 _STREAMS = (
-    (KERNEL_TABLE, f"start, end, deviceId, coalesce(globalPid, 0), gridX * gridY * gridZ, 0, {KERNEL_KIND}"),
-    ("CUPTI_ACTIVITY_KIND_MEMCPY", "start, end, deviceId, coalesce(globalPid, 0), 0, coalesce(bytes, 0), "
-                                   "coalesce(copyKind, 0)"),
-    ("CUPTI_ACTIVITY_KIND_MEMSET", f"start, end, deviceId, coalesce(globalPid, 0), 0, coalesce(bytes, 0), {MEMSET_KIND}"),
+    (KERNEL_TABLE, "start, end, deviceId, coalesce(globalPid, 0), gridX * gridY * gridZ", KERNEL_KIND),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY", "start, end, deviceId, coalesce(globalPid, 0), coalesce(bytes, 0), "
+                                   "coalesce(copyKind, 0)", None),
+    ("CUPTI_ACTIVITY_KIND_MEMSET", "start, end, deviceId, coalesce(globalPid, 0), coalesce(bytes, 0)", MEMSET_KIND),
 )
+_READ = {KERNEL_KIND: ("start", "end", "device", "gpid", "blocks"), MEMSET_KIND: ("start", "end", "device", "gpid", "bytes"),
+         None: ("start", "end", "device", "gpid", "bytes", "kind")}
+
+
+def _rows(rows: list, kind: int | None) -> np.ndarray:
+    """One table's rows as ROW: fields it has no column for are 0, `kind` is the table's own."""
+    names = _READ[kind]
+    read = np.fromiter(rows, dtype=np.dtype([(name, "i8") for name in names]), count=len(rows))
+    out = np.zeros(len(rows), dtype=ROW)
+    for name in names:
+        out[name] = read[name]
+    if kind is not None:
+        out["kind"] = kind
+    return out
 
 
 def _merged(cursors, chunk_rows, progress):
-    """Chunks of rows from several cursors, each in start order, merged into one start order with at
-    most chunk_rows rows per cursor in memory. Raises _OutOfOrder when a cursor is not in start order."""
+    """Chunks of rows from several (cursor, kind) streams, each in start order, merged into one start
+    order with at most chunk_rows rows per cursor in memory. Raises _OutOfOrder when one is not in order."""
     pending = [np.empty(0, dtype=ROW) for _ in cursors]
     is_open = [True] * len(cursors)
     last_start = [None] * len(cursors)
     while True:
-        for i, cursor in enumerate(cursors):
+        for i, (cursor, kind) in enumerate(cursors):
             if is_open[i] and not pending[i].size:
                 rows = cursor.fetchmany(chunk_rows)
                 if not rows:
@@ -241,7 +258,7 @@ def _merged(cursors, chunk_rows, progress):
                     continue
                 if progress:
                     progress(len(rows))
-                chunk = np.fromiter(rows, dtype=ROW, count=len(rows))
+                chunk = _rows(rows, kind)
                 del rows
                 starts = chunk["start"]
                 if (last_start[i] is not None and starts[0] < last_start[i]) or np.any(starts[1:] < starts[:-1]):
