@@ -9,7 +9,7 @@ from __future__ import annotations
 from nsys_ingest.analysis import bucket_means
 from nsys_ingest.kernels import NO_KERNEL_TRACE, GpuKernels, has_kernel_trace, kernel_stats
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError
-from nsys_ingest.verdicts import CONCURRENT_KERNELS, Evidence, judge
+from nsys_ingest.verdicts import CONCURRENT_KERNELS, LONG_GAP_S, MIN_SHORT_KERNELS, SHORT_KERNEL_S, Evidence, judge
 
 NO_GPU_METRICS = ("this export has no GPU metrics: add --gpu-metrics-devices=all to the nsys command to measure "
                   "SM activity; until then SM activity is estimated from the kernels' grid sizes")
@@ -33,7 +33,6 @@ def _ratio(part, whole) -> float | None:
 
 
 def _kernel_summary(k: GpuKernels) -> dict:
-    busy = k.window_ns - k.idle_ns
     seconds = k.window_ns / 1e9
     durations = k.durations
     return {
@@ -43,12 +42,30 @@ def _kernel_summary(k: GpuKernels) -> dict:
         "p90_us": _us(durations.quantile(0.9)),
         "median_grid_blocks": _blocks(k.grids.quantile(0.5)),
         "sm_footprint": _ratio(k.footprint_ns, k.kernel_ns),
-        "busy_share": _ratio(busy, k.window_ns),
-        "idle_gaps": k.gaps,
-        "long_gap_idle_share": _ratio(k.long_idle_ns, k.idle_ns),
-        # Kernel time over busy time: above 1 only when kernels overlap (MPS, or one process's streams).
-        "overlap": round(k.kernel_ns / busy, 3) if busy > 0 else None,
+        "busy_share": _ratio(k.kernel_busy.busy_ns, k.window_ns),
+        # Idle: neither a kernel nor a copy runs.
+        "idle_gaps": k.work.gaps,
+        "long_gap_idle_share": _ratio(k.work.long_idle_ns, k.work.idle_ns),
+        # Kernel time over busy time: above 1 only when kernels overlap (MPS, one process's streams, or
+        # long kernels switched out around other contexts' time slices).
+        "overlap": _overlap(k.kernel_busy),
+        "short_kernels": k.short_busy.count,
+        "short_kernel_overlap": _overlap(k.short_busy),  # kernels under SHORT_KERNEL_S: only MPS overlaps them
     }
+
+
+def _overlap(busy) -> float | None:
+    return round(busy.work_ns / busy.busy_ns, 3) if busy.busy_ns > 0 else None
+
+
+def _copy_summary(k: GpuKernels) -> dict | None:
+    """Copies and memsets: GPU work that is no kernel (a copy loop launches none)."""
+    if k.copies is None:
+        return None
+    return {"copies": k.copies.count, "bytes": k.copies.bytes,
+            "busy_s": round(k.copies.busy.busy_ns / 1e9, 9), "busy_share": _ratio(k.copies.busy.busy_ns, k.window_ns),
+            "kinds": {kind: {"count": c, "bytes": b, "seconds": round(ns / 1e9, 9)}
+                      for kind, (c, b, ns) in sorted(k.copies.kinds.items())}}
 
 
 def _us(ns: float | None) -> float | None:
@@ -72,26 +89,32 @@ def _processes(k: GpuKernels) -> list[dict]:
     return out
 
 
-def _sharing(summary: dict, processes: int) -> str:
-    """Sharing seen in the trace: kernels of different contexts never overlap unless under MPS."""
+def _sharing(summary: dict, processes: int) -> str | None:
+    """Sharing seen in the trace: kernels of time-sliced contexts run one at a time, MPS clients' side by
+    side. Only short kernels tell (SHORT_KERNEL_S): a long kernel switched out at the end of its time
+    slice spans the other contexts' slices. None where the trace cannot tell."""
     if processes == 0:
         return "idle"
     if processes == 1:
         return "exclusive"
-    overlap = summary["overlap"] or 0.0
-    return "mps" if overlap >= CONCURRENT_KERNELS else "time_sliced"
+    if summary["short_kernels"] >= MIN_SHORT_KERNELS and summary["short_kernel_overlap"] is not None:
+        return "mps" if summary["short_kernel_overlap"] >= CONCURRENT_KERNELS else "time_sliced"
+    # Too few short kernels: no overlap at all still rules MPS' concurrency out; overlap proves nothing.
+    return "time_sliced" if (summary["overlap"] or 0.0) < CONCURRENT_KERNELS else None
 
 
-def _evidence(means: dict, k: GpuKernels | None, summary: dict | None, sm_count) -> tuple[Evidence, bool]:
+def _evidence(means: dict, k: GpuKernels | None, summary: dict | None, copies: dict | None,
+              sm_count) -> tuple[Evidence, bool]:
     """Evidence for the rules, and whether SM activity is an estimate from grid sizes."""
-    time = means.get("gr_active", summary["busy_share"] if summary else None)
+    busy = None if k is None else _ratio(k.window_ns - k.work.idle_ns, k.window_ns)  # kernels or copies
+    time = means.get("gr_active", busy)
     sm = means.get("sm_active")
     estimated = sm is None and k is not None and k.window_ns > 0
     if estimated:  # no GPU metrics: the share of SMs the kernels' grids can occupy, over the window
         sm = round(min(k.footprint_ns / k.window_ns, 1.0), 6)
     mode = processes = None
-    if k is not None:
-        processes = len(k.processes)
+    if k is not None:  # processes with kernels or copies on this GPU
+        processes = len(set(k.processes) | (k.copies.gpids if k.copies else set()))
         mode = _sharing(summary, processes)
     return Evidence(
         time_utilization=time, sm_active=sm, dram_active=means.get("dram_active"), sharing_mode=mode,
@@ -100,6 +123,9 @@ def _evidence(means: dict, k: GpuKernels | None, summary: dict | None, sm_count)
         median_kernel_s=None if not summary or summary["median_us"] is None else summary["median_us"] / 1e6,
         median_grid_blocks=summary["median_grid_blocks"] if summary else None,
         sm_count=sm_count, sm_footprint=summary["sm_footprint"] if summary else None,
+        kernel_trace=True if k is not None else None,
+        kernel_busy_share=summary["busy_share"] if summary else None,
+        copy_busy_share=copies["busy_share"] if copies else None,
     ), estimated
 
 
@@ -120,7 +146,8 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
         info = export.gpus.get(index) or export.described_gpus.get(index)
         k = kernels.get(index)
         summary = _kernel_summary(k) if k else None
-        evidence, estimated = _evidence(means.get(index, {}), k, summary, info.sm_count if info else None)
+        copies = _copy_summary(k) if k else None
+        evidence, estimated = _evidence(means.get(index, {}), k, summary, copies, info.sm_count if info else None)
         verdict = judge(evidence)
         gpus.append({
             "gpu": index,
@@ -131,6 +158,7 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
             "sm_active_estimated_from_grids": estimated,
             "gpu_metrics": means.get(index),
             "kernels": summary,
+            "copies": copies,
             "processes": _processes(k) if k else None,
         })
     low, high = window
@@ -140,6 +168,10 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
         "notes": notes,
         "gpus": gpus,
     }
+
+
+METRIC_LABELS = {"gr_active": "GR active (time utilization)", "sm_active": "SM active", "sm_occupancy": "SM occupancy",
+                 "tensor_active": "tensor active", "dram_active": "DRAM active"}
 
 
 def print_diagnosis(result: dict) -> None:
@@ -157,21 +189,47 @@ def print_diagnosis(result: dict) -> None:
         else:
             print("  verdict: none (too little evidence in this window)")
         if gpu["gpu_metrics"]:
-            print("  GPU metrics (means): " + ", ".join(f"{q.replace('_', ' ')} {v:.3f}" for q, v in gpu["gpu_metrics"].items()))
-        k = gpu["kernels"]
-        if k:
-            print(f"  kernels: {k['kernels']} ({_show(k['kernels_per_s'], 'g')}/s), median {_show(k['median_us'], 'g')} us, "
-                  f"p90 {_show(k['p90_us'], 'g')} us, median grid {_show(k['median_grid_blocks'])} blocks, "
-                  f"SM footprint {_show(k['sm_footprint'], '.0%')}")
-            print(f"  GPU busy {_show(k['busy_share'], '.1%')} of the window; {k['idle_gaps']} idle gaps, "
-                  f"{_show(k['long_gap_idle_share'], '.0%')} of the idle time in gaps >= 1 ms; "
-                  f"kernel overlap {_show(k['overlap'], '.2f')}x")
-            print(f"  {'pid':>8} {'process':16} {'kernels/s':>10} {'median us':>10} {'p90 us':>9} {'grid':>6} "
-                  f"{'footprint':>9} {'busy':>6}")
-            for p in gpu["processes"]:
-                print(f"  {p['pid']:>8} {p['name'][:16]:16} {_show(p['kernels_per_s'], 'g'):>10} "
-                      f"{_show(p['median_us'], 'g'):>10} {_show(p['p90_us'], 'g'):>9} {_show(p['median_grid_blocks']):>6} "
-                      f"{_show(p['sm_footprint'], '.0%'):>9} {_show(p['busy_share'], '.1%'):>6}")
+            print("  GPU metrics (means): " + ", ".join(f"{METRIC_LABELS.get(q, q)} {v:.3f}"
+                                                      for q, v in gpu["gpu_metrics"].items()))
+        if gpu["kernels"]:
+            _print_kernels(gpu["kernels"], gpu["processes"])
+        if gpu["copies"]:
+            _print_copies(gpu["copies"])
+
+
+def _print_kernels(k: dict, processes: list[dict]) -> None:
+    if k["kernels"]:
+        print(f"  kernels: {k['kernels']} ({_show(k['kernels_per_s'], '.1f')}/s), median {_show(k['median_us'], '.2f')} us, "
+              f"p90 {_show(k['p90_us'], '.2f')} us, median grid {_show(k['median_grid_blocks'])} blocks, "
+              f"SM footprint {_show(k['sm_footprint'], '.1%')}")
+        # Not the time utilization above: GR active also counts context switches and waits as busy.
+        print(f"  kernels running: {_show(k['busy_share'], '.1%')} of the window; kernel overlap "
+              f"{_show(k['overlap'], '.2f')}x, {k['short_kernels']} short kernels (< {SHORT_KERNEL_S * 1e6:g} us) "
+              f"{_show(k['short_kernel_overlap'], '.2f')}x")
+    else:
+        print("  kernels: none in this window")
+    print(f"  idle (no kernel, no copy): {k['idle_gaps']} gaps, {_show(k['long_gap_idle_share'], '.1%')} of the idle time "
+          f"in gaps >= {LONG_GAP_S * 1e3:g} ms")
+    if processes:
+        print(f"  {'pid':>8} {'process':16} {'kernels/s':>10} {'median us':>10} {'p90 us':>10} {'grid':>6} "
+              f"{'footprint':>9} {'kernels running':>15}")
+    for p in processes:
+        print(f"  {p['pid']:>8} {p['name'][:16]:16} {_show(p['kernels_per_s'], '.1f'):>10} "
+              f"{_show(p['median_us'], '.2f'):>10} {_show(p['p90_us'], '.2f'):>10} {_show(p['median_grid_blocks']):>6} "
+              f"{_show(p['sm_footprint'], '.1%'):>9} {_show(p['busy_share'], '.1%'):>15}")
+
+
+def _print_copies(c: dict) -> None:
+    kinds = "; ".join(f"{kind} {v['count']} ({_bytes(v['bytes'])}, {v['seconds'] * 1e3:.3f} ms)" for kind, v in c["kinds"].items())
+    print(f"  copies and memsets: {c['copies']} ({_bytes(c['bytes'])}), running {_show(c['busy_share'], '.1%')} of the "
+          f"window{': ' + kinds if kinds else ''}")
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def _show(value, spec: str = "") -> str:

@@ -20,7 +20,12 @@ LONG_GAP_S = 1e-3  # an idle gap this long is waiting on the host, not launch la
 INPUT_BOUND_LONG_GAPS = 0.5  # share of the idle time in long gaps for input-bound (kernel trace)
 LAUNCH_BOUND_KERNEL_S = 20e-6  # median kernel shorter than this: launch overhead dominates
 MPS_STALL_FAULTS_PER_S = 1.0  # MPS server major faults per second (as the MPSDaemonMajorPageFaults alert)
-CONCURRENT_KERNELS = 1.2  # kernel time / busy time at or over this: processes' kernels overlap (MPS)
+CONCURRENT_KERNELS = 1.2  # kernel time / busy time of short kernels at or over this: they run side by side (MPS)
+# A kernel switched out at the end of its context's time slice keeps its start and end around the other
+# contexts' slices, so long kernels overlap under time slicing too; one shorter than this one cannot
+# span a slice, so only short kernels' overlap tells MPS from time slicing.
+SHORT_KERNEL_S = 100e-6
+MIN_SHORT_KERNELS = 100  # fewer short kernels than this in the window: their overlap proves nothing
 
 SHARING_MODES = ("exclusive", "time_sliced", "mps", "mig", "idle")
 
@@ -54,6 +59,9 @@ class Evidence:
     median_grid_blocks: float | None = None
     sm_count: int | None = None
     sm_footprint: float | None = None  # duration-weighted share of the SMs the kernels' grids can occupy
+    kernel_trace: bool | None = None  # True: an export's CUDA trace (the fields above are known where it has kernels)
+    kernel_busy_share: float | None = None  # share of the window with a kernel running
+    copy_busy_share: float | None = None  # share of the window with a memory copy or memset running
 
 
 @dataclass(frozen=True)
@@ -70,6 +78,15 @@ def _pct(value: float) -> str:
     return f"{value:.0%}"
 
 
+def _vs(value: float, op: str, threshold: float) -> str:
+    """'49.96% (< 50%)', not '50% (< 50%)': as many decimals as it takes to tell value from threshold."""
+    for digits in range(4):
+        shown = f"{value:.{digits}%}"
+        if value == threshold or shown != f"{threshold:.{digits}%}":
+            break
+    return f"{shown} ({op} {_pct(threshold)})"
+
+
 def _mps_server_paging(e: Evidence):
     if e.mps_server_faults_per_s is not None and e.mps_server_faults_per_s >= MPS_STALL_FAULTS_PER_S:
         return (f"the MPS server takes {e.mps_server_faults_per_s:.1f} major page faults/s "
@@ -79,32 +96,75 @@ def _mps_server_paging(e: Evidence):
 
 def _idle(e: Evidence):
     if e.time_utilization < IDLE_BELOW:
-        return (f"time utilization {_pct(e.time_utilization)} (< {_pct(IDLE_BELOW)})",
+        return (f"time utilization {_vs(e.time_utilization, '<', IDLE_BELOW)}",
                 "nothing to fix on the GPU; if jobs hold it, give it back or pack more work onto it")
+
+
+def _memory_bound(e: Evidence):
+    # Before saturated: warps waiting on DRAM keep their SMs "active", so a memory-bound loop reads
+    # SM active near 100% (a copy loop on the H100: DRAM active 0.81-0.90, SM active 0.91-1.0).
+    if e.dram_active is None or e.dram_active < MEMORY_BOUND_DRAM:
+        return None
+    sm = "unknown" if e.sm_active is None else _pct(e.sm_active)
+    reason = f"DRAM active {_vs(e.dram_active, '>=', MEMORY_BOUND_DRAM)} with SM active {sm}"
+    if e.copy_busy_share and e.copy_busy_share >= (e.kernel_busy_share or 0.0):
+        return (f"{reason}; memory copies run {_pct(e.copy_busy_share)} of the window, kernels "
+                f"{_pct(e.kernel_busy_share or 0.0)}: the GPU's work is moving memory",
+                "avoid the copies (views and in-place ops instead of copies, keep data where it is used, "
+                "fewer dtype and device conversions) or overlap them with compute; faster kernels will not help")
+    return (f"{reason}: the SMs are occupied but their warps wait on memory",
+            "memory bandwidth limits it, not compute: fuse kernels (torch.compile), lower precision, reuse data "
+            "while it is in cache; more SMs or tensor cores will not help")
 
 
 def _saturated(e: Evidence):
     if e.sm_active is not None and e.sm_active >= SATURATED_SM:
-        return (f"SM active {_pct(e.sm_active)} (>= {_pct(SATURATED_SM)})",
+        dram = "" if e.dram_active is None else f", DRAM active {_vs(e.dram_active, '<', MEMORY_BOUND_DRAM)}"
+        return (f"SM active {_vs(e.sm_active, '>=', SATURATED_SM)}{dram}: compute-bound",
                 "the GPU is the bottleneck: optimise kernels (tensor cores, precision) or add GPUs")
 
 
-def _memory_bound(e: Evidence):
-    if e.dram_active is not None and e.dram_active >= MEMORY_BOUND_DRAM:
-        return (f"DRAM active {_pct(e.dram_active)} (>= {_pct(MEMORY_BOUND_DRAM)}) while SM active is "
-                f"{'unknown' if e.sm_active is None else _pct(e.sm_active)}",
-                "memory bandwidth limits it: fuse kernels, lower precision, improve data reuse")
+def _sm_fill(e: Evidence) -> float | None:
+    """SM active per unit of busy time: how much of the SMs the kernels fill while they run."""
+    if e.sm_active is None or not e.time_utilization:
+        return None
+    return min(e.sm_active / e.time_utilization, 1.0)
+
+
+def _host_bound(e: Evidence):
+    # Live (no trace): busy little, with the SMs nearly empty even while busy, is tiny kernels with
+    # the host in between; only a trace tells launch overhead from a slow input pipeline.
+    fill = _sm_fill(e)
+    if e.kernel_trace or e.time_utilization >= BUSY_TIME or e.processes == 0 or (fill is not None and fill >= LOW_SM):
+        return None
+    seen = ("SM activity unknown" if fill is None else
+            f"while they run they fill {_pct(fill)} of the SMs (SM active {_pct(e.sm_active)}): small "
+            "kernels with the host in between")
+    return (f"kernels run {_vs(e.time_utilization, '<', BUSY_TIME)} of the time; {seen}",
+            "certain: the GPU waits on the host. Launch overhead (tiny kernels: CUDA graphs, fusion, larger "
+            "batches) or the input pipeline (loader workers, pinned memory)? A trace tells: nsys profile "
+            "--trace=cuda, then nsys_ingest diagnose")
 
 
 def _input_bound(e: Evidence):
-    if e.time_utilization >= BUSY_TIME or e.processes == 0:
+    if e.processes == 0:
         return None
-    if e.long_gap_idle_share is not None and e.long_gap_idle_share < INPUT_BOUND_LONG_GAPS:
+    long_gaps = e.long_gap_idle_share is not None and e.long_gap_idle_share >= INPUT_BOUND_LONG_GAPS
+    if e.kernel_trace and not long_gaps:
         return None  # idle in many tiny gaps: launch latency, not input
-    gaps = "" if e.long_gap_idle_share is None else \
-        f", {_pct(e.long_gap_idle_share)} of the idle time in gaps >= {LONG_GAP_S * 1e3:g} ms"
-    return (f"kernels run {_pct(e.time_utilization)} of the time (< {_pct(BUSY_TIME)}){gaps}: the GPU waits "
-            "for the host",
+    idle = 1.0 - e.time_utilization
+    hidden = None if e.sm_active is None else max(e.time_utilization - e.sm_active, 0.0)
+    if e.time_utilization < BUSY_TIME:
+        busy = f"kernels run {_vs(e.time_utilization, '<', BUSY_TIME)} of the time"
+    elif long_gaps and hidden is not None and idle > hidden:
+        # Busy most of the time, but waiting in long gaps costs more than idle SMs inside kernels.
+        busy = f"the GPU idles {_pct(idle)} of the time, more than its SMs idle while kernels run ({_pct(hidden)})"
+    else:
+        return None
+    gaps = f", {_pct(e.long_gap_idle_share)} of the idle time in gaps >= {LONG_GAP_S * 1e3:g} ms" if long_gaps else ""
+    fill = _sm_fill(e)
+    fills = "" if fill is None or e.kernel_trace else f", kernels fill {_pct(fill)} of the SMs while they run"
+    return (f"{busy}{gaps}{fills}: the GPU waits for the host",
             "speed up the input pipeline: more DataLoader workers, pinned memory and prefetching, "
             "preprocessing on the GPU, or fewer host syncs; a service waiting on requests has room for more work")
 
@@ -115,7 +175,7 @@ def _hidden_idle(e: Evidence) -> bool:
 
 def _time_sliced(e: Evidence):
     if _hidden_idle(e) and e.sharing_mode == "time_sliced":
-        return (f"{e.processes or 'several'} processes take turns on the GPU (time-sliced); time "
+        return (f"{e.processes or 'several'} processes take turns on the GPU (time-sliced); time utilization "
                 f"{_pct(e.time_utilization)} but SM active {_pct(e.sm_active)}{_footprint(e)}",
                 "run them under CUDA MPS so their kernels share the SMs (2.2-4.1x the steps here), "
                 "use larger batches, or give each a MIG slice sized to it")
@@ -124,8 +184,8 @@ def _time_sliced(e: Evidence):
 def _mps_shared(e: Evidence):
     # Sharing is already right; what is left is how much of the GPU the clients fill together.
     if e.sm_active is not None and e.sharing_mode == "mps":
-        return (f"{e.processes or 'several'} MPS clients run side by side and fill {_pct(e.sm_active)} of the "
-                f"SMs (< {_pct(SATURATED_SM)}){_footprint(e)}",
+        return (f"{e.processes or 'several'} MPS clients run side by side and fill {_vs(e.sm_active, '<', SATURATED_SM)} "
+                f"of the SMs{_footprint(e)}",
                 "room for more: add clients to this GPU or use larger batches; if SM active stays low, a "
                 "smaller MIG slice or GPU fits these jobs")
 
@@ -146,17 +206,27 @@ def _small_grid(e: Evidence):
                 "or share the GPU with other jobs (MPS, MIG)")
 
 
+def _underused_sms(e: Evidence):
+    # The trace rules out short and narrow kernels: the SMs idle inside kernels that should fill them.
+    if _hidden_idle(e) and e.kernel_trace and e.median_kernel_s is not None:
+        return (f"time utilization {_pct(e.time_utilization)} but SM active {_vs(e.sm_active, '<', LOW_SM)}, although "
+                f"the median kernel runs {e.median_kernel_s * 1e6:.0f} us on {e.median_grid_blocks:g} blocks"
+                f"{_footprint(e)}",
+                "the SMs idle inside the kernels: look into them with Nsight Compute (ncu: occupancy, tail "
+                "effect, stalls); kernels with fewer blocks than SMs cost the rest")
+
+
 def _small_kernels(e: Evidence):
-    if _hidden_idle(e):
-        return (f"time {_pct(e.time_utilization)} but SM active {_pct(e.sm_active)} "
-                f"(< {_pct(LOW_SM)}){_footprint(e)}",
+    if _hidden_idle(e) and not e.kernel_trace:
+        return (f"time utilization {_pct(e.time_utilization)} but SM active {_vs(e.sm_active, '<', LOW_SM)}"
+                f"{_footprint(e)}",
                 "kernels too small for the GPU: larger batches, CUDA graphs or fusion; profile with "
                 "nsys --trace=cuda and run nsys_ingest diagnose to tell launch-bound loops from small grids")
 
 
 def _no_finding(e: Evidence):
     if e.sm_active is not None:
-        return (f"time {_pct(e.time_utilization)}, SM active {_pct(e.sm_active)}: no rule matched",
+        return (f"time utilization {_pct(e.time_utilization)}, SM active {_pct(e.sm_active)}: no rule matched",
                 "nothing obvious to change")
 
 
@@ -164,11 +234,11 @@ def _footprint(e: Evidence) -> str:
     return "" if e.sm_footprint is None else f", kernels' grids cover {_pct(e.sm_footprint)} of the SMs"
 
 
-RULES = (("mps_server_paging", _mps_server_paging), ("idle", _idle), ("saturated", _saturated),
-         ("memory_bound", _memory_bound), ("input_bound", _input_bound),
+RULES = (("mps_server_paging", _mps_server_paging), ("idle", _idle), ("memory_bound", _memory_bound),
+         ("saturated", _saturated), ("host_bound", _host_bound), ("input_bound", _input_bound),
          ("time_sliced_small_kernels", _time_sliced), ("mps_shared", _mps_shared),
-         ("launch_bound", _launch_bound), ("small_grid", _small_grid), ("small_kernels", _small_kernels),
-         ("no_finding", _no_finding))
+         ("launch_bound", _launch_bound), ("small_grid", _small_grid), ("underused_sms", _underused_sms),
+         ("small_kernels", _small_kernels), ("no_finding", _no_finding))
 VERDICTS = tuple(name for name, _rule in RULES)
 
 

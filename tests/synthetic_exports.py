@@ -99,12 +99,25 @@ def empty_gpu_metrics(real: Path, out: Path) -> Path:
 KERNELS = "CUPTI_ACTIVITY_KIND_KERNEL"
 
 
+COPIES = ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")
+
+
+DROP_COPIES = "".join(f"drop table if exists {table};" for table in COPIES)
+
+
+def without_copies(real: Path, out: Path) -> Path:
+    return _edited_copy(real, out, DROP_COPIES)
+
+
 def without_kernel_trace(real: Path, out: Path) -> Path:
-    return _edited_copy(real, out, f"drop table {KERNELS};")
+    """No CUDA trace at all: neither kernels nor copies."""
+    return _edited_copy(real, out, f"drop table {KERNELS};" + DROP_COPIES)
 
 
 def one_kernel(real: Path, out: Path) -> Path:
-    return _edited_copy(real, out, f"delete from {KERNELS} where rowid != (select min(rowid) from {KERNELS});")
+    """One kernel and nothing else: no copies either."""
+    return _edited_copy(real, out, f"delete from {KERNELS} where rowid != (select min(rowid) from {KERNELS});"
+                        + DROP_COPIES)
 
 
 def zero_length_kernels(real: Path, out: Path) -> Path:
@@ -112,9 +125,10 @@ def zero_length_kernels(real: Path, out: Path) -> Path:
 
 
 def kernels_out_of_order(real: Path, out: Path) -> Path:
-    """The same kernels written newest first: the reader must not rely on nsys' order."""
-    return _edited_copy(real, out, f"create table k as select * from {KERNELS} order by start desc; "
-                                   f"delete from {KERNELS}; insert into {KERNELS} select * from k; drop table k;")
+    """The same kernels and copies written newest first: the reader must not rely on nsys' order."""
+    return _edited_copy(real, out, "".join(
+        f"create table k as select * from {table} order by start desc; "
+        f"delete from {table}; insert into {table} select * from k; drop table k;" for table in (KERNELS, *COPIES)))
 
 
 def kernels_on_two_gpus(real: Path, out: Path) -> Path:
@@ -127,3 +141,54 @@ def kernels_on_two_gpus(real: Path, out: Path) -> Path:
                         "select start, end, 1, contextId, streamId, globalPid + 16777216, demangledName, shortName, "
                         "registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, "
                         f"dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId from {KERNELS};")
+
+
+def _replace_rows(con, table: str, rows: list[dict]) -> None:
+    """Replaces every row of `table` with `rows`, each a copy of its first row with the given columns changed."""
+    cursor = con.execute(f"select * from {table} limit 1")
+    columns = [d[0] for d in cursor.description]
+    template = dict(zip(columns, cursor.fetchone()))
+    con.execute(f"delete from {table}")
+    con.executemany(f"insert into {table} ({', '.join(columns)}) values ({', '.join('?' * len(columns))})",
+                    [[{**template, **row}[c] for c in columns] for row in rows])
+
+
+def with_activities(real: Path, out: Path, kernels=(), copies=(), memsets=None) -> Path:
+    """An export whose CUDA trace is exactly the given activities, in start order, on device 0:
+    kernels (start, end, globalPid, blocks), copies (start, end, globalPid, bytes, copyKind), memsets
+    (start, end, globalPid, bytes). memsets None: the export has no copy or memset tables at all."""
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    _replace_rows(con, KERNELS, [{"start": s, "end": e, "deviceId": 0, "globalPid": g, "gridX": b, "gridY": 1, "gridZ": 1}
+                                 for s, e, g, b in sorted(kernels)])
+    if memsets is None:
+        con.executescript(DROP_COPIES)
+    else:
+        _replace_rows(con, COPIES[0], [{"start": s, "end": e, "deviceId": 0, "globalPid": g, "bytes": n, "copyKind": k}
+                                       for s, e, g, n, k in sorted(copies)])
+        _replace_rows(con, COPIES[1], [{"start": s, "end": e, "deviceId": 0, "globalPid": g, "bytes": n}
+                                       for s, e, g, n in sorted(memsets)])
+    con.commit()
+    con.close()
+    return out
+
+
+def preempted(real: Path, out: Path) -> Path:
+    """Time slicing as the trace may show it at worst: the kernel each context has in flight when its
+    slice ends keeps running in the timestamps until its context gets the GPU back (its end moves to
+    just before that process's next kernel), spanning the other contexts' slices."""
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    rows = con.execute(f"select rowid, start, end, globalPid from {KERNELS} order by start").fetchall()
+    next_start: dict[int, int] = {}
+    moved = []
+    for i in range(len(rows) - 1, -1, -1):  # newest first: each process's next kernel is known when reached
+        rowid, start, end, gpid = rows[i]
+        switch = i + 1 < len(rows) and rows[i + 1][3] != gpid
+        if switch and gpid in next_start and next_start[gpid] - 1 > end:
+            moved.append((next_start[gpid] - 1, rowid))
+        next_start[gpid] = start
+    con.executemany(f"update {KERNELS} set end = ? where rowid = ?", moved)
+    con.commit()
+    con.close()
+    return out

@@ -1,6 +1,6 @@
-"""nsys_ingest diagnose and the verdict rules: four exports recorded on the H100 with a CUDA kernel
-trace and GPU metrics (bench/record_diagnosis.sh), synthetic edge cases built from them, and the
-rules on their own."""
+"""nsys_ingest diagnose: four exports recorded on the H100 with a CUDA kernel trace and GPU metrics
+(bench/record_diagnosis.sh), synthetic edge cases built from them, and the live verdict over HTTP.
+The rules on their own, their thresholds and order, and the newer recordings: tests/test_verdicts.py."""
 import json
 import subprocess
 import sys
@@ -14,7 +14,7 @@ from nsys_ingest.reader import Export, IngestError
 from exporter.chain import diagnose as diagnose_live
 from exporter.samplers.mps import DaemonStats, MpsSnapshot
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, SpatialReading
-from nsys_ingest.verdicts import VERDICTS, Evidence, judge, sharing_mode
+from nsys_ingest.verdicts import VERDICTS
 from tests.helpers import FIXTURES, Exporter, parse_metrics, sample_value, wait_for
 
 TIME_SLICED = FIXTURES / "h100_diag_time_sliced.sqlite"
@@ -172,37 +172,3 @@ def test_a_paged_in_mps_server_is_the_verdict_whatever_else_holds():
     assert mode == "mps" and verdict.verdict == "mps_server_paging" and evidence.mps_server_faults_per_s == 12.0
     calm = DaemonStats("server", "alice", 10, 0.0, 500, 0, 1.0, None, None, major_faults_per_s=0.0)
     assert diagnose_live(telemetry, spatial, 0.99, MpsSnapshot(daemons=(calm,)))[1][0].verdict == "mps_shared"
-
-
-# -- the rules on their own ---------------------------------------------------------------------------
-@pytest.mark.parametrize("time_sliced, mps, mig, mode", [
-    (0, 0, False, "idle"), (1, 0, False, "exclusive"), (4, 0, False, "time_sliced"), (0, 4, False, "mps"),
-    (1, 3, False, "time_sliced"), (0, 0, True, "mig"), (2, 0, None, "time_sliced"),
-])
-def test_sharing_mode(time_sliced, mps, mig, mode):
-    assert sharing_mode(time_sliced, mps, mig) == mode
-
-
-@pytest.mark.parametrize("evidence, verdict", [
-    (Evidence(0.99, 0.2, mps_server_faults_per_s=5.0, sharing_mode="mps"), "mps_server_paging"),
-    (Evidence(0.01, 0.0, processes=0), "idle"),
-    (Evidence(0.99, 0.95), "saturated"),
-    (Evidence(0.9, 0.4, dram_active=0.7), "memory_bound"),
-    (Evidence(0.3, 0.2, processes=1), "input_bound"),
-    (Evidence(0.3, 0.2, processes=1, long_gap_idle_share=0.1, median_kernel_s=5e-6), "launch_bound"),
-    (Evidence(0.99, 0.15, sharing_mode="time_sliced", processes=6), "time_sliced_small_kernels"),
-    (Evidence(0.99, 0.6, sharing_mode="mps", processes=6), "mps_shared"),
-    (Evidence(0.99, 0.25, sharing_mode="exclusive", processes=1, median_kernel_s=5e-6), "launch_bound"),
-    (Evidence(0.99, 0.25, sharing_mode="exclusive", processes=1, median_kernel_s=0.02, median_grid_blocks=33,
-              sm_count=132), "small_grid"),
-    (Evidence(0.99, 0.25), "small_kernels"),
-    (Evidence(0.99, 0.6, sharing_mode="exclusive"), "no_finding"),
-])
-def test_each_rule(evidence, verdict):
-    found = judge(evidence)
-    assert found.verdict == verdict and found.verdict in VERDICTS and found.reason and found.advice
-
-
-def test_too_little_evidence_is_no_verdict():
-    assert judge(Evidence(None, 0.5)) is None
-    assert judge(Evidence(0.99, None)) is None  # busy in time, nothing to compare it to

@@ -2,7 +2,6 @@
 major page faults growing after the page cache is dropped. Needs root and nvidia-cuda-mps-control."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,6 +9,7 @@ import time
 
 import pytest
 
+from tests.gpu import needs
 from tests.helpers import ROOT, Exporter, wait_for
 
 pytestmark = pytest.mark.gpu
@@ -89,8 +89,9 @@ def _control_answers(env: dict, server_pid: int) -> dict:
     return answers
 
 
-@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="nvidia-cuda-mps-control not installed")
-@pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")
+@needs.MPS_CONTROL
+@needs.root("dropping the page cache")
+@needs.CUPY
 def test_mps_daemons_clients_and_major_faults():
     base = tempfile.mkdtemp(prefix="mps-test-")
     env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": f"{base}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{base}/log"}

@@ -9,13 +9,15 @@ import time
 
 import pytest
 
+from tests.gpu import needs
 from tests.helpers import ROOT, Exporter, wait_for
 
 pytestmark = pytest.mark.gpu
 NSYS = os.environ.get("NSYS_BINARY") or shutil.which("nsys")
 
 
-@pytest.mark.skipif(not NSYS, reason="Nsight Systems (nsys) not found: set NSYS_BINARY")
+@needs.tool(NSYS, "Nsight Systems (nsys)", "put nsys on the PATH or set NSYS_BINARY")
+@needs.CUPY
 def test_live_captures_publish_the_quarter_sm_load():
     sms = 33
     load = subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", f"{sms}:45"],

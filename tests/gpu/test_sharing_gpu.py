@@ -2,7 +2,6 @@
 N under CUDA MPS read mps (each worker spins on 8 SMs, bench/workloads.py); a trainer starved by its
 input reads input_bound."""
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -10,6 +9,7 @@ import time
 
 import pytest
 
+from tests.gpu import needs
 from tests.helpers import ROOT, Exporter, parse_metrics, sample_value, wait_for
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,8 @@ def _stop(procs):
         p.wait()
 
 
-@pytest.mark.skipif(shutil.which("nvidia-cuda-mps-control") is None, reason="nvidia-cuda-mps-control not installed")
+@needs.MPS_CONTROL
+@needs.CUPY
 def test_time_sliced_then_mps():
     with Exporter("--interval", "0.5", "--no-mps") as exporter:
         procs = _workers()
@@ -60,9 +61,9 @@ def test_time_sliced_then_mps():
             subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", env=env, text=True, timeout=30)
 
 
+@needs.TORCH  # the trainer needs PyTorch, not CuPy
 def test_a_trainer_waiting_on_its_input_reads_input_bound():
     """One trainer that makes each batch on the host for 8 ms (bench/train_worker.py --cpu-input-ms)."""
-    pytest.importorskip("torch")
     with Exporter("--interval", "0.5", "--no-mps") as exporter:
         trainer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at",
                                     str(time.time() + 5), "--seconds", "40", "--batch", "512", "--hidden", "4096",

@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from tests.gpu import needs
 from tests.helpers import ROOT, Exporter
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, needs.CUPY]
 
 
 def _sm_count() -> int:
