@@ -39,6 +39,7 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._version = 0
         self._log = LogOnce(log)
+        self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised
         self.snapshot = Snapshot(version=0, created=time.time())
 
     # -- sampling -------------------------------------------------------------------------------
@@ -83,8 +84,11 @@ class Engine:
         while not self._stop.is_set():
             try:
                 fn()
+                self._crashed.pop(name, None)
                 self._log.clear(f"sampler {name}")
             except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
+                # Its own health still says how its last good tick went: a raising tick overrides it.
+                self._crashed[name] = CollectorHealth(False, 0.0, f"tick failed: {exc!r}")
                 self._log.problem(f"sampler {name}", f"tick failed: {exc!r}", logging.ERROR)
             self.publish()
             next_at += interval
@@ -130,6 +134,10 @@ class Engine:
             health["slurm"] = self.slurm.health
         if self.spool is not None:
             health["spool"] = self.spool.health
+        for name, crashed in self._crashed.items():
+            for collector in (name, "gpm") if name == "nvml" else (name,):  # GPM ticks in the NVML loop
+                if collector in health:
+                    health[collector] = crashed
         return health
 
     def _views(self):

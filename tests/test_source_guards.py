@@ -151,8 +151,6 @@ def test_a_sampler_that_raises_every_tick_keeps_being_called(caplog):
     assert engine.snapshot.gpus and engine.snapshot.gpus[0].spatial is not None  # GPM serves the GPU
 
 
-@pytest.mark.xfail(strict=True, reason="engine.py keeps a sampler's last health when its tick raises: a sampler "
-                                       "that worked and then raises every tick still reads success 1 (lead: engine.py)")
 def test_a_sampler_that_worked_then_raises_reads_success_0(caplog):
     sampler = RaisingDcgm(works_first=2)
     _engine, samples = _run_engine(sampler, caplog)
