@@ -55,6 +55,9 @@ class Evidence(BaseModel):
     median_grid_blocks: Optional[float] = None
     sm_count: Optional[int] = None
     sm_footprint: Ratio = None
+    kernel_trace: Optional[bool] = Field(None, description="True: judged from an export's CUDA trace")
+    kernel_busy_share: Ratio = None
+    copy_busy_share: Ratio = None
 
 
 class Diagnosis(BaseModel):
