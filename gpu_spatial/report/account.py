@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -239,7 +240,7 @@ def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> 
     """Why a range gave nothing: no exporter at all, an exporter without workload series, or just this range."""
     workload, gpu = counter("held"), "gpu_time_utilization_ratio"
     year = 366 * DAY
-    seen = api.metric_names([workload, gpu], end - year, max(end, start + 1))
+    seen = api.metric_names([workload, gpu], end - year, max(end, time.time()) + DAY)
     if workload in seen:
         matched = f" matching {plan.selector}" if plan.matchers else ""
         return ReportError(f"no workload series{matched} between the start and the end: choose a range in which "
