@@ -208,10 +208,7 @@ def _rules_chunk(api, plan, window, at, interval) -> list[tuple] | None:
                 "hidden_idle": "rollup"}
     for quantity, values in found.items():
         out += [(*group, quantity, basis_of[quantity], value) for group, value in values.items()]
-    for quantity in COVERED:  # a group with no rollup of the quantity at all: all its held time is unknown
-        out += [(*group, quantity, "unknown", held) for group, held in found["held"].items()
-                if group not in found[quantity]]
-    return out
+    return out  # a group with no rollup of a quantity at all is unknown there (summary.py)
 
 
 def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, step: float) -> pd.DataFrame:
