@@ -285,6 +285,17 @@ class Scenario(BaseHTTPRequestHandler):
     def hostile(self):
         if self.path.startswith("/huge"):
             self.answer(200, b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * (3 << 20) + b"]}}")
+        elif self.path.startswith("/drip"):  # headers at once, then a byte every 0.2 s: never done
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            try:
+                for _ in range(20):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
         elif self.path.startswith("/slow"):
             time.sleep(3)
             self.answer(200, b"{}")
@@ -392,6 +403,8 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
                    contains="more than 1 MiB")
     one_line_error(capsys, "--prometheus", server + "/slow", "--last", "1h", "--timeout", "0.5",
                    contains="cannot reach")
+    one_line_error(capsys, "--prometheus", server + "/drip", "--last", "1h", "--timeout", "1",
+                   contains="took longer than 1 s")
     one_line_error(capsys, "--prometheus", server + "/html", "--last", "1h", contains="not the Prometheus JSON API")
     # the real CLI entry point: same line, no traceback
     result = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", closed, "--last", "1h"],
@@ -427,3 +440,9 @@ def test_credentials_and_a_store_without_the_exporter(capsys, tmp_path, monkeypa
     finally:
         vm.terminate()
         vm.wait(10)
+
+
+def test_label_values_cannot_drive_the_terminal():
+    from gpu_spatial.report.summary import group_name
+
+    assert group_name({"namespace": "team\x1b[2J\x1b]0;owned\x07"}, ["namespace"]) == "team?[2J?]0;owned?"

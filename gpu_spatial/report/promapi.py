@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -90,6 +91,8 @@ class PrometheusAPI:
         try:
             data = json.loads(raw)
         except ValueError:
+            if status >= 500:
+                raise ReportError(f"{self.url} failed (HTTP {status}): try again, or a shorter range") from None
             raise ReportError(f"{self.url}{path} answered HTTP {status} with something that is not the Prometheus "
                               f"JSON API: is --prometheus the API's base URL?") from None
         if not isinstance(data, dict) or data.get("status") != "success":
@@ -98,12 +101,18 @@ class PrometheusAPI:
         return data.get("data")
 
     def _read_capped(self, response) -> bytes:
+        """The body, within the size cap and the timeout as a whole (a server dripping bytes is cut off)."""
         parts, size = [], 0
-        while chunk := response.read(CHUNK):
+        deadline = time.monotonic() + self.timeout
+        read = getattr(response, "read1", response.read)
+        while chunk := read(CHUNK):
             size += len(chunk)
             if size > self.max_bytes:
                 raise ReportError(f"{self.url} sent more than {self.max_bytes >> 20} MiB for one query: narrow "
                                   f"--match or the range, or raise --max-response-mib")
+            if time.monotonic() > deadline:
+                raise ReportError(f"{self.url} took longer than {self.timeout:g} s to answer one query: narrow the "
+                                  f"range or --match, or raise --timeout")
             parts.append(chunk)
         return b"".join(parts)
 

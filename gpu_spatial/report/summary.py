@@ -78,5 +78,6 @@ def top_wasters(table: pd.DataFrame, labels, count: int = 5) -> pd.DataFrame:
 
 
 def group_name(row, labels) -> str:
-    values = [str(row[label]) for label in labels]
+    """The group as people read it; control characters from label values (terminal escapes) become '?'."""
+    values = ["".join(c if c.isprintable() else "?" for c in str(row[label])) for label in labels]
     return "/".join(values) if any(values) else "(none)"
