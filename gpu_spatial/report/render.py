@@ -104,7 +104,8 @@ def header_lines(report: Report) -> list[str]:
 
 LEGEND = ("busy: GPU-hours a kernel ran (time share); SM-active: GPU-hours of SMs active (spatial); hidden-idle: "
           "busy while the SMs idled; held-idle: held with no CUDA process or under 1% busy; waste = held-idle + "
-          "hidden-idle. Each % is of the held GPU-hours where the quantity is measured.")
+          "hidden-idle. Each % is of the held GPU-hours where the quantity is measured (a replica holder of a "
+          "time-sliced GPU can use more than its share: over 100%).")
 
 
 def wasters_lines(report: Report) -> list[str]:
@@ -115,9 +116,12 @@ def wasters_lines(report: Report) -> list[str]:
 
 
 def as_text(report: Report) -> str:
+    """The table without its wide basis column, which follows as lines of its own."""
     wasters = wasters_lines(report)
-    return "\n".join([*header_lines(report), "", display(report).to_string(index=False), "",
-                      "top wasters:", *(wasters or ["none"]), "", LEGEND]) + "\n"
+    shown = display(report)
+    bases = [f"  {row.iloc[0]}: {row['basis']}" for _, row in shown.iterrows()]
+    return "\n".join([*header_lines(report), "", shown.drop(columns="basis").to_string(index=False), "",
+                      "basis:", *bases, "", "top wasters:", *(wasters or ["none"]), "", LEGEND]) + "\n"
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -174,7 +178,8 @@ def as_json(report: Report) -> str:
 
 
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}
-td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}td:first-child,th:first-child,td:last-child{text-align:left}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+td:first-child,th:first-child,td:last-child,th:last-child{text-align:left}
 tr:last-child{font-weight:bold}img{max-width:100%;display:block;margin:1em 0}.note{color:#555;font-size:13px}"""
 
 
