@@ -283,6 +283,7 @@ class Scenario(BaseHTTPRequestHandler):
     do_POST = do_GET
 
     def hostile(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # unread, a close would reset the client
         if self.path.startswith("/huge"):
             self.answer(200, b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * (3 << 20) + b"]}}")
         elif self.path.startswith("/drip"):  # headers at once, then a byte every 0.2 s: never done
