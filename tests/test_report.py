@@ -186,6 +186,28 @@ def test_long_ranges_go_day_by_day_with_progress(backfilled, capsys):
     assert code == 0 and err == ""  # not a terminal and no --progress: nothing on stderr
 
 
+def test_a_server_sample_limit_splits_the_windows(backfilled, capsys, tmp_path):
+    """A Prometheus with a small --query.max-samples refuses a whole day of counters: the report asks for
+    halves until it answers, with the same figures; where even short windows are refused, one line."""
+    (tmp_path / "tsdb").mkdir()
+    for block in (backfilled["tmp"] / "tsdb").iterdir():
+        if block.is_dir() and len(block.name) == 26:  # ULID-named blocks, not the WAL or the lock
+            shutil.copytree(block, tmp_path / "tsdb" / block.name)
+    for limit, works in (("200", True), ("10", False)):  # Prometheus counts the samples of one series at a time
+        proc, url = start_prometheus(tmp_path, {"global": {"scrape_interval": "15s"}}, f"--query.max-samples={limit}")
+        try:
+            store = dict(backfilled, url=url)
+            if works:
+                document = report_json(capsys, store, "--source", "counters")
+                assert any("split" in note for note in document["source"]["notes"]), document["source"]
+                check_groups(document, "namespace")
+            else:
+                one_line_error(capsys, "--prometheus", url, "--start", store["start"], "--end", store["end"],
+                               "--source", "counters", contains="refused to read that many samples")
+        finally:
+            stop(proc)
+
+
 def parse_cell(text: str):
     return None if text == "unknown" else float(text.rstrip("%"))
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .promapi import PrometheusAPI, ReportError
+from .promapi import PrometheusAPI, ReportError, TooManySamples
 
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
 WITH_BASIS = ("sm_active", "hidden_idle")     # counters carry basis="exact"|"time_share"
@@ -30,6 +30,7 @@ GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_j
 RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model"}
 DEFAULT_RULE_INTERVAL = 60.0  # rules/gpu-utilization.rules.yaml, group gpu-workload-recording
 DAY = 86400.0
+MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
 MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\\n]|\\.)*")\s*')
 
 
@@ -157,7 +158,7 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
         source = "rules"
         if found is None:
             source = "counters"
-            found = _counters_chunk(api, plan, window, chunk_end)
+            found = _counters_span(api, plan, chunk_start, chunk_end, notes)
         answered.append((chunk_start, chunk_end, source))
         if found:
             sources[source] = sources.get(source, 0) + 1
@@ -182,6 +183,21 @@ def _value(sample: dict) -> float:
     except (KeyError, IndexError, TypeError, ValueError):
         raise ReportError("the server answered a sample without a numeric value: is it a Prometheus API?") from None
     return value if math.isfinite(value) else 0.0
+
+
+def _counters_span(api, plan, start, end, notes) -> list[tuple]:
+    """The counters over start..end, in halves (and their halves) where the server's sample limit refuses
+    the whole: increases over adjacent windows add up."""
+    try:
+        return _counters_chunk(api, plan, promql_window(end - start), end)
+    except TooManySamples:
+        if end - start <= MIN_SPLIT:
+            raise
+    middle = start + (end - start) / 2
+    note = "the server's sample limit split days into shorter windows (counters)"
+    if note not in notes:
+        notes.append(note)
+    return _counters_span(api, plan, start, middle, notes) + _counters_span(api, plan, middle, end, notes)
 
 
 def _counters_chunk(api, plan, window, at) -> list[tuple]:

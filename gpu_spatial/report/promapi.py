@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -21,6 +22,14 @@ CHUNK = 1 << 16
 
 class ReportError(Exception):
     """A problem the user can fix: printed as one line, exit status 2."""
+
+
+class TooManySamples(ReportError):
+    """The server's per-query sample limit (Prometheus --query.max-samples, VictoriaMetrics
+    -search.maxSamplesPerQuery): the caller asks again for a shorter window."""
+
+
+SAMPLE_LIMIT = re.compile(r"too many samples|maxSamplesPerQuery|max-samples|cannot select more than", re.I)
 
 
 def read_secret(path: str, what: str) -> str:
@@ -97,6 +106,9 @@ class PrometheusAPI:
                               f"JSON API: is --prometheus the API's base URL?") from None
         if not isinstance(data, dict) or data.get("status") != "success":
             error = str(data.get("error", "no error message") if isinstance(data, dict) else data)[:300]
+            if SAMPLE_LIMIT.search(error):
+                raise TooManySamples(f"{self.url} refused to read that many samples in one query ({error}): raise "
+                                     f"its limit or narrow --match")
             raise ReportError(f"{self.url} rejected the query (HTTP {status}): {error}")
         return data.get("data")
 
