@@ -200,13 +200,19 @@ def main(argv=None) -> int:
             result[f"report_{source}_held_gpu_hours"] = document["total"]["held"]["gpu_hours"]
         seconds, _ = report_seconds(prom.url, t0, end, "counters", by="pod")
         result["report_by_pod_counters_s"] = round(seconds, 2)
-        # The Workloads dashboard's fleet table: namespaces ranked by held-idle GPUs now, and its 6 h graph.
-        raw = "topk(20, sum by (namespace) (rate(gpu_workload_held_idle_gpu_seconds_total[5m])))"
-        rolled = "topk(20, namespace:gpu_workload_held_idle_gpu_seconds:rate5m)"
-        span = min(6 * 3600, end - t0)
-        for name, expr in (("raw", raw), ("rules", rolled)):
-            result[f"fleet_table_{name}_s"] = round(prom.query_seconds(expr, end), 3)
-            result[f"fleet_graph_6h_{name}_s"] = round(prom.query_seconds(expr, end, start=end - span), 3)
+        # The Workloads dashboard's fleet table: namespaces ranked by held-idle GPU-hours over the dashboard's
+        # range (6 h, or the whole range where shorter), and the graph of held-idle GPUs over that range.
+        span = int(min(6 * 3600, end - t0))
+        queries = {
+            "fleet_table_raw": f"topk(20, sum by (namespace) (increase(gpu_workload_held_idle_gpu_seconds_total[{span}s])))",
+            "fleet_table_rules": f"topk(20, sum_over_time(namespace:gpu_workload_held_idle_gpu_seconds:rate5m[{span}s]) * 60)",
+            "fleet_graph_raw": "topk(20, sum by (namespace) (rate(gpu_workload_held_idle_gpu_seconds_total[5m])))",
+            "fleet_graph_rules": "topk(20, namespace:gpu_workload_held_idle_gpu_seconds:rate5m)",
+        }
+        result["fleet_span_s"] = span
+        for name, expr in queries.items():
+            began = None if "table" in name else end - span
+            result[f"{name}_s"] = round(min(prom.query_seconds(expr, end, start=began) for _ in range(3)), 3)
         result["prometheus_peak_rss_bytes"] = prom.peak_rss()
     finally:
         prom.stop()
