@@ -164,10 +164,8 @@ def main(argv=None) -> int:
     result["write_openmetrics_s"] = round(time.perf_counter() - began, 1)
 
     began = time.perf_counter()
-    # promtool reads the whole file once per block: blocks of up to a day, not 2 h, for long ranges
-    block = f"{int(min(24, max(2, args.hours)))}h"
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", f"--max-block-duration={block}",
-                    str(out / "fleet.om"), str(out / "tsdb")], check=True)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "-q", str(out / "fleet.om"),
+                    str(out / "tsdb")], check=True)
     result["create_blocks_openmetrics_s"] = round(time.perf_counter() - began, 1)
     result["tsdb_bytes_raw"] = du(out / "tsdb")
     gpu_days = args.nodes * 8 * args.hours / 24
