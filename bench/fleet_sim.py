@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -131,7 +130,8 @@ def report_seconds(url: str, start: float, end: float, source: str, by: str = "n
     began = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", url, "--start", str(start),
                            "--end", str(end), "--by", by, "--source", source, "--format", "json",
-                           "--timeout", "600"], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
+                           "--timeout", "600"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parent.parent)
     elapsed = time.perf_counter() - began
     if done.returncode:
         raise RuntimeError(done.stderr)
@@ -203,11 +203,12 @@ def main(argv=None) -> int:
         # The Workloads dashboard's fleet table: namespaces ranked by held-idle GPU-hours over the dashboard's
         # range (6 h, or the whole range where shorter), and the graph of held-idle GPUs over that range.
         span = int(min(6 * 3600, end - t0))
+        raw, rolled = "gpu_workload_held_idle_gpu_seconds_total", "namespace:gpu_workload_held_idle_gpu_seconds:rate5m"
         queries = {
-            "fleet_table_raw": f"topk(20, sum by (namespace) (increase(gpu_workload_held_idle_gpu_seconds_total[{span}s])))",
-            "fleet_table_rules": f"topk(20, sum_over_time(namespace:gpu_workload_held_idle_gpu_seconds:rate5m[{span}s]) * 60)",
-            "fleet_graph_raw": "topk(20, sum by (namespace) (rate(gpu_workload_held_idle_gpu_seconds_total[5m])))",
-            "fleet_graph_rules": "topk(20, namespace:gpu_workload_held_idle_gpu_seconds:rate5m)",
+            "fleet_table_raw": f"topk(20, sum by (namespace) (increase({raw}[{span}s])))",
+            "fleet_table_rules": f"topk(20, sum_over_time({rolled}[{span}s]) * 60)",
+            "fleet_graph_raw": f"topk(20, sum by (namespace) (rate({raw}[5m])))",
+            "fleet_graph_rules": f"topk(20, {rolled})",
         }
         result["fleet_span_s"] = span
         for name, expr in queries.items():

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from gpu_spatial.report import main as report_main
-from tests.helpers import RULES, ROOT, Prometheus, free_port, http_get, wait_for
+from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
 from tests.workload_scenario import DURATION, FAMILIES, SCENARIO, exposition, write_openmetrics
 
 BACKFILL_STEP = 10.0  # seconds between samples: rate5m at the kinks of a hold is off by a fraction of a step
@@ -61,11 +61,20 @@ def run_report(capsys, *args) -> tuple[int, str, str]:
 def start_prometheus(tmp: Path, config: dict, *flags: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
-    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-                             f"--web.listen-address=127.0.0.1:{port}", *flags],
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", *flags],
                             stdout=open(tmp / "prometheus.log", "a"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, 30, what="prometheus ready")
+    return proc, url
+
+
+def start_victoria_metrics(tmp: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
+                             *flags], stdout=open(tmp / "vm.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_get(url + "/health", timeout=1)[0] in (200, 401), 30, what="victoria-metrics up")
     return proc, url
 
 
@@ -90,8 +99,8 @@ def backfilled():
     t0 = (time.time() // 3600) * 3600 - 3 * 3600  # whole blocks, in the past, inside the retention
     with open(tmp / "scenario.om", "w") as fh:
         write_openmetrics(SCENARIO, t0, DURATION, BACKFILL_STEP, fh)
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"), str(tmp / "tsdb")],
-                   check=True, capture_output=True)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"),
+                    str(tmp / "tsdb")], check=True, capture_output=True)
     proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
     result = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 - 600)}",
                              f"--end={int(t0 + DURATION + 600)}", f"--url={url}", f"--output-dir={tmp / 'rules'}",
@@ -307,7 +316,8 @@ class Scenario(BaseHTTPRequestHandler):
     def hostile(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))  # unread, a close would reset the client
         if self.path.startswith("/huge"):
-            self.answer(200, b'{"status":"success","data":{"resultType":"vector","result":[' + b" " * (3 << 20) + b"]}}")
+            padding = b" " * (3 << 20)
+            self.answer(200, b'{"status":"success","data":{"resultType":"vector","result":[' + padding + b"]}}")
         elif self.path.startswith("/drip"):  # headers at once, then a byte every 0.2 s: never done
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -349,14 +359,10 @@ def scenario_server():
 
 @needs("prometheus", "victoria-metrics")
 def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server, capsys, tmp_path):
-    vm_port = free_port()
-    vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{vm_port}",
-                           "-search.disableCache", "-search.latencyOffset=0s", "-retentionPeriod=1"],
-                          stdout=open(tmp_path / "vm.log", "w"), stderr=subprocess.STDOUT)
-    vm_url = f"http://127.0.0.1:{vm_port}"
+    vm, vm_url = start_victoria_metrics(tmp_path, "-search.disableCache", "-search.latencyOffset=0s",
+                                        "-retentionPeriod=1")
     prometheus = None
     try:
-        wait_for(lambda: http_get(vm_url + "/health", timeout=1)[0] == 200, 30, what="victoria-metrics up")
         config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"},
                   "scrape_configs": [{"job_name": "scenario", "honor_labels": True,
                                       "static_configs": [{"targets": [scenario_server]}]}],
@@ -391,8 +397,7 @@ def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server,
     finally:
         if prometheus:
             stop(prometheus)
-        vm.terminate()
-        vm.wait(10)
+        stop(vm)
 
 
 def one_line_error(capsys, *args, contains: str):
@@ -440,13 +445,8 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
 def test_credentials_and_a_store_without_the_exporter(capsys, tmp_path, monkeypatch):
     """VictoriaMetrics with basic auth: a wrong token or password is refused in one line, the right one
     passes; an empty store says it has no series of this exporter."""
-    port = free_port()
-    vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp_path / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
-                           "-httpAuth.username=report", "-httpAuth.password=s3cret"],
-                          stdout=open(tmp_path / "vm.log", "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+    vm, url = start_victoria_metrics(tmp_path, "-httpAuth.username=report", "-httpAuth.password=s3cret")
     try:
-        wait_for(lambda: http_get(url + "/health", timeout=1)[0] in (200, 401), 30, what="victoria-metrics up")
         (tmp_path / "token").write_text("not-the-token\n")
         (tmp_path / "wrong").write_text("report:guess\n")
         (tmp_path / "right").write_text("report:s3cret\n")
@@ -461,8 +461,7 @@ def test_credentials_and_a_store_without_the_exporter(capsys, tmp_path, monkeypa
         one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "right"),
                        contains="has no series of the gpu-spatial exporter")
     finally:
-        vm.terminate()
-        vm.wait(10)
+        stop(vm)
 
 
 def test_label_values_cannot_drive_the_terminal():

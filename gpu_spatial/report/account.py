@@ -169,8 +169,8 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
         raise ReportError(f"no {rollup(RULE_LABEL[plan.by], 'held')} in the range: the recording rules "
                           f"(rules/gpu-utilization.rules.yaml) are not loaded there; use --source counters")
     columns = ["chunk_start", "chunk_end", *plan.labels, "quantity", "basis", "gpu_seconds"]
-    return Collected(pd.DataFrame(records, columns=columns), sources, answered, interval if sources.get("rules") else None,
-                     notes, api.requests)
+    return Collected(pd.DataFrame(records, columns=columns), sources, answered,
+                     interval if sources.get("rules") else None, notes, api.requests)
 
 
 def _group(metric: dict, labels) -> tuple:
