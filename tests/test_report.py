@@ -181,16 +181,17 @@ def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
 
 
 def test_long_ranges_go_day_by_day_with_progress(backfilled, capsys):
-    """Two days: the empty first falls back to the counters (no rollups there), the second uses the rules;
-    --progress prints a line per day on stderr, the figures do not move."""
-    start = str(float(backfilled["start"]) - 86400)
-    code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start, "--end", backfilled["end"],
-                                "--format", "json", "--progress")
-    assert code == 0, err
-    assert re.findall(r"day (\d)/2 read", err) == ["1", "2"] and err.count("\n") == 2, err
-    document = json.loads(out)
-    assert document["source"]["days"] == {"rules": 1}
-    check_groups(document, "namespace", coverage=False)
+    """Two days cut through the middle of the scenario: the halves add up to the whole, from the rollups
+    and from the counters; --progress prints a line per day on stderr, nothing without it."""
+    start = str(backfilled["t0"] + 20 * 60 - 86400)
+    for source in ("rules", "counters"):
+        code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start,
+                                    "--end", backfilled["end"], "--format", "json", "--progress", "--source", source)
+        assert code == 0, err
+        assert re.findall(r"day (\d)/2 read", err) == ["1", "2"] and err.count("\n") == 2, err
+        document = json.loads(out)
+        assert document["source"]["days"] == {source: 2}
+        check_groups(document, "namespace", coverage=source == "counters")
     code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start, "--end", backfilled["end"])
     assert code == 0 and err == ""  # not a terminal and no --progress: nothing on stderr
 
