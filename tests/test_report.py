@@ -172,6 +172,10 @@ def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
     # the rollups keep neither basis nor per-holder coverage: GPU-hours only, unknown where a group has no series
     check_groups(document, "namespace", coverage=False)
     assert document["groups"][0]["sm_active"]["basis"]["exact"] == 0
+    for by in ("hpc_job", "node", "model"):
+        rolled = report_json(capsys, backfilled, "--by", by)
+        assert rolled["source"]["days"] == {"rules": 1}, by
+        check_groups(rolled, by, coverage=False)
     # --match on a label the rollup keeps stays on the rules; on another label it falls back to the counters
     kept = report_json(capsys, backfilled, "--by", "namespace", "--match", 'namespace=~"team-(a|b)"')
     assert kept["source"]["days"] == {"rules": 1} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
