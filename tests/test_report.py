@@ -334,6 +334,11 @@ class Scenario(BaseHTTPRequestHandler):
                     time.sleep(0.2)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+        elif self.path.startswith("/redirect"):  # elsewhere, with the credentials if they were followed
+            self.send_response(307)
+            self.send_header("Location", "http://attacker.invalid/api/v1/query")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
         elif self.path.startswith("/slow"):
             time.sleep(3)
             self.answer(200, b"{}")
@@ -439,6 +444,7 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
     one_line_error(capsys, "--prometheus", server + "/drip", "--last", "1h", "--timeout", "1",
                    contains="took longer than 1 s")
     one_line_error(capsys, "--prometheus", server + "/html", "--last", "1h", contains="not the Prometheus JSON API")
+    one_line_error(capsys, "--prometheus", server + "/redirect", "--last", "1h", contains="redirects are not followed")
     # the real CLI entry point: same line, no traceback
     result = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", closed, "--last", "1h"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -464,6 +470,10 @@ def test_credentials_and_a_store_without_the_exporter(capsys, tmp_path, monkeypa
         one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "missing"),
                        contains="cannot read the basic auth file")
         one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "right"),
+                       contains="has no series of the gpu-spatial exporter")
+        monkeypatch.delenv("GPU_SPATIAL_PROMETHEUS_TOKEN")
+        monkeypatch.setenv("GPU_SPATIAL_PROMETHEUS_BASIC_AUTH", "report:s3cret")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h",
                        contains="has no series of the gpu-spatial exporter")
     finally:
         stop(vm)

@@ -60,6 +60,16 @@ def auth_header(bearer_token_file: str | None, basic_auth_file: str | None) -> s
     return None
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are refused: urllib would carry the Authorization header to wherever they point."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
 class PrometheusAPI:
     def __init__(self, url: str, authorization: str | None = None, timeout: float = 60.0,
                  max_bytes: int = 64 << 20):
@@ -85,11 +95,14 @@ class PrometheusAPI:
             request.add_header("Authorization", self.authorization)
         self.requests += 1
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            with OPENER.open(request, timeout=self.timeout) as response:
                 raw = self._read_capped(response)
                 status = response.status
         except urllib.error.HTTPError as exc:
             status, raw = exc.code, self._read_capped(exc)
+            if 300 <= status < 400:
+                raise ReportError(f"{self.url} redirects (HTTP {status}) to {exc.headers.get('Location', '?')[:200]}: "
+                                  f"give --prometheus the final URL (redirects are not followed)") from None
             if status in (401, 403):
                 raise ReportError(f"{self.url} refused the credentials (HTTP {status}): set --bearer-token-file, "
                                   f"{TOKEN_ENV}, or --basic-auth-file") from None
