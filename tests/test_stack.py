@@ -55,14 +55,16 @@ def test_compose_file_is_valid_and_complete():
     config = yaml.safe_load(done.stdout)
     services = config["services"]
     assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "alertmanager",
-                             "grafana"}
+                             "grafana", "victoria-metrics"}
     assert services["alertmanager"]["image"].startswith("prom/alertmanager:v")  # pinned
     assert all("healthcheck" in s for s in services.values())
     assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
     assert "1000" in services["dcgm-exporter"]["command"]
     for name in ("dcgm-exporter", "gpu-spatial-exporter"):
         assert services[name]["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
-    assert set(config["volumes"]) == {"prometheus-data", "alertmanager-data", "grafana-data"}
+    assert set(config["volumes"]) == {"prometheus-data", "alertmanager-data", "grafana-data", "victoria-metrics-data"}
+    vm_port = services["victoria-metrics"]["ports"][0]  # a string or a mapping, by compose version
+    assert (vm_port.get("host_ip") if isinstance(vm_port, dict) else vm_port.split(":")[0]) == "127.0.0.1"
     counters = (ROOT / "deploy" / "dcgm-counters.csv").read_text().splitlines()
     assert any(line.startswith("DCGM_FI_PROF_SM_ACTIVE,") for line in counters)
     assert any(line.startswith("DCGM_FI_PROF_SM_OCCUPANCY,") for line in counters)

@@ -1,0 +1,180 @@
+"""A small client for the Prometheus HTTP query API, which Thanos, Mimir and VictoriaMetrics also serve.
+
+Everything the server says is hostile input: each request has a timeout, each body a size cap, and
+every failure becomes one ReportError line that names the problem and the fix.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+TOKEN_ENV = "GPU_SPATIAL_PROMETHEUS_TOKEN"
+BASIC_AUTH_ENV = "GPU_SPATIAL_PROMETHEUS_BASIC_AUTH"
+CHUNK = 1 << 16
+
+
+class ReportError(Exception):
+    """A problem the user can fix: printed as one line, exit status 2."""
+
+
+class TooManySamples(ReportError):
+    """The server's per-query sample limit (Prometheus --query.max-samples, VictoriaMetrics
+    -search.maxSamplesPerQuery): the caller asks again for a shorter window."""
+
+
+SAMPLE_LIMIT = re.compile(r"too many samples|maxSamplesPerQuery|max-samples|cannot select more than", re.I)
+
+
+def read_secret(path: str, what: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ReportError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from None
+    if not text:
+        raise ReportError(f"the {what} file {path} is empty")
+    return text
+
+
+def auth_header(bearer_token_file: str | None, basic_auth_file: str | None) -> str | None:
+    """Authorization header from the flags, else from the environment; a file wins over the environment."""
+    if bearer_token_file and basic_auth_file:
+        raise ReportError("give either --bearer-token-file or --basic-auth-file, not both")
+    token = read_secret(bearer_token_file, "bearer token") if bearer_token_file else None
+    basic = read_secret(basic_auth_file, "basic auth") if basic_auth_file else None
+    if token is None and basic is None:
+        token = os.environ.get(TOKEN_ENV) or None
+        basic = None if token else (os.environ.get(BASIC_AUTH_ENV) or None)
+    if token:
+        return f"Bearer {token}"
+    if basic:
+        if ":" not in basic:
+            raise ReportError("basic auth must be USER:PASSWORD (--basic-auth-file or " + BASIC_AUTH_ENV + ")")
+        return "Basic " + base64.b64encode(basic.encode()).decode()
+    return None
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Redirects are refused: urllib would carry the Authorization header to wherever they point."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
+OPENER = urllib.request.build_opener(NoRedirect)
+
+
+class PrometheusAPI:
+    def __init__(self, url: str, authorization: str | None = None, timeout: float = 60.0,
+                 max_bytes: int = 64 << 20):
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ReportError(f"--prometheus {url!r} is not an http(s) URL (e.g. http://prometheus:9090)")
+        self.url = url.rstrip("/")
+        self.authorization = authorization
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+        self.requests = 0
+
+    def _call(self, path: str, params: dict, post: bool = True) -> dict:
+        """POST where the API allows it (long matchers stay out of URLs and logs), GET elsewhere."""
+        encoded = urllib.parse.urlencode(params, doseq=True)
+        if post:
+            request = urllib.request.Request(self.url + path, data=encoded.encode(), method="POST",
+                                             headers={"Content-Type": "application/x-www-form-urlencoded"})
+        else:
+            request = urllib.request.Request(f"{self.url}{path}?{encoded}")
+        request.add_header("Accept", "application/json")
+        if self.authorization:
+            request.add_header("Authorization", self.authorization)
+        self.requests += 1
+        try:
+            with OPENER.open(request, timeout=self.timeout) as response:
+                raw = self._read_capped(response)
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status, raw = exc.code, self._read_capped(exc)
+            if 300 <= status < 400:
+                raise ReportError(f"{self.url} redirects (HTTP {status}) to {exc.headers.get('Location', '?')[:200]}: "
+                                  f"give --prometheus the final URL (redirects are not followed)") from None
+            if status in (401, 403):
+                raise ReportError(f"{self.url} refused the credentials (HTTP {status}): set --bearer-token-file, "
+                                  f"{TOKEN_ENV}, or --basic-auth-file") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise ReportError(f"cannot reach {self.url} ({reason}): check --prometheus and that the server "
+                              f"is up (timeout {self.timeout:g} s, --timeout)") from None
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            if status >= 500:
+                raise ReportError(f"{self.url} failed (HTTP {status}): try again, or a shorter range") from None
+            raise ReportError(f"{self.url}{path} answered HTTP {status} with something that is not the Prometheus "
+                              f"JSON API: is --prometheus the API's base URL?") from None
+        if not isinstance(data, dict) or data.get("status") != "success":
+            error = str(data.get("error", "no error message") if isinstance(data, dict) else data)[:300]
+            if SAMPLE_LIMIT.search(error):
+                raise TooManySamples(f"{self.url} refused to read that many samples in one query ({error}): raise "
+                                     f"its limit or narrow --match")
+            raise ReportError(f"{self.url} rejected the query (HTTP {status}): {error}")
+        return data.get("data")
+
+    def _read_capped(self, response) -> bytes:
+        """The body, within the size cap and the timeout as a whole (a server dripping bytes is cut off)."""
+        parts, size = [], 0
+        deadline = time.monotonic() + self.timeout
+        read = getattr(response, "read1", response.read)
+        while chunk := read(CHUNK):
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise ReportError(f"{self.url} sent more than {self.max_bytes >> 20} MiB for one query: narrow "
+                                  f"--match or the range, or raise --max-response-mib")
+            if time.monotonic() > deadline:
+                raise ReportError(f"{self.url} took longer than {self.timeout:g} s to answer one query: narrow the "
+                                  f"range or --match, or raise --timeout")
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def query(self, expr: str, at: float) -> list[dict]:
+        """An instant vector: [{"metric": {...}, "value": [t, "v"]}]."""
+        data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        return vector(data, expr)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
+        data = self._call("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
+                                                  "step": f"{step:.3f}"})
+        if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+            raise ReportError(f"{self.url} answered a range query without a matrix: is it a Prometheus API?")
+        return data["result"]
+
+    def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
+        """Which of `names` have series between start and end (the label values API: a few bytes back)."""
+        selector = '{__name__=~"%s"}' % "|".join(names)
+        data = self._call("/api/v1/label/__name__/values", {"match[]": selector, "start": f"{start:.3f}",
+                                                             "end": f"{end:.3f}"}, post=False)
+        return set(data) & set(names) if isinstance(data, list) else set()
+
+    def rule_interval(self, record: str) -> float | None:
+        """The evaluation interval of the rule group that records `record`; None where the server has no
+        rules API (VictoriaMetrics without vmalert) or no such rule."""
+        try:
+            data = self._call("/api/v1/rules", {"type": "record"}, post=False)
+        except ReportError:
+            return None
+        for group in data.get("groups", []) if isinstance(data, dict) else []:
+            if any(rule.get("name") == record for rule in group.get("rules", [])):
+                interval = group.get("interval")
+                return float(interval) if isinstance(interval, (int, float)) and interval > 0 else None
+        return None
+
+
+def vector(data, expr: str) -> list[dict]:
+    if not isinstance(data, dict) or data.get("resultType") != "vector" or not isinstance(data.get("result"), list):
+        raise ReportError(f"the answer to {expr[:80]!r} is not an instant vector: is --prometheus a Prometheus API?")
+    return data["result"]

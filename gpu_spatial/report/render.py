@@ -1,0 +1,200 @@
+"""The report in each output format: text (terminal), markdown, csv, json, html (charts embedded)."""
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from .account import COVERED, QUANTITIES
+from .summary import BASES, TOTAL, columns, group_name, top_wasters
+
+TITLES = {"held": "held", "busy": "busy", "sm_active": "SM-active", "hidden_idle": "hidden-idle",
+          "held_idle": "held-idle"}
+
+
+@dataclass
+class Report:
+    prometheus: str
+    start: float
+    end: float
+    by: str
+    labels: tuple[str, ...]
+    matchers: list[str]
+    table: pd.DataFrame
+    sources: dict
+    rule_interval: float | None
+    notes: list[str]
+    queries: int
+    charts: dict | None = None  # title -> PNG bytes (html only)
+
+    @property
+    def groups(self) -> pd.DataFrame:
+        return self.table[self.table[self.labels[0]] != TOTAL]
+
+    @property
+    def total(self) -> pd.Series:
+        return self.table[self.table[self.labels[0]] == TOTAL].iloc[0]
+
+    def source_line(self) -> str:
+        days = ", ".join(f"{source} for {n} day{'s' * (n != 1)}" for source, n in sorted(self.sources.items()))
+        line = f"source: {days or 'nothing'}"
+        if self.sources.get("rules"):
+            line += (f" (rules: sum_over_time of <{self.labels[0]}>:gpu_workload_*:rate5m x {self.rule_interval:g} s;"
+                     f" the rollups keep no basis and no per-holder coverage, --source counters for them)")
+        if self.sources.get("counters"):
+            line += " (counters: increase() of gpu_workload_*_gpu_seconds_total, exact, basis kept)"
+        return line
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def hours(value) -> str:
+    return "unknown" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+
+
+def percent(value) -> str:
+    return "unknown" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value * 100:.1f}%"
+
+
+def basis_note(row) -> str:
+    """How the row's SM-active figure was obtained and which held GPU-hours had no busy/SM series."""
+    parts = []
+    bases = [f"{basis} {row[f'sm_active_{basis}_gpu_hours']:.3f}" for basis in BASES
+             if row[f"sm_active_{basis}_gpu_hours"] > 0]
+    if bases:
+        parts.append("SM " + " + ".join(bases))
+    unknown: dict[float, list[str]] = {}
+    for quantity in COVERED:
+        value = row[f"{quantity}_unknown_gpu_hours"]
+        if value > 0:
+            unknown.setdefault(round(value, 3), []).append(TITLES[quantity])
+    for value, names in unknown.items():
+        parts.append(f"{'/'.join(names)} unknown on {value:.3f} GPU-h (no series: MPS, MIG)")
+    return "; ".join(parts) or "exact"
+
+
+def display(report: Report) -> pd.DataFrame:
+    name = "/".join(report.labels) if report.by != "node" else "node (instance)"
+    rows = []
+    for _, row in report.table.iterrows():
+        shown = {name: row[report.labels[0]] if row[report.labels[0]] == TOTAL else group_name(row, report.labels),
+                 "held GPU-h": hours(row["held_gpu_hours"])}
+        for quantity in QUANTITIES[1:]:
+            shown[f"{TITLES[quantity]} GPU-h"] = hours(row[f"{quantity}_gpu_hours"])
+            shown[f"{TITLES[quantity]} %"] = percent(row[f"{quantity}_share"])
+        shown["waste GPU-h"] = hours(row["waste_gpu_hours"])
+        shown["basis"] = basis_note(row)
+        rows.append(shown)
+    return pd.DataFrame(rows)
+
+
+def header_lines(report: Report) -> list[str]:
+    lines = [f"GPU account from {report.prometheus}, {iso(report.start)} to {iso(report.end)}, by {report.by}"
+             + (f", matching {', '.join(report.matchers)}" if report.matchers else ""),
+             report.source_line()]
+    lines += [f"note: {note}" for note in report.notes]
+    return lines
+
+
+LEGEND = ("busy: GPU-hours a kernel ran (time share); SM-active: GPU-hours of SMs active (spatial); hidden-idle: "
+          "busy while the SMs idled; held-idle: held with no CUDA process or under 1% busy; waste = held-idle + "
+          "hidden-idle. Each % is of the held GPU-hours where the quantity is measured (a replica holder of a "
+          "time-sliced GPU can use more than its share: over 100%).")
+
+
+def wasters_lines(report: Report) -> list[str]:
+    top = top_wasters(report.table, report.labels)
+    return [f"{i}. {group_name(row, report.labels)}: {row['waste_gpu_hours']:.3f} GPU-h wasted (held-idle "
+            f"{hours(row['held_idle_gpu_hours'])}, hidden-idle {hours(row['hidden_idle_gpu_hours'])})"
+            for i, (_, row) in enumerate(top.iterrows(), 1)]
+
+
+def as_text(report: Report) -> str:
+    """The table without its wide basis column, which follows as lines of its own."""
+    wasters = wasters_lines(report)
+    shown = display(report)
+    bases = [f"  {row.iloc[0]}: {row['basis']}" for _, row in shown.iterrows()]
+    return "\n".join([*header_lines(report), "", shown.drop(columns="basis").to_string(index=False), "",
+                      "basis:", *bases, "", "top wasters:", *(wasters or ["none"]), "", LEGEND]) + "\n"
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(cell(c) for c in frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def as_markdown(report: Report) -> str:
+    wasters = wasters_lines(report)
+    return "\n".join(["# GPU account", "", *[f"{line}  " for line in header_lines(report)], "",
+                      markdown_table(display(report)), "", "## Top wasters", "", *(wasters or ["none"]), "",
+                      LEGEND]) + "\n"
+
+
+def as_csv(report: Report) -> str:
+    return report.table[[*report.labels, *columns()]].to_csv(index=False, na_rep="unknown", float_format="%.6f")
+
+
+def _number(value):
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(float(value), 6)
+
+
+def group_json(row, labels) -> dict:
+    out = {"group": {label: row[label] for label in labels}, "name": group_name(row, labels),
+           "held": {"gpu_hours": _number(row["held_gpu_hours"]), "basis": "exact"}}
+    for quantity in QUANTITIES[1:]:
+        entry = {"gpu_hours": _number(row[f"{quantity}_gpu_hours"]), "share": _number(row[f"{quantity}_share"])}
+        if f"{quantity}_unknown_gpu_hours" in row:
+            entry["unknown_gpu_hours"] = _number(row[f"{quantity}_unknown_gpu_hours"])
+        if f"{quantity}_exact_gpu_hours" in row:
+            entry["basis"] = {basis: _number(row[f"{quantity}_{basis}_gpu_hours"]) for basis in BASES}
+        out[quantity] = entry
+    out["waste_gpu_hours"] = _number(row["waste_gpu_hours"])
+    return out
+
+
+def as_json(report: Report) -> str:
+    groups = [group_json(row, report.labels) for _, row in report.groups.iterrows()]
+    top = top_wasters(report.table, report.labels)
+    document = {
+        "prometheus": report.prometheus, "start": iso(report.start), "end": iso(report.end),
+        "start_unix": report.start, "end_unix": report.end, "by": report.by, "group_labels": list(report.labels),
+        "match": report.matchers,
+        "source": {"days": report.sources, "rule_interval_seconds": report.rule_interval, "notes": report.notes,
+                   "queries": report.queries, "summary": report.source_line()},
+        "groups": groups, "total": group_json(report.total, report.labels),
+        "top_wasters": [group_name(row, report.labels) for _, row in top.iterrows()],
+    }
+    return json.dumps(document, indent=2) + "\n"
+
+
+STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}
+td:first-child,th:first-child,td:last-child,th:last-child{text-align:left}
+tr:last-child{font-weight:bold}img{max-width:100%;display:block;margin:1em 0}.note{color:#555;font-size:13px}"""
+
+
+def as_html(report: Report) -> str:
+    import base64
+
+    esc = html.escape
+    charts = "".join(f'<h2>{esc(title)}</h2><img alt="{esc(title)}" src="data:image/png;base64,'
+                     f'{base64.b64encode(png).decode()}">' for title, png in (report.charts or {}).items())
+    wasters = "".join(f"<li>{esc(line.split('. ', 1)[1])}</li>" for line in wasters_lines(report)) or "<li>none</li>"
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>GPU account</title><style>{STYLE}</style>"
+            f"</head><body><h1>GPU account</h1>"
+            + "".join(f"<p class='note'>{esc(line)}</p>" for line in header_lines(report))
+            + display(report).to_html(index=False, escape=True, border=0)
+            + f"<p class='note'>{esc(LEGEND)}</p><h2>Top wasters</h2><ol>{wasters}</ol>{charts}</body></html>\n")
+
+
+FORMATS = {"text": as_text, "markdown": as_markdown, "csv": as_csv, "json": as_json, "html": as_html}

@@ -1,0 +1,485 @@
+"""gpu-spatial report against real stores: Debian's Prometheus loaded with promtool-built blocks (raw
+counters and recording-rule rollups) of a scenario whose GPU-hours are known by construction, the same
+scenario scraped by a Prometheus that remote-writes it to Debian's VictoriaMetrics, and bad input."""
+from __future__ import annotations
+
+import base64
+import csv
+import io
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpu_spatial.report import main as report_main
+from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
+from tests.workload_scenario import DURATION, FAMILIES, SCENARIO, exposition, write_openmetrics
+
+BACKFILL_STEP = 10.0  # seconds between samples: rate5m at the kinks of a hold is off by a fraction of a step
+needs = lambda *tools: pytest.mark.skipif(  # noqa: E731
+    any(shutil.which(t) is None for t in tools), reason=f"{', '.join(tools)} not installed (see .ci/run)")
+GROUP_OF = {"namespace": lambda h: (h.namespace,), "pod": lambda h: (h.namespace, h.pod),
+            "hpc_job": lambda h: (h.hpc_job,), "node": lambda h: (h.instance,), "model": lambda h: (h.model,)}
+
+
+def expected(by: str) -> dict[tuple, dict]:
+    """GPU-hours per group by construction: {group: {family: hours, family_unknown: held hours without it}}."""
+    out: dict[tuple, dict] = {}
+    for holder in SCENARIO:
+        row = out.setdefault(GROUP_OF[by](holder), {})
+        held = holder.gpu_seconds("held") / 3600
+        for family in FAMILIES:
+            seconds = holder.gpu_seconds(family)
+            if seconds is None:
+                row[f"{family}_unknown"] = row.get(f"{family}_unknown", 0.0) + held
+            else:
+                row[family] = row.get(family, 0.0) + seconds / 3600
+    return out
+
+
+def close(got, want, what):
+    assert want is not None and got is not None, (what, got, want)
+    assert math.isclose(got, want, rel_tol=0.005, abs_tol=1e-4), f"{what}: report {got}, by construction {want}"
+
+
+def run_report(capsys, *args) -> tuple[int, str, str]:
+    code = report_main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def start_prometheus(tmp: Path, config: dict, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
+                             f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}", *flags],
+                            stdout=open(tmp / "prometheus.log", "a"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, 30, what="prometheus ready")
+    return proc, url
+
+
+def start_victoria_metrics(tmp: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(["victoria-metrics", f"-storageDataPath={tmp / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
+                             *flags], stdout=open(tmp / "vm.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_for(lambda: http_get(url + "/health", timeout=1)[0] in (200, 401), 30, what="victoria-metrics up")
+    return proc, url
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait(10)
+
+
+def recording_rules_only(tmp: Path) -> Path:
+    groups = [g for g in yaml.safe_load(RULES.read_text())["groups"] if g["name"] == "gpu-workload-recording"]
+    path = tmp / "workload-recording.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def backfilled():
+    """Prometheus holding the scenario as blocks: raw counters, then the rollups promtool computed from them."""
+    if shutil.which("promtool") is None or shutil.which("prometheus") is None:
+        pytest.skip("prometheus/promtool not installed (see .ci/run)")
+    tmp = Path(tempfile.mkdtemp(prefix="report-backfill-"))
+    t0 = (time.time() // 3600) * 3600 - 3 * 3600  # whole blocks, in the past, inside the retention
+    with open(tmp / "scenario.om", "w") as fh:
+        write_openmetrics(SCENARIO, t0, DURATION, BACKFILL_STEP, fh)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"),
+                    str(tmp / "tsdb")], check=True, capture_output=True)
+    proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
+    result = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 - 600)}",
+                             f"--end={int(t0 + DURATION + 600)}", f"--url={url}", f"--output-dir={tmp / 'rules'}",
+                             str(recording_rules_only(tmp))], capture_output=True, text=True)
+    stop(proc)
+    assert result.returncode == 0, result.stderr
+    for block in (tmp / "rules").iterdir():
+        shutil.move(str(block), tmp / "tsdb" / block.name)
+    proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
+    # The report covers the scenario from before its first to its last sample (Prometheus extrapolates
+    # half a scrape interval past a series' last sample when a range ends later).
+    yield {"url": url, "start": str(t0 - 60), "end": str(t0 + DURATION), "t0": t0, "tmp": tmp}
+    stop(proc)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report_json(capsys, store, *args) -> dict:
+    code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", store["start"], "--end", store["end"],
+                                "--format", "json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def check_groups(document: dict, by: str, coverage: bool = True):
+    """Every group's GPU-hours equal the scenario's; with `coverage`, unknowns and shares too."""
+    want = expected(by)
+    got = {tuple(g["group"][label] for label in document["group_labels"]): g for g in document["groups"]}
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    for group, row in want.items():
+        have = got[group]
+        close(have["held"]["gpu_hours"], row["held"], f"{group} held")
+        close(have["held_idle"]["gpu_hours"], row["held_idle"], f"{group} held_idle")
+        for family in ("busy", "sm_active", "hidden_idle"):
+            if family not in row:  # no series at all: unknown, never 0
+                assert have[family]["gpu_hours"] is None and have[family]["share"] is None, (group, family, have)
+                close(have[family]["unknown_gpu_hours"], row["held"], f"{group} {family} unknown")
+                continue
+            close(have[family]["gpu_hours"], row[family], f"{group} {family}")
+            if coverage:
+                unknown = row.get(f"{family}_unknown", 0.0)
+                close(have[family]["unknown_gpu_hours"], unknown, f"{group} {family} unknown")
+                close(have[family]["share"], row[family] / (row["held"] - unknown), f"{group} {family} share")
+
+
+@pytest.mark.parametrize("by", ["namespace", "pod", "hpc_job", "node", "model"])
+def test_counters_equal_the_scenario_for_every_grouping(backfilled, capsys, by):
+    document = report_json(capsys, backfilled, "--by", by, "--source", "counters")
+    assert document["source"]["days"] == {"counters": 1}
+    check_groups(document, by)
+
+
+def test_bases_are_carried_through(backfilled, capsys):
+    groups = {g["name"]: g for g in report_json(capsys, backfilled, "--source", "counters")["groups"]}
+    # team-a: exact SM (exclusive GPUs and a MIG slice); the MIG slice has no busy series (3/7 GPU for 21 min)
+    close(groups["team-a"]["sm_active"]["basis"]["exact"], (0.6 * 30 + 0.2 * 20 + 0.3 * 21) / 60, "team-a exact")
+    assert groups["team-a"]["sm_active"]["basis"]["time_share"] == 0
+    close(groups["team-a"]["busy"]["unknown_gpu_hours"], 3 / 7 * 21 / 60, "team-a MIG busy unknown")
+    # team-b: time-sliced, SM allocated by time share; its idle replica holder shows as held-idle
+    close(groups["team-b"]["sm_active"]["basis"]["time_share"], (0.25 + 0.1) * 20 / 60, "team-b time_share")
+    close(groups["team-b"]["held_idle"]["gpu_hours"], 0.25 * 20 / 60, "team-b held idle")
+    # team-d: only an MPS client: held and held-idle known, the rest unknown (null), never 0
+    assert groups["team-d"]["busy"]["gpu_hours"] is None and groups["team-d"]["sm_active"]["gpu_hours"] is None
+    close(groups["team-d"]["held"]["gpu_hours"], 0.25, "team-d held")
+
+
+def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
+    document = report_json(capsys, backfilled, "--by", "namespace")  # auto: the rollups exist
+    assert document["source"]["days"] == {"rules": 1} and document["source"]["rule_interval_seconds"] == 60
+    # the rollups keep neither basis nor per-holder coverage: GPU-hours only, unknown where a group has no series
+    check_groups(document, "namespace", coverage=False)
+    assert document["groups"][0]["sm_active"]["basis"]["exact"] == 0
+    for by in ("hpc_job", "node", "model"):
+        rolled = report_json(capsys, backfilled, "--by", by)
+        assert rolled["source"]["days"] == {"rules": 1}, by
+        check_groups(rolled, by, coverage=False)
+    # --match on a label the rollup keeps stays on the rules; on another label it falls back to the counters
+    kept = report_json(capsys, backfilled, "--by", "namespace", "--match", 'namespace=~"team-(a|b)"')
+    assert kept["source"]["days"] == {"rules": 1} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
+    other = report_json(capsys, backfilled, "--by", "namespace", "--match", 'instance="node-b"')
+    assert other["source"]["days"] == {"counters": 1} and "instance" in other["source"]["notes"][0]
+    close(next(g for g in other["groups"] if g["name"] == "team-c")["held"]["gpu_hours"], 0.75, "team-c on node-b")
+
+
+def test_long_ranges_go_day_by_day_with_progress(backfilled, capsys):
+    """Two days cut through the middle of the scenario: the halves add up to the whole, from the rollups
+    and from the counters; --progress prints a line per day on stderr, nothing without it."""
+    start = str(backfilled["t0"] + 20 * 60 - 86400)
+    for source in ("rules", "counters"):
+        code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start,
+                                    "--end", backfilled["end"], "--format", "json", "--progress", "--source", source)
+        assert code == 0, err
+        assert re.findall(r"day (\d)/2 read", err) == ["1", "2"] and err.count("\n") == 2, err
+        document = json.loads(out)
+        assert document["source"]["days"] == {source: 2}
+        check_groups(document, "namespace", coverage=source == "counters")
+    code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start, "--end", backfilled["end"])
+    assert code == 0 and err == ""  # not a terminal and no --progress: nothing on stderr
+
+
+def test_a_server_sample_limit_splits_the_windows(backfilled, capsys, tmp_path):
+    """A Prometheus with a small --query.max-samples refuses a whole day of counters: the report asks for
+    halves until it answers, with the same figures; where even short windows are refused, one line."""
+    (tmp_path / "tsdb").mkdir()
+    for block in (backfilled["tmp"] / "tsdb").iterdir():
+        if block.is_dir() and len(block.name) == 26:  # ULID-named blocks, not the WAL or the lock
+            shutil.copytree(block, tmp_path / "tsdb" / block.name)
+    for limit, works in (("200", True), ("10", False)):  # Prometheus counts the samples of one series at a time
+        proc, url = start_prometheus(tmp_path, {"global": {"scrape_interval": "15s"}}, f"--query.max-samples={limit}")
+        try:
+            store = dict(backfilled, url=url)
+            if works:
+                document = report_json(capsys, store, "--source", "counters")
+                assert any("split" in note for note in document["source"]["notes"]), document["source"]
+                check_groups(document, "namespace")
+            else:
+                one_line_error(capsys, "--prometheus", url, "--start", store["start"], "--end", store["end"],
+                               "--source", "counters", contains="refused to read that many samples")
+        finally:
+            stop(proc)
+
+
+def parse_cell(text: str):
+    return None if text == "unknown" else float(text.rstrip("%"))
+
+
+def test_every_format_carries_the_same_numbers(backfilled, capsys, tmp_path):
+    want = expected("namespace")
+    common = ["--prometheus", backfilled["url"], "--start", backfilled["start"], "--end", backfilled["end"],
+              "--source", "counters"]
+    code, out, err = run_report(capsys, *common, "--format", "csv")
+    assert code == 0, err
+    rows = {r["namespace"]: r for r in csv.DictReader(io.StringIO(out))}
+    for (namespace,), row in want.items():
+        close(float(rows[namespace]["held_gpu_hours"]), row["held"], f"csv {namespace} held")
+        for family in ("busy", "sm_active", "hidden_idle", "held_idle"):
+            cell = rows[namespace][f"{family}_gpu_hours"]
+            if family in row:
+                close(float(cell), row[family], f"csv {namespace} {family}")
+            else:
+                assert cell == "unknown"
+    close(float(rows["(all)"]["held_gpu_hours"]), sum(r["held"] for r in want.values()), "csv total")
+
+    for fmt in ("markdown", "text"):
+        code, out, err = run_report(capsys, *common, "--format", fmt)
+        assert code == 0, err
+        if fmt == "markdown":
+            lines = [line for line in out.splitlines() if line.startswith("| ")]
+            header = [c.strip() for c in lines[0].strip("|").split("|")]
+            table = {cells[0]: dict(zip(header, cells)) for cells in
+                     ([c.strip() for c in line.strip("|").split("|")] for line in lines[1:])}
+        else:
+            lines = out.splitlines()
+            start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("namespace"))
+            header = ["namespace", "held GPU-h", "busy GPU-h", "busy %", "SM-active GPU-h", "SM-active %"]
+            table = {cells[0]: dict(zip(header, cells)) for cells in (line.split() for line in lines[start + 1:])
+                     if cells and cells[0] in {g[0] or "(none)" for g in want}}
+        for (namespace,), row in want.items():
+            shown = table[namespace or "(none)"]
+            close(parse_cell(shown["held GPU-h"]), row["held"], f"{fmt} {namespace} held")
+            if "busy" in row:
+                close(parse_cell(shown["busy GPU-h"]), row["busy"], f"{fmt} {namespace} busy")
+            else:
+                assert shown["busy GPU-h"] == "unknown" and shown["busy %"] == "unknown"
+            if "sm_active" in row:
+                close(parse_cell(shown["SM-active GPU-h"]), row["sm_active"], f"{fmt} {namespace} SM")
+        assert "top wasters" in out.lower() and "source: counters" in out
+
+
+@needs("chromium")
+def test_html_is_self_contained_with_charts_and_renders(backfilled, capsys, tmp_path):
+    for source in ("rules", "counters"):  # the waste chart reads either
+        page = tmp_path / f"account-{source}.html"
+        code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", backfilled["start"],
+                                    "--end", backfilled["end"], "--format", "html", "--output", str(page),
+                                    "--source", source)
+        assert code == 0 and out == "", err
+        text = page.read_text()
+        assert "http://" not in text.replace(backfilled["url"], "") and "<script" not in text  # nothing fetched
+        pngs = [base64.b64decode(b) for b in re.findall(r'src="data:image/png;base64,([^"]+)"', text)]
+        assert len(pngs) == 2 and all(p.startswith(b"\x89PNG") and len(p) > 10_000 for p in pngs)
+    cells = dict(re.findall(r"<tr>\s*<td>([^<]+)</td>\s*<td>([^<]+)</td>", text))
+    for (namespace,), row in expected("namespace").items():
+        close(float(cells[namespace or "(none)"]), row["held"], f"html {namespace} held")
+    shot = tmp_path / "shot.png"
+    profile = tempfile.mkdtemp(prefix="chromium-")
+    try:
+        subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+                        f"--screenshot={shot}", "--window-size=1400,2200", page.as_uri()],
+                       capture_output=True, timeout=90, check=True)
+    finally:
+        shutil.rmtree(profile, ignore_errors=True)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3).tolist()}
+    assert pixels.shape[0] >= 2000 and len(colours) > 20, ("a blank or unstyled screenshot", len(colours))
+    # the charts were drawn: the stacked waste areas and the bars use matplotlib's default colours
+    assert {(31, 119, 180), (76, 114, 176)} & colours or len(colours) > 50
+
+
+class Scenario(BaseHTTPRequestHandler):
+    """/metrics: the scenario's counters, its clock running SPEED times faster than the wall clock from
+    `started` (so its 40 minutes go through a real scrape and remote_write in 20 s, with the same
+    GPU-seconds); /huge, /slow, /html: hostile APIs."""
+    started = None  # the clock stands at 0 until the test starts it
+    SPEED = 120.0
+
+    def do_GET(self):
+        if self.path.startswith("/metrics"):
+            elapsed = min(DURATION, (time.time() - (self.started or time.time())) * self.SPEED)
+            self.answer(200, exposition(SCENARIO, elapsed).encode(), "text/plain; version=0.0.4")
+        else:
+            self.hostile()
+
+    do_POST = do_GET
+
+    def hostile(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # unread, a close would reset the client
+        if self.path.startswith("/huge"):
+            padding = b" " * (3 << 20)
+            self.answer(200, b'{"status":"success","data":{"resultType":"vector","result":[' + padding + b"]}}")
+        elif self.path.startswith("/drip"):  # headers at once, then a byte every 0.2 s: never done
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            try:
+                for _ in range(20):
+                    self.wfile.write(b" ")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+        elif self.path.startswith("/redirect"):  # elsewhere, with the credentials if they were followed
+            self.send_response(307)
+            self.send_header("Location", "http://attacker.invalid/api/v1/query")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        elif self.path.startswith("/slow"):
+            time.sleep(3)
+            self.answer(200, b"{}")
+        else:
+            self.answer(200, b"<html>a login page</html>", "text/html")
+
+    def answer(self, status, body, kind="application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        try:
+            self.wfile.write(body)
+        except (BrokenPipeError, ConnectionResetError):  # the report gave up first, as it should
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def scenario_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Scenario)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@needs("prometheus", "victoria-metrics")
+def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server, capsys, tmp_path):
+    vm, vm_url = start_victoria_metrics(tmp_path, "-search.disableCache", "-search.latencyOffset=0s",
+                                        "-retentionPeriod=1")
+    prometheus = None
+    try:
+        config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"},
+                  "scrape_configs": [{"job_name": "scenario", "honor_labels": True,
+                                      "static_configs": [{"targets": [scenario_server]}]}],
+                  "remote_write": [{"url": vm_url + "/api/v1/write",
+                                    "queue_config": {"batch_send_deadline": "500ms"}}]}
+        Scenario.started = None
+        prometheus, prom_url = start_prometheus(tmp_path, config)
+        # Prometheus applies new targets up to 5 s after it starts: the clock starts once the zeros are in
+        wait_for(lambda: json.loads(http_get(f"{prom_url}/api/v1/query?query=up")[1])["data"]["result"], 30,
+                 interval=0.2, what="the first scrape")
+        start = time.time() - 1
+        Scenario.started = time.time()
+        done = Scenario.started + DURATION / Scenario.SPEED + 1
+
+        def newest(url):  # the newest scrape both stores hold, once the scenario's counters are final
+            status, body = http_get(f"{url}/api/v1/query?query=max(timestamp(gpu_workload_held_gpu_seconds_total))",
+                                    timeout=2)
+            result = json.loads(body)["data"]["result"] if status == 200 else []
+            return float(result[0]["value"][1]) if result and float(result[0]["value"][1]) > done else None
+
+        end = wait_for(lambda: newest(prom_url), 60, interval=0.5, what="Prometheus scraped the whole scenario")
+        wait_for(lambda: (newest(vm_url) or 0) >= end, 60, interval=0.5, what="VictoriaMetrics got it by remote_write")
+        stores = {}
+        for name, url in (("prometheus", prom_url), ("victoria-metrics", vm_url)):
+            # --end on a scrape: Prometheus extrapolates nothing past it (VictoriaMetrics never does)
+            stores[name] = report_json(capsys, {"url": url, "start": str(start), "end": f"{end:.3f}"},
+                                       "--by", "namespace")
+            assert stores[name]["source"]["days"] == {"counters": 1}  # no rollups recorded here: the fallback
+            check_groups(stores[name], "namespace")
+        strip = lambda d: json.dumps([d["groups"], d["total"]], sort_keys=True)  # noqa: E731
+        assert strip(stores["prometheus"]) == strip(stores["victoria-metrics"])
+    finally:
+        if prometheus:
+            stop(prometheus)
+        stop(vm)
+
+
+def one_line_error(capsys, *args, contains: str):
+    code, out, err = run_report(capsys, *args)
+    assert code == 2 and out == "", (code, out, err)
+    assert err.count("\n") == 1 and "Traceback" not in err and contains in err, err
+    return err
+
+
+def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, tmp_path):
+    url, start, end = backfilled["url"], backfilled["start"], backfilled["end"]
+    closed = f"http://127.0.0.1:{free_port()}"
+    one_line_error(capsys, "--prometheus", closed, "--last", "1h", contains="cannot reach")
+    one_line_error(capsys, "--prometheus", "prometheus:9090", contains="not an http(s) URL")
+    one_line_error(capsys, "--prometheus", url, "--start", end, "--end", start, contains="is not before --end")
+    one_line_error(capsys, "--prometheus", url, "--start", "yesterday", contains="expected RFC3339")
+    one_line_error(capsys, "--prometheus", url, "--last", "7 days", contains="expected a duration")
+    one_line_error(capsys, "--prometheus", url, "--last", "1d", "--start", start, contains="not both")
+    one_line_error(capsys, "--prometheus", url, "--by", "rack", contains="invalid choice")
+    one_line_error(capsys, "--prometheus", url, "--match", "namespace=team-a", contains="--match")
+    before = str(backfilled["t0"] - 2 * 86400)
+    one_line_error(capsys, "--prometheus", url, "--start", before, "--end", str(float(before) + 3600),
+                   contains="no workload series between")
+    one_line_error(capsys, "--prometheus", url, "--start", start, "--end", end, "--by", "namespace",
+                   "--match", 'namespace="nobody"', "--source", "counters", contains="no workload series matching")
+    one_line_error(capsys, "--prometheus", url, "--start", start, "--end", end, "--by", "pod", "--source", "rules",
+                   contains="no recording rule groups by pod")
+    # hostile servers: a body over the cap, one that never answers in time, one that is not the API
+    server = f"http://{scenario_server}"
+    one_line_error(capsys, "--prometheus", server + "/huge", "--last", "1h", "--max-response-mib", "1",
+                   contains="more than 1 MiB")
+    one_line_error(capsys, "--prometheus", server + "/slow", "--last", "1h", "--timeout", "0.5",
+                   contains="cannot reach")
+    one_line_error(capsys, "--prometheus", server + "/drip", "--last", "1h", "--timeout", "1",
+                   contains="took longer than 1 s")
+    one_line_error(capsys, "--prometheus", server + "/html", "--last", "1h", contains="not the Prometheus JSON API")
+    one_line_error(capsys, "--prometheus", server + "/redirect", "--last", "1h", contains="redirects are not followed")
+    # the real CLI entry point: same line, no traceback
+    result = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", closed, "--last", "1h"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith("gpu-spatial report: cannot reach"), result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+@needs("prometheus", "victoria-metrics")
+def test_credentials_and_a_store_without_the_exporter(capsys, tmp_path, monkeypatch):
+    """VictoriaMetrics with basic auth: a wrong token or password is refused in one line, the right one
+    passes; an empty store says it has no series of this exporter."""
+    vm, url = start_victoria_metrics(tmp_path, "-httpAuth.username=report", "-httpAuth.password=s3cret")
+    try:
+        (tmp_path / "token").write_text("not-the-token\n")
+        (tmp_path / "wrong").write_text("report:guess\n")
+        (tmp_path / "right").write_text("report:s3cret\n")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", "--bearer-token-file", str(tmp_path / "token"),
+                       contains="refused the credentials (HTTP 401)")
+        monkeypatch.setenv("GPU_SPATIAL_PROMETHEUS_TOKEN", "from-the-environment")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", contains="refused the credentials")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "wrong"),
+                       contains="refused the credentials")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "missing"),
+                       contains="cannot read the basic auth file")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "right"),
+                       contains="has no series of the gpu-spatial exporter")
+        monkeypatch.delenv("GPU_SPATIAL_PROMETHEUS_TOKEN")
+        monkeypatch.setenv("GPU_SPATIAL_PROMETHEUS_BASIC_AUTH", "report:s3cret")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h",
+                       contains="has no series of the gpu-spatial exporter")
+    finally:
+        stop(vm)
+
+
+def test_label_values_cannot_drive_the_terminal():
+    from gpu_spatial.report.summary import group_name
+
+    assert group_name({"namespace": "team\x1b[2J\x1b]0;owned\x07"}, ["namespace"]) == "team?[2J?]0;owned?"
