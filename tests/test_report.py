@@ -169,9 +169,15 @@ def test_bases_are_carried_through(backfilled, capsys):
 def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
     document = report_json(capsys, backfilled, "--by", "namespace")  # auto: the rollups exist
     assert document["source"]["days"] == {"rules": 1} and document["source"]["rule_interval_seconds"] == 60
-    # the rollups keep neither basis nor per-holder coverage: GPU-hours only, unknown where a group has no series
+    # the rollups keep the basis of SM-active and hidden idle, but no per-holder coverage: unknown only
+    # where a group has no series at all
     check_groups(document, "namespace", coverage=False)
-    assert document["groups"][0]["sm_active"]["basis"]["exact"] == 0
+    counted = {g["name"]: g for g in report_json(capsys, backfilled, "--by", "namespace", "--source", "counters")["groups"]}
+    for group in document["groups"]:
+        for quantity in ("sm_active", "hidden_idle"):
+            for basis in ("exact", "time_share"):
+                want = counted[group["name"]][quantity]["basis"][basis]
+                close(group[quantity]["basis"][basis], want, f"{group['name']} {quantity} {basis}")
     for by in ("hpc_job", "node", "model"):
         rolled = report_json(capsys, backfilled, "--by", by)
         assert rolled["source"]["days"] == {"rules": 1}, by

@@ -6,9 +6,9 @@ Two ways to the same numbers (docs/metrics.md, "Workloads"):
   (MPS, MIG): those are reported as unknown, never as 0. It reads every workload series of the range.
 - recording rules: `sum_over_time(<label>:gpu_workload_<q>_gpu_seconds:rate5m[window]) * interval` reads
   one series per group: fast at fleet scale. A rate over 5 minutes evaluated every interval integrates to
-  the counter's increase, shifted by at most 5 minutes at the edges of the range. The rollups sum over
-  `basis` and cannot say which held GPU-seconds had no busy series; a group with no busy (or SM) rollup
-  at all is unknown, a mixed group's basis is "rollup".
+  the counter's increase, shifted by at most 5 minutes at the edges of the range. The SM-active and
+  hidden-idle rollups keep their basis; no rollup says which held GPU-seconds had no busy series, so a
+  group with no busy (or SM) rollup at all is unknown.
 Queries are split by day (progress, bounded answers); a day without rollups falls back to the counters.
 """
 from __future__ import annotations
@@ -105,7 +105,8 @@ class Plan:
 
     def rule_query(self, quantity: str, window: str, interval: float) -> str:
         label = RULE_LABEL[self.by]
-        return f"sum by ({label}) (sum_over_time({rollup(label, quantity)}{self.selector}[{window}])) * {interval:g}"
+        by = f"{label}, basis" if quantity in WITH_BASIS else label  # those rollups keep exact vs time_share
+        return f"sum by ({by}) (sum_over_time({rollup(label, quantity)}{self.selector}[{window}])) * {interval:g}"
 
 
 def promql_window(seconds: float) -> str:
@@ -213,17 +214,14 @@ def _counters_chunk(api, plan, window, at) -> list[tuple]:
 
 def _rules_chunk(api, plan, window, at, interval) -> list[tuple] | None:
     """The chunk from the rollups; None when the held rollup has nothing there (fall back to counters)."""
-    found = {}
-    for quantity in QUANTITIES:
-        found[quantity] = {_group(s["metric"], plan.labels): _value(s)
-                           for s in api.query(plan.rule_query(quantity, window, interval), at)}
-        if quantity == "held" and not found["held"]:
-            return None
     out = []
-    basis_of = {"held": "exact", "held_idle": "exact", "busy": "measured", "sm_active": "rollup",
-                "hidden_idle": "rollup"}
-    for quantity, values in found.items():
-        out += [(*group, quantity, basis_of[quantity], value) for group, value in values.items()]
+    basis_of = {"held": "exact", "held_idle": "exact", "busy": "measured"}
+    for quantity in QUANTITIES:
+        samples = api.query(plan.rule_query(quantity, window, interval), at)
+        if quantity == "held" and not samples:
+            return None
+        out += [(*_group(s["metric"], plan.labels), quantity,
+                 basis_of.get(quantity) or s["metric"].get("basis", "unknown"), _value(s)) for s in samples]
     return out  # a group with no rollup of a quantity at all is unknown there (summary.py)
 
 

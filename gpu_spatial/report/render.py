@@ -44,7 +44,7 @@ class Report:
         line = f"source: {days or 'nothing'}"
         if self.sources.get("rules"):
             line += (f" (rules: sum_over_time of <{self.labels[0]}>:gpu_workload_*:rate5m x {self.rule_interval:g} s;"
-                     f" the rollups keep no basis and no per-holder coverage, --source counters for them)")
+                     f" the rollups keep no per-holder coverage, --source counters for it)")
         if self.sources.get("counters"):
             line += " (counters: increase() of gpu_workload_*_gpu_seconds_total, exact, basis kept)"
         return line
