@@ -40,7 +40,8 @@ def start(kind: str, interval: float, source_dir: Path = ROOT, extra=()) -> tupl
     else:
         cmd = [sys.executable, "-m", "nvitop_exporter", "--bind-address", "127.0.0.1", "--port", str(port),
                "--interval", str(interval)]
-    env = {**os.environ, "PYTHONPATH": str(source_dir)}
+    # the checkout first, then whatever PYTHONPATH brings (packages carried to a machine without them)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(source_dir), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.Popen(cmd, cwd=source_dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics", 1)[0] == 200, 30, what=f"{kind} up")
     time.sleep(2 * interval + 1)  # past the first samples
