@@ -5,6 +5,7 @@ work, and an exporter that dies must be reported and then picked up again."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import http.server
 import json
 import os
@@ -114,6 +115,30 @@ def test_workloads_shown_when_present_never_required():
     assert "workload trainer-0  time_share 0.45" in screen(data)
 
 
+def test_mps_server_paging_shown_only_when_it_pages():
+    quiet, paging = snapshot(), snapshot()
+    paging["gpus"][0]["diagnosis"]["evidence"]["mps_server_faults_per_s"] = 0.1
+    assert "paging" not in screen(quiet)
+    assert "MPS server paging: 0.1 major faults/s" in screen(paging)
+
+
+def test_user_and_slurm_job_only_for_the_process_nvml_named(tmp_path):
+    from gpu_spatial.top.state import LocalProcesses
+
+    pid = tmp_path / "4321"
+    pid.mkdir()
+    (pid / "comm").write_text("python3\n")
+    (pid / "status").write_text("Name:\tpython3\nUid:\t0\t0\t0\t0\n")
+    (pid / "cgroup").write_text("0::/slurm/uid_0/job_4242/step_0\n")
+    local = LocalProcesses(str(tmp_path))
+    assert local.user(4321, "/usr/bin/python3") == "root"
+    assert local.slurm_job(4321, "python3") == "slurm job 4242"
+    assert local.user(4321, "trainer") is None and local.slurm_job(4321, "trainer") == ""  # pid reused
+    assert local.user(9999, "python3") is None
+    state = screen_state(snapshot(), "t", local)
+    assert all(p.user is None for p in state.gpus[0].processes)  # commands a, b, c are not pid 4321's
+
+
 class _Garbage(http.server.BaseHTTPRequestHandler):
     body = b"{}"
 
@@ -168,8 +193,8 @@ class Tmux:
         return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10,
                               check=True).stdout
 
-    def capture(self) -> str:
-        return self._tmux("capture-pane", "-p", "-t", "t")
+    def capture(self, *flags: str) -> str:
+        return self._tmux("capture-pane", "-p", *flags, "-t", "t")
 
     def keys(self, *keys) -> None:
         self._tmux("send-keys", "-t", "t", *keys)
@@ -213,14 +238,18 @@ def expected(api: dict, selected: int = 0):
     return rows, (gpu["sharing_mode"] or "n/a", (gpu["diagnosis"] or {}).get("verdict") or "n/a")
 
 
+COLOUR = re.compile(r"\x1b\[[0-9;]*3[1-6]m")  # red..cyan in capture-pane -e output (37 is the default)
+
+
 @needs_tmux
-@pytest.mark.parametrize("width,height", [(80, 24), (160, 48)])
-def test_in_process_replay_matches_the_exporter(width, height):
+@pytest.mark.parametrize("width,height,env", [(80, 24, {"NO_COLOR": "1"}), (160, 48, {})])
+def test_in_process_replay_matches_the_exporter(width, height, env):
     """A frozen replay (one recorded frame forever): top in-process shows what the exporter serves."""
     with Exporter(*FROZEN) as exporter:
         api = wait_for(lambda: (a := exporter.gpus())["gpus"][0]["spatial"] and a, 15, what="GPM reading")
-        with tmux([*FROZEN], width, height, {"NO_COLOR": "1"}) as pane:
+        with tmux([*FROZEN], width, height, env) as pane:
             text = pane.wait(lambda t: re.search(r"SM\[[^\]]*\]\s*\d+%", t), what="an SM active figure")
+            assert bool(COLOUR.search(pane.capture("-e"))) == (not env)  # NO_COLOR: plain
             rows, (mode, verdict) = expected(api)
             assert gpu_rows(text) == rows and rows[0] == ("99%", "25%")
             assert detail(text) == (mode, verdict) == ("n/a", "small_kernels")
@@ -252,7 +281,7 @@ class Recorder:
         import urllib.request
 
         while not self._stop.wait(0.03):
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, http.client.HTTPException):  # the exporter killed
                 with urllib.request.urlopen(self.url + "/api/v1/gpus", timeout=2) as r:
                     data = json.loads(r.read())
                 self.seen[data["snapshot_version"]] = data

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from gpu_spatial.top.feeds import clock
 from gpu_spatial.top.state import NA, Gpu, Process, ScreenState
 
+VERDICT_LINES = 2
 MAX_BAR = 40  # wider bars read no better
 SORTS = ("time", "memory", "pid", "user", "command")  # `s` cycles, `<` and `>` step
 HELP = """\
@@ -94,7 +95,10 @@ def detail_lines(gpu: Gpu, width: int) -> list[list[tuple[str, str]]]:
         lines.append([(f"MPS server paging: {gpu.mps_server_faults_per_s:.1f} major faults/s", "bad")])
     verdict = gpu.verdict or NA
     advice = gpu.advice or ("too little evidence for a verdict" if gpu.verdict is None else "")
-    lines.append([("verdict ", "bold"), (verdict, "verdict"), (": " + advice, "")])
+    # What to change is the point of the screen: up to VERDICT_LINES lines rather than cut at 80 columns.
+    first, *more = textwrap.wrap(f"verdict {verdict}: {advice}", width, subsequent_indent="  ") or [""]
+    lines.append([("verdict ", "bold"), (verdict, "verdict"), (first[len("verdict ") + len(verdict):], "")])
+    lines += [[(line, "")] for line in more[:VERDICT_LINES - 1]]
     for holder in gpu.holders[:2]:
         lines.append([("held by ", "dim"), (holder, "")])
     for record in gpu.workloads[:3]:
