@@ -40,6 +40,11 @@ def _interval(text: str) -> float:
     return value
 
 
+def _quit(_signum, _frame):
+    """SIGTERM quits like q: curses.wrapper restores the terminal on the way out."""
+    raise KeyboardInterrupt
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gpu-spatial top", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,7 +108,8 @@ def main(argv=None) -> int:
     root.handlers[:] = [_Keep(lines)]
     root.setLevel(logging.INFO)
     try:
-        size_ok = _size(args.size) if args.once else None  # noqa: F841 - bad --size fails before sampling
+        if args.once:
+            _size(args.size)  # a bad --size fails before the samplers start
         feed = make_feed(args, rest)
     except ValueError as exc:
         print(f"gpu-spatial top: {exc}", file=sys.stderr)
@@ -112,8 +118,7 @@ def main(argv=None) -> int:
         if isinstance(exc.code, str):
             print(f"gpu-spatial top: {exc.code}", file=sys.stderr)
         return 2
-    # SIGTERM quits like q, so the terminal is restored.
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _quit)
     feed.start()
     try:
         if args.once:

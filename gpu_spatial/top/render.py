@@ -218,6 +218,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
         if not state.gpus:
             lines.append([("no GPUs in this snapshot" if not state.problem else "no values shown: they would be stale",
                            "dim")])
+            lines += [[("collector ", "bad"), (error, "")] for error in state.collector_errors[:3]]
         for g in state.gpus:
             lines.append(gpu_line(g, width, g is gpu))
         if gpu is not None:

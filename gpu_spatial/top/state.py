@@ -11,21 +11,21 @@ import pwd
 import re
 from dataclasses import dataclass, field
 
+from exporter.snapshot import as_ratio
+
 NA = "n/a"
 SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 
 
-def ratio(value) -> float | None:
-    """A 0..1 ratio from JSON, or None for missing, NaN, booleans and non-numbers."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return None
-    return min(max(float(value), 0.0), 1.0)
-
-
 def number(value) -> float | None:
+    """A number from JSON, or None for missing, NaN, booleans and anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
+
+
+def ratio(value) -> float | None:
+    return as_ratio(number(value))
 
 
 def text(value, default: str = "") -> str:
