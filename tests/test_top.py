@@ -90,6 +90,11 @@ def test_processes_sorted_marked_and_mps_client_without_time_share():
     assert view.sort == "pid" and rows(screen(snapshot(), view=view)) == ["11", "12", "13"]
     handle_key(ord("i"), view, 1)
     assert rows(screen(snapshot(), view=view)) == ["13", "12", "11"]
+    view = View()
+    handle_key(ord("<"), view, 1)  # time -> command (wraps round), a..c
+    assert view.sort == "command" and rows(screen(snapshot(), view=view)) == ["11", "12", "13"]
+    handle_key(ord("s"), view, 1)
+    assert view.sort == "time"
     assert re.search(r"^M\s+13 n/a\s+n/a\s+n/a\s+c$", screen(snapshot()), re.M)
 
 
