@@ -15,7 +15,9 @@ from /proc/PID/stat) over --window seconds after --warmup, as a share of one cor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -27,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
 
 SOCKET = "top-cost"
+COLS, ROWS = 160, 48
 
 
 def tmux(*args: str) -> str:
@@ -34,14 +37,65 @@ def tmux(*args: str) -> str:
                           check=True).stdout
 
 
-def start_window(name: str, command: list[str]) -> int:
-    """Runs `command` as the pane's process itself (exec), so the pane pid is the measured pid."""
-    shell = "exec " + " ".join(f"'{part}'" for part in command)
-    if name == "top":
-        tmux("new-session", "-d", "-s", "cost", "-n", name, "-x", "160", "-y", "48", f"cd '{ROOT}'; {shell}")
-    else:
-        tmux("new-window", "-d", "-t", "cost", "-n", name, f"cd '{ROOT}'; {shell}")
-    return int(tmux("display-message", "-p", "-t", f"cost:{name}", "#{pane_pid}").strip())
+class TmuxWindows:
+    """Each tool in a tmux window of COLSxROWS; the screens are tmux capture-pane text."""
+
+    def start(self, name: str, command: list[str]) -> int:
+        """Runs `command` as the pane's process itself (exec), so the pane pid is the measured pid."""
+        shell = "exec " + " ".join(f"'{part}'" for part in command)
+        if name == "top":
+            tmux("new-session", "-d", "-s", "cost", "-n", name, "-x", str(COLS), "-y", str(ROWS), f"cd '{ROOT}'; {shell}")
+        else:
+            tmux("new-window", "-d", "-t", "cost", "-n", name, f"cd '{ROOT}'; {shell}")
+        return int(tmux("display-message", "-p", "-t", f"cost:{name}", "#{pane_pid}").strip())
+
+    def screen(self, name: str) -> str:
+        return tmux("capture-pane", "-p", "-t", f"cost:{name}")
+
+    def close(self) -> None:
+        windows.close()
+
+
+class PtyWindows:
+    """Where tmux is missing (a bare GPU host): each tool on a pseudo-terminal of COLSxROWS whose output
+    is read and dropped; the screens are each tool's own one-shot text (`top --once`, `nvitop --once`)."""
+
+    def __init__(self):
+        self.procs: dict[str, tuple[subprocess.Popen, list[str]]] = {}
+
+    def start(self, name: str, command: list[str]) -> int:
+        import fcntl
+        import struct
+        import termios
+        import threading
+
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
+        proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, start_new_session=True,
+                                env={**os.environ, "TERM": os.environ.get("TERM", "xterm-256color")})
+        os.close(slave)
+
+        def drain():
+            with contextlib.suppress(OSError):
+                while os.read(master, 65536):
+                    pass
+
+        threading.Thread(target=drain, daemon=True).start()
+        self.procs[name] = (proc, command)
+        return proc.pid
+
+    def screen(self, name: str) -> str:
+        command = self.procs[name][1]
+        once = [*command, "--once"] + (["--size", f"{COLS}x{ROWS}"] if "gpu_spatial" in command else [])
+        if name == "rich":
+            return "(rich baseline: same screen as top)\n"
+        return subprocess.run(once, capture_output=True, text=True, timeout=60, cwd=ROOT).stdout
+
+    def close(self) -> None:
+        for proc, _ in self.procs.values():
+            proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(10)
 
 
 def rich_baseline(top_args: list[str]) -> int:
@@ -91,45 +145,44 @@ def main(argv=None) -> int:
     parser.add_argument("--load", type=int, default=0, help="time-sliced spin processes to start (GPU hosts)")
     parser.add_argument("--load-sms", type=int, default=33, help="SMs each load process spins on")
     parser.add_argument("--no-nvitop", action="store_true", help="measure top alone")
+    parser.add_argument("--pty", action="store_true", help="pseudo-terminals even where tmux is installed")
     parser.add_argument("--rich-baseline", action="store_true",
                         help="also measure the same screen painted by rich's Live (the library choice)")
     args = parser.parse_args(argv)
-    if shutil.which("tmux") is None:
-        print("top_cost: tmux not found (apt-get install tmux)", file=sys.stderr)
-        return 2
+    windows = TmuxWindows() if shutil.which("tmux") and not args.pty else PtyWindows()
+    if isinstance(windows, PtyWindows):
+        print("top_cost: tmux not found: tools on pseudo-terminals, screens from --once", file=sys.stderr)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     load = start_load(args.load, args.warmup + args.window + 30, args.load_sms) if args.load else []
     pids = {}
     try:
         time.sleep(8 if load else 0)  # CUDA contexts up before the tools look
-        pids["top"] = start_window("top", [sys.executable, "-m", "gpu_spatial", "top", "--interval", "1", *top_args])
+        pids["top"] = windows.start("top", [sys.executable, "-m", "gpu_spatial", "top", "--interval", "1", *top_args])
         command = None if args.no_nvitop else nvitop_command()
         if command:
-            pids["nvitop"] = start_window("nvitop", command)
+            pids["nvitop"] = windows.start("nvitop", command)
         elif not args.no_nvitop:
             print("top_cost: nvitop not installed (pip install nvitop): measuring top alone", file=sys.stderr)
         if args.rich_baseline:
-            pids["rich"] = start_window("rich", [sys.executable, str(Path(__file__).resolve()),
+            pids["rich"] = windows.start("rich", [sys.executable, str(Path(__file__).resolve()),
                                                  "--rich-baseline-child", "--interval", "1", *top_args])
         time.sleep(args.warmup)
         before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         started = time.monotonic()
         time.sleep(args.window)
         elapsed = time.monotonic() - started
-        result = {"window_s": round(elapsed, 1), "load_processes": args.load, "top_args": top_args, "tools": {}}
+        result = {"window_s": round(elapsed, 1), "terminal": type(windows).__name__, "load_processes": args.load, "top_args": top_args, "tools": {}}
         for name, pid in pids.items():
             used = cpu_seconds(pid) - before[name]
-            result["tools"][name] = {"command": tmux("display-message", "-p", "-t", f"cost:{name}",
-                                                     "#{pane_current_command}").strip(),
-                                     "cpu_seconds": round(used, 3), "cpu_percent_of_core": round(100 * used / elapsed, 2),
+            result["tools"][name] = {"cpu_seconds": round(used, 3), "cpu_percent_of_core": round(100 * used / elapsed, 2),
                                      "rss_mb": round(rss_bytes(pid) / 1e6, 1)}
-            (out / f"{name}.txt").write_text(tmux("capture-pane", "-p", "-t", f"cost:{name}"))
+            (out / f"{name}.txt").write_text(windows.screen(name))
         (out / "cost.json").write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result, indent=1))
         return 0
     finally:
-        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True, timeout=10)
+        windows.close()
         for process in load:
             process.terminate()
             process.wait(30)
