@@ -372,3 +372,23 @@ def test_mps_clients_marked_and_sort_keys_over_http():
         pane.wait(lambda t: "sort user" in t, what="sort by user")
         pane.keys("q")
         pane.wait(lambda t: "TOP-EXITED=0" in t, timeout=15, what="top exiting on q")
+
+
+@needs_tmux
+def test_a_lost_gpu_reads_lost_without_figures_then_comes_back(tmp_path):
+    from tests.test_faults import SECOND, error, two_gpu_recording
+
+    def edit(calls):
+        good = calls["memory/1"]
+        calls["memory/1"] = good * 5 + [error("nvmlDeviceGetMemoryInfo", "GPU is lost", lost=True)] + good * 400
+
+    recording = two_gpu_recording(tmp_path, edit)
+    with tmux(["--nvml-replay", str(recording), "--no-mps", "--interval", "0.2"], 80, 24) as pane:
+        pane.keys("1")
+        text = pane.wait(lambda t: "GPU lost" in t, what="GPU 1 lost")
+        lost_line = next(line for line in text.splitlines() if "GPU lost" in line)
+        assert "%" not in lost_line and len(gpu_rows(text)) == 1  # GPU 0 still has its figures
+        assert SECOND[:20] in text and "Traceback" not in text
+        pane.wait(lambda t: len(gpu_rows(t)) == 2, timeout=30, what="GPU 1 answering again")
+        pane.keys("q")
+        pane.wait(lambda t: "TOP-EXITED=0" in t, timeout=15, what="top exiting on q")
