@@ -53,7 +53,7 @@ class TmuxWindows:
         return tmux("capture-pane", "-p", "-t", f"cost:{name}")
 
     def close(self) -> None:
-        windows.close()
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True, timeout=10)
 
 
 class PtyWindows:
