@@ -71,6 +71,12 @@ def test_exact_figures_at_80x24():
     assert all(len(line) <= 80 for line in text.splitlines()) and len(text.splitlines()) <= 24
 
 
+def test_tiny_terminals_clip_instead_of_failing():
+    for width, height in ((20, 5), (10, 2), (80, 1)):
+        lines = render(screen_state(snapshot(), "t"), View(), width, height)
+        assert len(lines) <= height and all(sum(len(t) for t, _ in line) <= width for line in lines)
+
+
 def test_bar_cells_and_hidden_idle():
     from gpu_spatial.top.render import bar
 

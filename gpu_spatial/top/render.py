@@ -151,9 +151,9 @@ def process_lines(gpu: Gpu, view: View, width: int, rows: int) -> list[list[tupl
 
 
 def header_line(state: ScreenState, view: View) -> list[tuple[str, str]]:
-    when = f"snapshot {state.version} at {clock(state.created)}" if state.version is not None and state.created else \
+    when = f"snapshot {state.version} {clock(state.created)}" if state.version is not None and state.created else \
         "no snapshot"
-    return [("gpu-spatial top ", "title"), (f" {when}  {state.origin}  sort {view.sort}  ", "dim"),
+    return [("gpu-spatial top", "title"), (f"  {when}  {state.origin}  sort {view.sort}  ", "dim"),
             ("?:help q:quit", "dim")]
 
 
