@@ -122,8 +122,9 @@ def test_hostile_json_reads_na_without_exception():
 def test_workloads_shown_when_present_never_required():
     data = snapshot()
     assert "workload" not in screen(data)
-    data["workloads"] = [{"uuid": "GPU-1234", "namespace": "ml", "pod": "trainer-0", "time_share": 0.45}]
-    assert "workload trainer-0  time_share 0.45" in screen(data)
+    data["workloads"] = [{"uuid": "GPU-1234", "namespace": "ml", "pod": "trainer-0", "time_share": 0.45},
+                         {"uuid": "GPU-other", "namespace": "ml", "pod": "elsewhere", "time_share": 0.1}]
+    assert "workload trainer-0  time_share 0.45" in screen(data) and "elsewhere" not in screen(data)
 
 
 def test_mps_server_paging_shown_only_when_it_pages():

@@ -118,7 +118,7 @@ def _process_owners(snapshot: dict) -> dict[int, str]:
 def _workloads_for(snapshot: dict, uuid: str) -> list[dict]:
     """The exporter's per-workload records for this GPU, where it has them (newer exporters)."""
     return [mapping(w) for w in items(snapshot.get("workloads"))
-            if mapping(w).get("uuid", mapping(w).get("gpu_uuid")) in (uuid, None)]
+            if uuid in (mapping(w).get("uuid"), mapping(w).get("gpu_uuid"))]
 
 
 def gpu_from_json(position: int, raw: dict, snapshot: dict, local: "LocalProcesses | None") -> Gpu:
