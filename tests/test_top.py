@@ -268,7 +268,7 @@ def test_in_process_replay_matches_the_exporter(width, height, env):
             assert "in-process (replay)" in text and "Traceback" not in text
             assert all(len(line) <= width for line in text.splitlines())
             pane.keys("?")
-            pane.wait(lambda t: "keys" in t and "select a GPU" in t, what="help")
+            pane.wait(lambda t: "select a GPU" in t and "hidden idle (time - SM)" in t, what="help")
             pane.keys("x")
             pane.wait(lambda t: "verdict small_kernels" in t, what="the main page again")
             pane.keys("w")

@@ -14,19 +14,18 @@ VERDICT_LINES = 2
 MAX_BAR = 40  # wider bars read no better
 SORTS = ("time", "memory", "pid", "user", "command")  # `s` cycles, `<` and `>` step
 HELP = """\
-gpu-spatial top: NVML time utilization next to spatial (SM) utilization
+time[####    ]  share of the interval in which a kernel ran (nvidia-smi, nvitop)
+SM[##~~      ]  share of the SMs doing work (#); ~ hidden idle: busy, SMs idle
+occ     SM occupancy (resident warps / max)   tensor  tensor pipes active
+DRAM    memory bandwidth active               hid     hidden idle (time - SM)
+mode    exclusive, time_sliced, mps, mig, idle
+M       an MPS client                         S       the MPS server
 
-  time[####    ]  share of the last interval in which a kernel ran (what nvidia-smi/nvitop show)
-  SM[##~~      ]  share of the SMs doing work (#); ~ is hidden idle: busy in time, SMs idle
-  occ   SM occupancy (resident warps / max)     tensor  tensor pipes active
-  DRAM  memory bandwidth active                 mode    exclusive, time_sliced, mps, mig, idle
-  M     an MPS client                           S       the MPS server (not a workload)
-
-keys
-  q          quit                  up/down, j/k, 0-9   select a GPU (digits: place in the list)
-  s          cycle the sort column  < >   sort by the previous / next column   i   reverse the order
-  w          why: the reason behind every n/a, the spatial sources and why they are not live
-  ?          this help (any key returns)"""
+q       quit
+up/down j/k 0-9   select a GPU (digits: its place in the list)
+s       cycle the sort column     < >  previous / next column   i  reverse
+w       why: the reason behind every n/a, and why a spatial source is not live
+?       this help (any key returns)"""
 
 
 @dataclass
@@ -208,7 +207,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
     """The whole screen: at most `height` lines, each at most `width` characters."""
     gpu = state.gpus[min(view.selected, len(state.gpus) - 1)] if state.gpus else None
     if view.page == "help":
-        lines = [header_line(state, view)] + [[(line, "")] for line in HELP.splitlines()]
+        lines = [header_line(state, view)] + wrap([[(line, "")] for line in HELP.splitlines()], width)
     elif view.page == "why":
         lines = [header_line(state, view)] + why_lines(state, gpu, view, width)
     else:
