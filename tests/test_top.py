@@ -71,6 +71,15 @@ def test_exact_figures_at_80x24():
     assert all(len(line) <= 80 for line in text.splitlines()) and len(text.splitlines()) <= 24
 
 
+def test_why_page_gives_the_reason_behind_each_na():
+    text = screen(snapshot(spatial=None, time_utilization=None), width=160, view=View(page="why"))
+    assert "SM active: n/a: no spatial source: dcgm unsupported (not configured); gpm active (GPM sample)" in text
+    assert "time utilization: n/a: NVML has no samples of this GPU" in text
+    assert "TIME% n/a for MPS clients (M)" in text
+    main = screen(snapshot(spatial=None), width=160)
+    assert "spatial n/a (w: why)" in main and "SM n/a" in main.replace("SM  n/a", "SM n/a")
+
+
 def test_tiny_terminals_clip_instead_of_failing():
     for width, height in ((20, 5), (10, 2), (80, 1)):
         lines = render(screen_state(snapshot(), "t"), View(), width, height)

@@ -177,6 +177,10 @@ def why_lines(state: ScreenState, gpu: Gpu | None, view: View, width: int) -> li
             lines.append([("verdict ", "bold"), (f"{gpu.verdict}: {gpu.verdict_reason}", "")])
         for error in gpu.errors:
             lines.append([("  NVML: ", "dim"), (error, "")])
+        if any(p.kind == "mps" and p.time_share is None for p in gpu.processes):
+            lines.append([("  TIME% n/a for MPS clients (M): NVML charges their kernels to the MPS server (S)", "dim")])
+        if any(p.memory_bytes is None for p in gpu.processes):
+            lines.append([("  GPU-MEM n/a: the snapshot carries no per-process memory", "dim")])
         if any(p.user is None for p in gpu.processes):
             lines.append([("  user n/a: the pid is not a process of this host with the same command "
                            "(a replay, a remote exporter, another pid namespace)", "dim")])
