@@ -54,6 +54,8 @@ class TmuxWindows:
 
     def close(self) -> None:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True, timeout=10)
+        with contextlib.suppress(OSError):  # the server leaves its socket behind
+            os.unlink(os.path.join(os.environ.get("TMUX_TMPDIR", "/tmp"), f"tmux-{os.getuid()}", SOCKET))
 
 
 class PtyWindows:

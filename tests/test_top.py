@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -203,7 +204,8 @@ class Tmux:
     """A private tmux server (own socket) running `gpu-spatial top ...` in a window of a given size."""
 
     def __init__(self, args, width: int, height: int, env: dict | None = None):
-        self.socket = f"top-test-{os.getpid()}-{width}x{height}"
+        self.directory = tempfile.mkdtemp(prefix="top-test-")
+        self.socket = os.path.join(self.directory, "tmux")  # its own server, its socket gone afterwards
         command = " ".join(f"'{a}'" for a in [sys.executable, "-m", "gpu_spatial", "top", *args])
         environment = " ".join(f"{k}='{v}'" for k, v in {"PYTHONPATH": str(ROOT), **(env or {})}.items())
         # The shell stays after top exits, so the test reads its exit status on the pane.
@@ -211,7 +213,7 @@ class Tmux:
                    f"cd '{ROOT}'; env {environment} {command}; echo TOP-EXITED=$?; sleep 60")
 
     def _tmux(self, *args) -> str:
-        return subprocess.run(["tmux", "-L", self.socket, *args], capture_output=True, text=True, timeout=10,
+        return subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=10,
                               check=True).stdout
 
     def capture(self, *flags: str) -> str:
@@ -230,6 +232,7 @@ class Tmux:
     def close(self):
         with contextlib.suppress(subprocess.SubprocessError, OSError):
             self._tmux("kill-server")
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 @contextlib.contextmanager
