@@ -1,0 +1,114 @@
+"""Where the snapshot comes from: the exporter's samplers in this process, or a running exporter's
+JSON API. Both hand the same JSON to state.screen_state, so both paths render the same."""
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from gpu_spatial.top.state import LocalProcesses, ScreenState, screen_state
+
+MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
+STALE_AFTER_TICKS = 10  # as the exporter's /healthz
+
+
+def clock(wall: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(wall))
+
+
+class InProcessFeed:
+    """The exporter's engine, built from the exporter's own flags, sampled in this process."""
+
+    def __init__(self, exporter_args):
+        from exporter.__main__ import build_engine
+
+        self.engine, _upload = build_engine(exporter_args)
+        self.interval = exporter_args.interval
+        self.replayed = bool(exporter_args.replay or exporter_args.nvml_replay)
+        # A replayed pid is not this host's: never name a local process's user for it.
+        self.local = None if exporter_args.nvml_replay else LocalProcesses(exporter_args.proc_root)
+        self.origin = "in-process" + (" (replay)" if self.replayed else "")
+        self._cached: tuple[int, ScreenState] | None = None
+
+    def start(self) -> None:
+        self.engine.start()
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def state(self) -> ScreenState:
+        from exporter.app import snapshot_json
+
+        snapshot = self.engine.snapshot
+        if snapshot.version == 0:
+            return ScreenState(self.origin, problem="waiting for the first sample")
+        if self._cached is None or self._cached[0] != snapshot.version:
+            self._cached = (snapshot.version, screen_state(snapshot_json(snapshot), self.origin, self.local))
+        state = self._cached[1]
+        age = time.time() - snapshot.created
+        if age > STALE_AFTER_TICKS * max(self.interval, 1.0):
+            return ScreenState(self.origin, problem=f"samplers stalled: last snapshot {age:.0f} s ago")
+        return state
+
+
+class HttpFeed:
+    """Polls GET {url}/api/v1/gpus in a thread, so keys answer while a slow exporter times out."""
+
+    def __init__(self, url: str, interval: float, timeout: float = 2.0):
+        self.url = url.rstrip("/")
+        self.interval = interval
+        self.timeout = timeout
+        host = urllib.parse.urlsplit(self.url).hostname or ""
+        # Its pids are this host's only when the exporter runs here.
+        self.local = LocalProcesses() if host in ("localhost", "127.0.0.1", "::1") else None
+        self.origin = self.url
+        self._lock = threading.Lock()
+        self._state = ScreenState(self.origin, problem=f"connecting to {self.url}")
+        self._failing_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="top-http", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def state(self) -> ScreenState:
+        with self._lock:
+            return self._state
+
+    def fetch(self) -> dict:
+        """One snapshot, or raises OSError/ValueError with a one-line reason."""
+        request = urllib.request.Request(self.url + "/api/v1/gpus", headers={"Accept": "application/json"})
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            body = response.read(MAX_BODY_BYTES + 1)
+        if len(body) > MAX_BODY_BYTES:
+            raise ValueError(f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
+        data = json.loads(body)
+        if not isinstance(data, dict) or "gpus" not in data:
+            raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
+        return data
+
+    def poll_once(self) -> None:
+        try:
+            state = screen_state(self.fetch(), self.origin, self.local)
+            self._failing_since = None
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, HTTP error, bad JSON
+            now = time.time()
+            self._failing_since = self._failing_since or now
+            reason = getattr(exc, "reason", None) or exc
+            state = ScreenState(self.origin, problem=f"exporter at {self.url} not answering since "
+                                f"{clock(self._failing_since)}: retrying ({reason})")
+        with self._lock:
+            self._state = state
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.poll_once()
+            self._stop.wait(max(0.05, self.interval - (time.monotonic() - started)))
