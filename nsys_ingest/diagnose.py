@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from nsys_ingest.analysis import bucket_means
 from nsys_ingest.kernels import NO_KERNEL_TRACE, GpuKernels, has_kernel_trace, kernel_stats
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export
 from nsys_ingest.verdicts import CONCURRENT_KERNELS, Evidence, judge
 
 NO_GPU_METRICS = ("this export has no GPU metrics: add --gpu-metrics-devices=all to the nsys command to measure "
@@ -114,7 +114,7 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
         notes.append(NO_GPU_METRICS)
     means = _metric_means(export, *window, chunk_rows, progress)
     if not kernels and not means:
-        raise IngestError("no kernels and no GPU metric samples in this window: check --start/--end")
+        raise export.empty_window(start_ns, end_ns, "kernels and no GPU metric samples")
     gpus = []
     for index in sorted(set(kernels) | set(means)):
         info = export.gpus.get(index) or export.described_gpus.get(index)

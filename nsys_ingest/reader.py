@@ -119,6 +119,8 @@ def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True)
         con = sqlite3.connect(path, check_same_thread=False)
     for limit, value in SQLITE_LIMITS.items():
         con.setlimit(limit, value)
+    if not readonly:
+        con.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 1)  # VACUUM attaches its temporary copy
     con.execute("pragma trusted_schema = off")
     con.execute("pragma cell_size_check = on")
     (heap,) = con.execute("pragma hard_heap_limit").fetchone()
@@ -411,6 +413,30 @@ class Export:
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
         low, high = self.con.execute(f"select min(timestamp), max(timestamp) from {table}").fetchone()
         return as_int(low or 0, f"{table}.timestamp"), as_int(high or 0, f"{table}.timestamp")
+
+    def span(self) -> tuple[int, int] | None:
+        """(first, last) timestamp in ns of what the export holds: its GPU metrics, else its kernels."""
+        if self.era is not None:
+            return self.time_range()
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in self.tables:
+            low, high = self.con.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+            if low is not None and high is not None:
+                return as_int(low, "CUPTI_ACTIVITY_KIND_KERNEL.start"), as_int(high, "CUPTI_ACTIVITY_KIND_KERNEL.end")
+        return None
+
+    def empty_window(self, start_ns, end_ns, what: str = "GPU metric samples") -> IngestError:
+        """The error for a window that holds nothing: it says where the capture's data lies."""
+        shown = lambda ns: "..." if ns is None else f"{ns / 1e9:.3f} s"  # noqa: E731
+        asked = f"{shown(start_ns)} to {shown(end_ns)}" if (start_ns, end_ns) != (None, None) else "the whole capture"
+        span = self.span()
+        if span is None:
+            return IngestError(f"no {what} in {asked}: the export holds none at all")
+        low, high = span
+        where = f"{low / 1e9:.3f}-{high / 1e9:.3f} s from the capture start"
+        if self.start_ns is not None:
+            stamp = lambda ns: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((self.start_ns + ns) / 1e9))  # noqa: E731
+            where += f" ({stamp(low)} to {stamp(high)})"
+        return IngestError(f"no {what} in {asked}: the capture's data spans {where}; give --start/--end inside it")
 
     def to_ns(self, wall_seconds: float) -> int:
         if self.start_ns is None:
