@@ -430,13 +430,14 @@ class Export:
         asked = f"{shown(start_ns)} to {shown(end_ns)}" if (start_ns, end_ns) != (None, None) else "the whole capture"
         span = self.span()
         if span is None:
-            return IngestError(f"no {what} in {asked}: the export holds none at all")
+            return IngestError(f"no {what} in this window ({asked}): the export holds none at all")
         low, high = span
         where = f"{low / 1e9:.3f}-{high / 1e9:.3f} s from the capture start"
         if self.start_ns is not None:
             stamp = lambda ns: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((self.start_ns + ns) / 1e9))  # noqa: E731
             where += f" ({stamp(low)} to {stamp(high)})"
-        return IngestError(f"no {what} in {asked}: the capture's data spans {where}; give --start/--end inside it")
+        return IngestError(f"no {what} in this window ({asked}): the capture's data spans {where}; "
+                           "give --start/--end inside it")
 
     def to_ns(self, wall_seconds: float) -> int:
         if self.start_ns is None:
