@@ -143,6 +143,7 @@ def create_app(engine, upload=None) -> MetricsFastPath:
     routes = [Route("/healthz", healthz), Route("/api/v1/gpus", gpus)]
     if upload is not None:
         routes.append(Route("/api/v1/nsys", upload.handle, methods=["POST"]))
+        routes.append(Route("/api/v1/diagnose", upload.diagnose, methods=["POST"]))
     app = Starlette(routes=routes, lifespan=lifespan)
     cache = MetricsCache(engine, build_registry(engine))
     return MetricsFastPath(app, cache)
