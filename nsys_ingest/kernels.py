@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nsys_ingest.analysis import nearest_rank_bin
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, window_clauses
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, NOT_NSYS, Export, IngestError, window_clauses
 from nsys_ingest.verdicts import LONG_GAP_S
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -152,7 +152,11 @@ def _reduce(export, cursor, start_ns, end_ns, chunk_rows, progress, devices, nam
             break
         if progress:
             progress(len(rows))
-        chunk = np.fromiter(rows, dtype=ROW, count=len(rows))
+        try:
+            chunk = np.fromiter(rows, dtype=ROW, count=len(rows))
+        except (TypeError, ValueError, OverflowError):  # untrusted input: text or NULL where integers belong
+            raise IngestError(f"{KERNEL_TABLE} holds a start, end, deviceId or grid size that is not an integer: "
+                              f"{NOT_NSYS}") from None
         del rows
         starts = chunk["start"]
         if (last_start is not None and starts[0] < last_start) or np.any(starts[1:] < starts[:-1]):
