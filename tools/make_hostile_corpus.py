@@ -135,7 +135,7 @@ def dram_write_without_read(con):
 
 def text_in_values(con):
     normal(con)
-    con.execute("update GPU_METRICS set value = 'abc' where metricId = 1 and timestamp = 500000000")
+    con.execute("update GPU_METRICS set value = 'abc' where metricId = 1 and timestamp = 10000000000")  # the last sample
 
 
 def null_timestamps(con):
@@ -228,7 +228,7 @@ CASES = {
     "text_sm_count": (text_sm_count, "TARGET_INFO_GPU.smCount holds 'many'"),
     "non_integer_utc_epoch": (non_integer_utc_epoch, "utcEpochNs holds 'yesterday'"),
     "missing_column": (missing_column, "GPU_METRICS has no column value"),
-    "missing_tables": (missing_tables, "no GPU metrics"),
+    "missing_tables": (missing_tables, "no GPU metric"),
     "expression_depth_bomb": (expression_depth_bomb, "malformed database schema"),
     "trigger_on_update": (trigger_on_update, None),
     "kernel_trace_with_text": (kernel_trace_with_text, None),
