@@ -406,6 +406,7 @@ class UploadSpool:
                 budget.cancel.set()  # SQLite stops within a few thousand instructions
                 log.info("nsys upload: the client left while its export was read; reading stopped, nothing kept")
                 await asyncio.wait({worker})
+                worker.exception()  # retrieved: it is the "cancelled" the budget raised, nobody's news
                 raise _Refused(None)
             return worker.result()
         except IngestError as exc:
