@@ -53,24 +53,20 @@ class SpoolRetention:
 
     def _uploads(self) -> list[tuple[float, int, Path]]:
         """(mtime, size, path) of the uploads, oldest first; files vanishing meanwhile are skipped."""
+        return self._files(UPLOAD_GLOB)
+
+    def _partials(self) -> list[tuple[float, int, Path]]:
+        return self._files(PARTIAL_GLOB)
+
+    def _files(self, pattern: str) -> list[tuple[float, int, Path]]:
         found = []
-        for path in self.spool_dir.glob(UPLOAD_GLOB):
+        for path in self.spool_dir.glob(pattern):
             try:
                 stat = path.stat()
             except FileNotFoundError:
                 continue
             found.append((stat.st_mtime, stat.st_size, path))
         return sorted(found)
-
-    def _partials(self) -> list[tuple[float, int, Path]]:
-        found = []
-        for path in self.spool_dir.glob(PARTIAL_GLOB):
-            try:
-                stat = path.stat()
-            except FileNotFoundError:
-                continue
-            found.append((stat.st_mtime, stat.st_size, path))
-        return found
 
     def _doomed(self, uploads, now: float, partials=()) -> list[Path]:
         rule = self.retention

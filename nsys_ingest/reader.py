@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -113,7 +114,7 @@ def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True)
     expression depths bounded, and every statement stopped when `budget` is spent.
     `readonly=False` is for scrub's private copy."""
     if readonly:
-        uri = f"file:{Path(path).resolve().as_posix()}?mode=ro&immutable=1"
+        uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro&immutable=1"  # '?', '#', '%' in names
         con = sqlite3.connect(uri, uri=True, check_same_thread=False)
     else:
         con = sqlite3.connect(path, check_same_thread=False)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, ROOT, Exporter, free_port, http_get, wait_for
+from tests.helpers import FIXTURES, ROOT, Exporter, free_port, wait_for
+from tests.test_faults import Scraper  # /metrics answers in under a second throughout, or it fails
 
 sys.path.insert(0, str(ROOT / "tools"))
 from make_hostile_corpus import CASES, UUID  # noqa: E402
@@ -111,7 +112,7 @@ def test_the_200k_type_ids_file_is_refused_at_once():
 
 # -- the reader's budget: time and cancel ------------------------------------------------------------
 def test_a_spent_budget_or_a_cancel_stops_sqlite_with_one_line(tmp_path):
-    import threading as th
+
 
     from nsys_ingest.analysis import summarise
     from nsys_ingest.reader import Budget, Export, IngestError
@@ -125,9 +126,9 @@ def test_a_spent_budget_or_a_cancel_stops_sqlite_with_one_line(tmp_path):
         with Export(big, budget=budget) as export:
             time.sleep(0.06)
             summarise(export)
-    cancel = th.Event()
+    cancel = threading.Event()
     with Export(big, budget=Budget(cancel=cancel)) as export:
-        th.Timer(0.05, cancel.set).start()
+        threading.Timer(0.05, cancel.set).start()
         started = time.perf_counter()
         with pytest.raises(Exception) as raised:
             summarise(export)
@@ -144,36 +145,6 @@ def _big_export(path: Path, rows: int) -> Path:
 
 
 # -- the exporter: upload, watch dir, replay ----------------------------------------------------------
-class Scraper:
-    """Scrapes /metrics every 50 ms in a thread; the slowest answer and the failures."""
-
-    def __init__(self, url: str):
-        self.url, self.slowest, self.failures, self.scrapes = url + "/metrics", 0.0, [], 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.is_set():
-            started = time.perf_counter()
-            try:
-                status, _ = http_get(self.url, timeout=5)
-                if status != 200:
-                    self.failures.append(status)
-            except OSError as exc:
-                self.failures.append(repr(exc))
-            self.slowest = max(self.slowest, time.perf_counter() - started)
-            self.scrapes += 1
-            self._stop.wait(0.05)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
 def post(url: str, body: bytes, token="s3cret", timeout=60) -> tuple[int, dict, float]:
     import urllib.error
     import urllib.request
@@ -200,7 +171,7 @@ def uploading_exporter(spool: Path, *more: str) -> Exporter:
 
 def test_every_case_uploaded_is_stored_or_refused_with_one_line_and_metrics_keep_answering(tmp_path):
     spool = tmp_path / "spool"
-    with uploading_exporter(spool) as exporter, Scraper(exporter.url) as scraper:
+    with uploading_exporter(spool) as exporter, Scraper(exporter):
         for case in sorted(CASES):
             status, body, seconds = post(exporter.url + "/api/v1/nsys", (CORPUS / f"{case}.sqlite").read_bytes())
             assert seconds < CASE_SECONDS, case
@@ -220,8 +191,6 @@ def test_every_case_uploaded_is_stored_or_refused_with_one_line_and_metrics_keep
         assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
         names = sorted(p.name for p in spool.iterdir())
         assert all(re.fullmatch(r"upload-\d{8}T\d{6}-[0-9a-f]{8}\.sqlite", n) for n in names), names  # no sidecars
-    assert scraper.failures == [] and scraper.scrapes > 20
-    assert scraper.slowest < 1.0, scraper.slowest
     assert "Traceback" not in exporter.log()
 
 
@@ -248,13 +217,13 @@ def test_a_gpu_goes_when_no_export_publishes_it_any_more(tmp_path):
         for path in spool.glob("upload-*.sqlite"):
             path.unlink()
         wait_for(lambda: uuids() == set(), 15, what="no GPU once no export publishes one")
-        assert f"gpu_sm_active_ratio{{" not in exporter.metrics()
+        assert "gpu_sm_active_ratio{" not in exporter.metrics()
 
 
 def test_uploads_stopped_one_byte_short_are_counted_bounded_and_expire(tmp_path):
     spool = tmp_path / "spool"
     body = QUARTER.read_bytes()
-    with uploading_exporter(spool) as exporter, Scraper(exporter.url) as scraper:
+    with uploading_exporter(spool) as exporter, Scraper(exporter):
         held, statuses = [], []
         for _ in range(100):
             conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
@@ -280,7 +249,6 @@ def test_uploads_stopped_one_byte_short_are_counted_bounded_and_expire(tmp_path)
         assert list(spool.iterdir()) == []
         log = exporter.log()
         assert log.count("abandoned after") == 4 and "Traceback" not in log
-    assert scraper.failures == [] and scraper.slowest < 1.0
 
 
 def test_a_client_leaving_mid_upload_is_one_info_line(tmp_path):
@@ -300,7 +268,7 @@ def test_a_client_leaving_mid_upload_is_one_info_line(tmp_path):
 def test_metrics_answer_while_a_large_upload_is_read_and_a_leaving_client_stops_the_read(tmp_path):
     big = _big_export(tmp_path / "big.sqlite", 3_000_000)
     spool = tmp_path / "spool"
-    with uploading_exporter(spool, "--nsys-upload-max-bytes", "1G") as exporter, Scraper(exporter.url) as scraper:
+    with uploading_exporter(spool, "--nsys-upload-max-bytes", "1G") as exporter, Scraper(exporter):
         status, body, seconds = post(exporter.url + "/api/v1/nsys", big.read_bytes(), timeout=120)
         assert status == 201, body
         wait_for(lambda: body["gpus"][0] in exporter.metrics(), 30, what="published")
@@ -311,8 +279,6 @@ def test_metrics_answer_while_a_large_upload_is_read_and_a_leaving_client_stops_
                 shutil.copyfileobj(f, sock.makefile("wb"))
             time.sleep(0.3)
         wait_for(lambda: "client left while its export was read" in exporter.log(), 30, what="reading stopped")
-    assert scraper.failures == [] and scraper.scrapes > 10
-    assert scraper.slowest < 1.0, (scraper.slowest, seconds)
     assert "Traceback" not in exporter.log()
 
 
@@ -320,7 +286,7 @@ def test_every_case_in_the_watched_directory(tmp_path):
     watch = tmp_path / "watch"
     watch.mkdir()
     with Exporter("--no-nvml", "--no-mps", "--nsys-watch-dir", str(watch), "--interval", "0.5") as exporter, \
-            Scraper(exporter.url) as scraper:
+            Scraper(exporter):
         for i, case in enumerate(sorted(CASES)):
             path = watch / f"{i:02d}-{case}.sqlite"
             shutil.copyfile(CORPUS / f"{case}.sqlite", path)
@@ -336,7 +302,6 @@ def test_every_case_in_the_watched_directory(tmp_path):
                 assert {g["uuid"] for g in exporter.gpus()["gpus"]} == {UUID}
             assert time.perf_counter() - started < CASE_SECONDS
         assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
-    assert scraper.failures == [] and scraper.slowest < 1.0
     log = exporter.log()
     assert "Traceback" not in log and "tick failed" not in log
     assert sorted(p.name for p in watch.iterdir()) == sorted(f"{i:02d}-{c}.sqlite" for i, c in enumerate(sorted(CASES)))
