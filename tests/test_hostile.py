@@ -28,12 +28,11 @@ from make_hostile_corpus import CASES, UUID  # noqa: E402
 CORPUS = FIXTURES / "hostile"
 QUARTER = FIXTURES / "h100_quarter_sms_50hz.sqlite"
 QUARTER_UUID = "GPU-d0231d62-1fc0-6926-93e4-d1c04181c44b"
-# Measured bounds per case (README, "Hostile exports"): the worst case here took 3.1 s and 171 MB
-# (the CLI; pandas and matplotlib are most of it); the bounds leave room for a loaded 2-core machine.
+# Measured per case (bench/hostile_cases.py, bench/RESULTS.md): the slowest command 0.65 s, 110 MB peak
+# (pandas and matplotlib are most of it), exporter 92 MB; the bounds leave room for a loaded machine.
 CASE_SECONDS = 10.0
 CASE_RSS_MB = 300.0
 REFUSED = {name: words for name, (_, words) in CASES.items() if words}
-ANSWERED = sorted(name for name, (_, words) in CASES.items() if not words)
 # A correct answer for these, except where the file attacks that command's own reading:
 CLI_REFUSES = {("kernel_trace_with_text", "diagnose"): "CUPTI_ACTIVITY_KIND_KERNEL holds a start",
                ("generated_column_elsewhere", "scrub"): "Junk.y is a generated column"}
