@@ -47,15 +47,16 @@ def read_export(path, work, nsys: str = "nsys", require_metrics: bool = True, bu
     SQLite's, one nobody foresaw) is an IngestError with one line, never a traceback."""
     from nsys_ingest.reader import Export, IngestError
 
-    with Export(path, nsys=nsys, require_metrics=require_metrics, budget=budget) as export:
-        try:
-            return work(export)
-        except IngestError:
-            raise
-        except sqlite3.DatabaseError as exc:
-            raise export.explain(exc) from None
-        except Exception as exc:  # noqa: BLE001 - a form of export nobody foresaw: bad input, not a crash
-            raise IngestError(f"unreadable export ({type(exc).__name__}: {str(exc)[:200]})") from None
+    try:
+        with Export(path, nsys=nsys, require_metrics=require_metrics, budget=budget) as export:
+            try:
+                return work(export)
+            except sqlite3.DatabaseError as exc:
+                raise export.explain(exc) from None
+    except IngestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a form of export nobody foresaw: bad input, not a crash
+        raise IngestError(f"unreadable export ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def windows_of(export, window_s: float) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
