@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.ingest_bench import write_result  # noqa: E402
 from tests.helpers import Exporter  # noqa: E402
 from tests.test_hostile import CASES, CHILD, CORPUS, peak_rss_mb, post  # noqa: E402
 
@@ -50,10 +51,7 @@ def main() -> int:
               "cli_peak_rss_mb": max(c["cli_peak_rss_mb"] for c in cases.values()),
               "upload_slowest_s": max(c["upload_s"] for c in cases.values()),
               "exporter_peak_rss_mb": round(exporter_rss, 1)}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return write_result(result, args.out)
 
 
 if __name__ == "__main__":
