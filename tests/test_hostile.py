@@ -419,3 +419,16 @@ def test_an_empty_window_says_the_captures_range(command, tmp_path):
     assert ("in this window (100.000 s to 200.000 s): the capture's data spans 0.020-9.620 s from the capture start "
             "(2026-11-22T06:47:56Z to 2026-11-22T06:48:06Z)") in done.stderr, done.stderr
     assert not (tmp_path / "x").exists() or command == "openmetrics"
+
+
+def test_diagnose_endpoint_answers_what_the_cli_answers_and_keeps_nothing(tmp_path):
+    spool = tmp_path / "spool"
+    with uploading_exporter(spool) as exporter:
+        for path in sorted(FIXTURES.glob("h100_diag_*.sqlite")):
+            status, body, _ = post(exporter.url + "/api/v1/diagnose", path.read_bytes())
+            done = subprocess.run([sys.executable, "-m", "nsys_ingest", "diagnose", "--json", str(path)], cwd=ROOT,
+                                  capture_output=True, text=True, timeout=60, env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
+            assert status == 200 and body == {**json.loads(done.stdout), "file": "upload"}, path.name
+            status, body, _ = post(exporter.url + "/api/v1/diagnose", path.read_bytes(), token="wrong")
+            assert status == 401
+        assert list(spool.iterdir()) == []
