@@ -140,10 +140,16 @@ def report(args, path: Path, tool: str, baselines, variants=None) -> int:
     more = {name: measure(tool, other) for name, other in (variants or {}).items()}
     result = {"rows": ran["rows"], "file_gb": round(path.stat().st_size / 1e9, 2), tool: ran, **bare, **more,
               f"{tool}_time_over_{baselines[0]}": round(ran["seconds"] / bare[baselines[0]]["seconds"], 2)}
+    return write_result(result, args.out)
+
+
+def write_result(result: dict, out: Path | None) -> int:
+    """Prints a benchmark's result, and writes it to `out` (bench/results/...) when given."""
     print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if out:
+        out.write_text(json.dumps(result, indent=1) + "\n")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -171,6 +171,8 @@ class SpoolStats(BaseModel):
     files: int
     bytes: int
     removed: int = Field(description="uploads removed by retention since start")
+    partial_files: int = Field(0, description="uploads still streaming or being validated (counted against the limits)")
+    partial_bytes: int = 0
 
 
 class Gpus(BaseModel):

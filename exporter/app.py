@@ -180,8 +180,7 @@ def api(engine, upload=None):
         """`nsys-ingest diagnose --json` of an uploaded export; nothing is kept."""
         if upload is None:
             return JSONResponse({"error": UPLOADS_OFF}, status_code=404)
-        handler = getattr(upload, "diagnose", None)
-        return await (handler(request) if handler else diagnose_upload(upload, request))
+        return await upload.diagnose(request)
 
     return app
 
@@ -229,48 +228,6 @@ class LazyApi:
                 self._engine.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
-
-
-async def diagnose_upload(upload, request):
-    """Stand-in for UploadSpool.diagnose (issue 20, being written beside this): the upload's token and
-    size rules, then the diagnosis of a temporary copy, removed afterwards."""
-    import hmac
-    import os
-    import tempfile
-
-    from starlette.concurrency import run_in_threadpool
-    from starlette.responses import JSONResponse
-
-    from nsys_ingest.reader import Export, IngestError
-
-    if not hmac.compare_digest(request.headers.get("authorization", "").encode(), f"Bearer {upload.token}".encode()):
-        return JSONResponse({"error": "missing or wrong bearer token"}, status_code=401)
-    too_large = JSONResponse({"error": f"export larger than {upload.max_bytes} bytes"}, status_code=413)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > upload.max_bytes:
-        return too_large
-    fd, path = tempfile.mkstemp(prefix=".diagnose-", suffix=".sqlite")
-    try:
-        size = 0
-        with os.fdopen(fd, "wb") as out:
-            async for block in request.stream():
-                size += len(block)
-                if size > upload.max_bytes:
-                    return too_large
-                out.write(block)
-
-        def run():
-            from nsys_ingest.diagnose import diagnose
-
-            with Export(path, require_metrics=False) as export:
-                return {**diagnose(export), "file": "the upload"}
-
-        try:
-            return JSONResponse(await run_in_threadpool(run))
-        except IngestError as exc:
-            return JSONResponse({"error": str(exc).replace(path, "the upload")}, status_code=400)
-    finally:
-        os.unlink(path)
 
 
 def create_app(engine, upload=None) -> MetricsFastPath:

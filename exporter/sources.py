@@ -50,7 +50,8 @@ def build_spatial_sources(args, nvml, gpm=None):
             spool = args.nsys_spool_dir or watch_dir or tempfile.mkdtemp(prefix="nsys-spool-")
             retention = SpoolRetention(spool, Retention(args.nsys_spool_max_files, args.nsys_spool_max_bytes,
                                                         args.nsys_spool_max_age))
-            upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes, retention)
+            upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes, retention,
+                                 window_s=args.nsys_window)
             watch_dir = watch_dir or spool
         if args.replay or watch_dir or args.nsys_live:
             others = {**spatial, **({"gpm": gpm} if gpm is not None else {})}

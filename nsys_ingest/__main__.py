@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name, help_text, window=True):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep when nsys is installed")
+        p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep where nsys is on the PATH "
+                                    "(exported to .sqlite first)")
         if window:
             p.add_argument("--start", type=_time_arg, help="window start: seconds from capture start, or ISO time")
             p.add_argument("--end", type=_time_arg, help="window end: seconds from capture start, or ISO time")
@@ -57,11 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("plot", "time and spatial utilization over time, one panel per GPU")
     p.add_argument("-o", "--output", required=True, help="image file (.png, .svg, .pdf)")
     p = command("openmetrics", "OpenMetrics for `promtool tsdb create-blocks-from openmetrics`")
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True,
+                   help="OpenMetrics text file to write (overwritten), e.g. run.om; then: promtool tsdb "
+                        "create-blocks-from openmetrics run.om DATA_DIR")
     p = command("diagnose", "per GPU: a verdict (what limits it, what to change) from the kernel trace and GPU metrics")
     p.add_argument("--json", action="store_true", help="print JSON")
     p = command("scrub", "copy without environment, command lines, paths and host names", window=False)
-    p.add_argument("-o", "--output", required=True)
+    p.add_argument("-o", "--output", required=True,
+                   help="the scrubbed copy to write (.sqlite, overwritten; never the input)")
     return parser
 
 
@@ -86,68 +90,80 @@ def _print_summary(summary: dict) -> None:
 
 def run(args) -> int:
     if args.command == "scrub":
-        from nsys_ingest.scrub import scrub
+        from nsys_ingest.scrub import describe, scrub
 
-        counts = scrub(args.file, args.output)
-        print(f"wrote {args.output}: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "nothing to scrub"))
+        print(describe(args.output, scrub(args.file, args.output)))
         return 0
     with Export(args.file, require_metrics=args.command != "diagnose") as export:
-        start_ns, end_ns = _window(export, args)
-        rows = export.row_estimate
-        if args.command == "diagnose":
-            from nsys_ingest.kernels import kernel_row_estimate
-
-            rows += kernel_row_estimate(export)
-        update, close = progress_bar(rows, args.command)
         try:
-            if args.command == "summary":
-                from nsys_ingest.analysis import summarise
+            return _run_on(export, args)
+        except sqlite3.DatabaseError as exc:  # part-way through a read: corruption, a limit, a type
+            raise export.explain(exc) from None
 
-                summary = summarise(export, start_ns, end_ns, args.chunk_rows, update)
-                close()
-                if not summary["gpus"]:
-                    raise IngestError("no GPU metric samples in this window: check --start/--end")
-                if args.json:
-                    print(json.dumps(summary, indent=1))
-                else:
-                    _print_summary(summary)
-            elif args.command == "diagnose":
-                from nsys_ingest.diagnose import diagnose, print_diagnosis
 
-                result = diagnose(export, start_ns, end_ns, args.chunk_rows, update)
-                close()
-                if args.json:
-                    print(json.dumps(result, indent=1))
-                else:
-                    print_diagnosis(result)
-            elif args.command == "plot":
-                from nsys_ingest.plot import plot
+def _run_on(export: Export, args) -> int:
+    start_ns, end_ns = _window(export, args)
+    rows = export.row_estimate
+    if args.command == "diagnose":
+        from nsys_ingest.kernels import kernel_row_estimate
 
-                plot(export, args.output, start_ns, end_ns, args.chunk_rows, update)
-                print(f"wrote {args.output}")
-            elif args.command == "openmetrics":
-                from nsys_ingest.openmetrics import write_openmetrics
+        rows += kernel_row_estimate(export)
+    update, close = progress_bar(rows, args.command)
+    try:
+        if args.command == "summary":
+            from nsys_ingest.analysis import summarise
 
-                n = write_openmetrics(export, args.output, start_ns, end_ns, args.chunk_rows, update)
-                print(f"wrote {n} samples to {args.output}")
-        finally:
+            summary = summarise(export, start_ns, end_ns, args.chunk_rows, update)
             close()
+            if not summary["gpus"]:
+                raise export.empty_window(start_ns, end_ns)
+            if args.json:
+                print(json.dumps(summary, indent=1))
+            else:
+                _print_summary(summary)
+        elif args.command == "diagnose":
+            from nsys_ingest.diagnose import diagnose, print_diagnosis
+
+            result = diagnose(export, start_ns, end_ns, args.chunk_rows, update)
+            close()
+            if args.json:
+                print(json.dumps(result, indent=1))
+            else:
+                print_diagnosis(result)
+        elif args.command == "plot":
+            from nsys_ingest.plot import plot
+
+            plot(export, args.output, start_ns, end_ns, args.chunk_rows, update)
+            print(f"wrote {args.output}")
+        elif args.command == "openmetrics":
+            from nsys_ingest.openmetrics import write_openmetrics
+
+            n = write_openmetrics(export, args.output, start_ns, end_ns, args.chunk_rows, update)
+            if n == 0:
+                raise export.empty_window(start_ns, end_ns)
+            print(f"wrote {n} samples to {args.output}")
+    finally:
+        close()
     return 0
 
 
 def main(argv=None) -> int:
+    """Exit codes: 0 done, 2 bad input (one line on stderr, as the exporter), 130 interrupted."""
     args = build_parser().parse_args(argv)
     try:
         return run(args)
     except IngestError as exc:
         print(f"error: {exc}", file=sys.stderr)
-    except sqlite3.DatabaseError as exc:  # corruption found part-way through a read
+    except sqlite3.DatabaseError as exc:  # scrub's copy, corrupt part-way through
         print(f"error: {args.file} is truncated or corrupt ({exc}): export it again", file=sys.stderr)
     except OSError as exc:
         print(f"error: {exc.filename or args.file}: {exc.strerror or exc}", file=sys.stderr)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - an export nothing above foresaw: still one line, never a traceback
+        print(f"error: {args.file} could not be read ({type(exc).__name__}: {str(exc)[:200]}): it is not an export "
+              "nsys wrote, or nsys_ingest does not know this form of it (please report it)", file=sys.stderr)
     return 2
 
 

@@ -43,9 +43,9 @@ def wide_samples(export: Export, quantities, start_ns=None, end_ns=None, chunk_r
 def _pivot(rows: pd.DataFrame, names) -> pd.DataFrame:
     frame = rows.assign(quantity=names[rows["code"].to_numpy()])
     wide = frame.pivot_table(index=["gpu", "timestamp"], columns="quantity", values="value", aggfunc="mean")
-    if "dram_read" in wide or "dram_write" in wide:
-        wide["dram_active"] = wide.get("dram_read", 0).fillna(0) + wide.get("dram_write", 0).fillna(0)
-        wide["dram_active"] = wide["dram_active"].clip(upper=1.0)
+    present = [wide[q].fillna(0) for q in ("dram_read", "dram_write") if q in wide]
+    if present:  # an export may have either one alone
+        wide["dram_active"] = sum(present).clip(upper=1.0)
     return wide.reset_index()
 
 

@@ -140,7 +140,7 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
         notes.append(NO_GPU_METRICS)
     means = _metric_means(export, *window, chunk_rows, progress)
     if not kernels and not means:
-        raise IngestError("no kernels and no GPU metric samples in this window: check --start/--end")
+        raise export.empty_window(start_ns, end_ns, "kernels and no GPU metric samples")
     gpus = []
     for index in sorted(set(kernels) | set(means)):
         info = export.gpus.get(index) or export.described_gpus.get(index)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nsys_ingest.analysis import nearest_rank_bin
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, window_clauses
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, NOT_NSYS, Export, IngestError, window_clauses
 from nsys_ingest.verdicts import LONG_GAP_S, SHORT_KERNEL_S
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -234,7 +234,11 @@ _READ = {KERNEL_KIND: ("start", "end", "device", "gpid", "blocks"), MEMSET_KIND:
 def _rows(rows: list, kind: int | None) -> np.ndarray:
     """One table's rows as ROW: fields it has no column for are 0, `kind` is the table's own."""
     names = _READ[kind]
-    read = np.fromiter(rows, dtype=np.dtype([(name, "i8") for name in names]), count=len(rows))
+    try:
+        read = np.fromiter(rows, dtype=np.dtype([(name, "i8") for name in names]), count=len(rows))
+    except (TypeError, ValueError, OverflowError):  # untrusted input: text or NULL where integers belong
+        table = KERNEL_TABLE if kind is None else "a memory copy or memset table"
+        raise IngestError(f"{table} holds a {', '.join(names)} value that is not an integer: {NOT_NSYS}") from None
     out = np.zeros(len(rows), dtype=ROW)
     for name in names:
         out[name] = read[name]

@@ -12,14 +12,18 @@ from nsys_ingest.reader import Export  # noqa: E402
 MAX_POINTS = 1200
 
 
-def plot(export: Export, output, start_ns=None, end_ns=None, chunk_rows=None, progress=None) -> None:
+def figure(export: Export, start_ns=None, end_ns=None, chunk_rows=None, progress=None):
+    """The figure: one panel per GPU, its legend outside the panel, right of it (the lines reach 1.0,
+    where a legend inside would cover them). Raises IngestError when the window holds no sample."""
     low, high = export.time_range()
     low, high = max(low, start_ns or low), min(high, end_ns or high)
     step = max((high - low) / 1e9 / MAX_POINTS, 1.0 / (export.sampling_hz or 1000))
     kwargs = {"chunk_rows": chunk_rows} if chunk_rows else {}
     buckets = bucket_means(export, step, start_ns=start_ns, end_ns=end_ns, progress=progress, **kwargs)
-    gpus = sorted(buckets["gpu"].unique()) if len(buckets) else []
-    fig, axes = plt.subplots(max(len(gpus), 1), 1, figsize=(11, 3.2 * max(len(gpus), 1)), sharex=True, squeeze=False)
+    if not len(buckets):
+        raise export.empty_window(start_ns, end_ns)
+    gpus = sorted(buckets["gpu"].unique())
+    fig, axes = plt.subplots(len(gpus), 1, figsize=(12.5, 3.2 * len(gpus)), sharex=True, squeeze=False)
     for ax, gpu in zip(axes[:, 0], gpus):
         rows = buckets[buckets["gpu"] == gpu]
         t = rows["bucket"]
@@ -37,9 +41,16 @@ def plot(export: Export, output, start_ns=None, end_ns=None, chunk_rows=None, pr
         ax.set_ylabel("ratio")
         ax.set_title(f"GPU {gpu}: {info.name if info else ''}", loc="left", fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(loc="upper right", fontsize=8, ncol=5)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, fontsize=8)
     axes[-1, 0].set_xlabel("seconds from capture start")
     fig.suptitle(f"{export.source_path.name}: time vs spatial utilization", fontsize=11)
     fig.tight_layout()
-    fig.savefig(output, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot(export: Export, output, start_ns=None, end_ns=None, chunk_rows=None, progress=None) -> None:
+    fig = figure(export, start_ns, end_ns, chunk_rows, progress)
+    try:
+        fig.savefig(output, dpi=110)
+    finally:
+        plt.close(fig)

@@ -15,8 +15,11 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -28,8 +31,149 @@ NO_METRICS = "this export has no GPU metrics: profile with --gpu-metrics-devices
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
+NOT_NSYS = "not an export nsys wrote: export it again (nsys export --type sqlite REPORT.nsys-rep)"
+
+# Every export is untrusted (an upload, a watched file, a file a user was sent): what one may cost is
+# bounded. Real exports are far inside these: one GPU per typeId, a few dozen metrics per GPU, names
+# of tens of characters, no value past a few KB.
+MAX_GPUS = 64
+MAX_METRICS = 4096  # catalogue entries: (typeId, metricId) pairs, or the old era's distinct typeIds
+MAX_NAME = 256  # characters of a GPU or metric name
+MAX_UUID = 64
+MAX_GPU_INDEX = 255  # the GPU is typeId & 0xFF
+SQLITE_LIMITS = {  # per connection; the schema's own expressions are parsed under them too
+    sqlite3.SQLITE_LIMIT_LENGTH: 16 << 20,  # any one value: a generated or stored 200 MB string fails
+    sqlite3.SQLITE_LIMIT_SQL_LENGTH: 1 << 20,
+    sqlite3.SQLITE_LIMIT_COLUMN: 1000,
+    sqlite3.SQLITE_LIMIT_EXPR_DEPTH: 100,
+    sqlite3.SQLITE_LIMIT_COMPOUND_SELECT: 8,
+    sqlite3.SQLITE_LIMIT_VDBE_OP: 250_000,  # our widest query: IN lists of MAX_METRICS ids
+    sqlite3.SQLITE_LIMIT_FUNCTION_ARG: 8,
+    sqlite3.SQLITE_LIMIT_ATTACHED: 0,
+    sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH: 1000,
+    sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 2 * MAX_METRICS + 16,
+    sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
+}
+HEAP_LIMIT_BYTES = 256 << 20  # SQLite's own memory, process-wide (sorts spill to temporary files)
+PROGRESS_EVERY = 20_000  # SQLite instructions between two looks at the clock and the cancel flag
+# The tables (and their columns) this package reads: each must be a plain table with these columns.
+COLUMNS = {
+    "GPU_METRICS": ("timestamp", "typeId", "metricId", "value"),
+    "TARGET_INFO_GPU_METRICS": ("typeId", "metricId", "metricName"),
+    "GENERIC_EVENTS": ("timestamp", "typeId", "data"),
+    "TARGET_INFO_GPU": ("id",),  # name, uuid and smCount are optional
+    "TARGET_INFO_SESSION_START_TIME": ("utcEpochNs",),
+    "META_DATA_CAPTURE": ("name", "value"),
+    "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "globalPid", "gridX", "gridY", "gridZ"),
+    "TARGET_INFO_CUDA_DEVICE": ("pid", "cudaId", "gpuId"),
+    "PROCESSES": ("globalPid", "name"),
+}
+
+
+INTERRUPTED = "interrupted"
+
+
 class IngestError(Exception):
     """Bad input: the message names the problem and the fix, and is all the user sees."""
+
+
+class Budget:
+    """What reading one export may cost in time, and a flag that stops it (the client left, the
+    process is shutting down). SQLite looks at both every PROGRESS_EVERY instructions; Python loops
+    call check() between statements."""
+
+    def __init__(self, seconds: float | None = None, cancel: threading.Event | None = None):
+        self.seconds = seconds
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+        self.cancel = cancel or threading.Event()
+        self.stopped: str | None = None  # why reading was stopped, once it was
+
+    def spent(self) -> bool:
+        try:
+            return self._spent()
+        except KeyboardInterrupt:  # Ctrl-C inside SQLite's callback: sqlite3 would swallow it
+            self.stopped = INTERRUPTED
+            return True
+
+    def _spent(self) -> bool:
+        if self.cancel.is_set():
+            self.stopped = "reading was cancelled (the client left or the exporter is stopping)"
+        elif self.deadline is not None and time.monotonic() > self.deadline:
+            self.stopped = (f"reading this export took longer than its budget of {self.seconds:g} s: "
+                            "give a smaller export (a shorter capture, or fewer metrics)")
+        return self.stopped is not None
+
+    def check(self) -> None:
+        if self.spent():
+            raise IngestError(self.stopped)
+
+
+def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True) -> sqlite3.Connection:
+    """A connection to an export that nothing in the file can abuse: read-only and immutable (no
+    lock, no -wal/-shm sidecars, no journal replayed), the schema's functions untrusted, lengths and
+    expression depths bounded, and every statement stopped when `budget` is spent.
+    `readonly=False` is for scrub's private copy."""
+    if readonly:
+        uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro&immutable=1"  # '?', '#', '%' in names
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+    else:
+        con = sqlite3.connect(path, check_same_thread=False)
+    for limit, value in SQLITE_LIMITS.items():
+        con.setlimit(limit, value)
+    if not readonly:
+        con.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 1)  # VACUUM attaches its temporary copy
+    con.execute("pragma trusted_schema = off")
+    con.execute("pragma cell_size_check = on")
+    (heap,) = con.execute("pragma hard_heap_limit").fetchone()
+    if heap == 0 or heap > HEAP_LIMIT_BYTES:
+        con.execute(f"pragma hard_heap_limit = {HEAP_LIMIT_BYTES}")
+    if readonly:
+        con.execute("pragma query_only = on")
+    if budget is not None:
+        con.set_progress_handler(budget.spent, PROGRESS_EVERY)
+    return con
+
+
+def check_tables(con, tables: dict[str, str], wanted=COLUMNS) -> None:
+    """Each table of `wanted` that the export has must be a plain table (no view, no virtual table)
+    with the columns we read, none of its columns generated: a view or a generated column runs the
+    file's own SQL on every read."""
+    for table, columns in wanted.items():
+        kind = tables.get(table)
+        if kind is None:
+            continue
+        if kind != "table":
+            raise IngestError(f"{table} is a {kind}, not a table: {NOT_NSYS}")
+        info = con.execute(f"pragma table_xinfo([{table}])").fetchall()
+        generated = [r[1] for r in info if r[6] != 0]
+        if generated:
+            raise IngestError(f"{table}.{generated[0]} is a generated column: {NOT_NSYS}")
+        have = {r[1] for r in info}
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise IngestError(f"{table} has no column {missing[0]}: {NOT_NSYS}")
+
+
+def schema_objects(con) -> dict[str, str]:
+    """name -> 'table', 'view' or 'virtual table' for every table-like object of the schema."""
+    out = {}
+    for name, kind, sql in con.execute("select name, type, sql from sqlite_master where type in ('table', 'view')"):
+        if kind == "table" and (sql or "").lstrip()[:20].upper().startswith("CREATE VIRTUAL"):
+            kind = "virtual table"
+        out[name] = kind
+    return out
+
+
+def as_int(value, where: str) -> int:
+    """An integer the export stores, or an IngestError naming the column when it holds something else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value or abs(value) > 2**63 - 1:
+        raise IngestError(f"{where} holds {_shown(value)} where an integer belongs: {NOT_NSYS}")
+    return int(value)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 @dataclass(frozen=True)
@@ -91,31 +235,62 @@ def export_rep(path: Path, nsys: str = "nsys") -> Path:
 class Export:
     """One export, opened read-only. Raises IngestError for anything that is not a usable export."""
 
-    def __init__(self, path, nsys: str = "nsys", require_metrics: bool = True):
+    def __init__(self, path, nsys: str = "nsys", require_metrics: bool = True, budget: Budget | None = None):
         """`require_metrics=False` also opens an export without GPU metrics (a kernel trace alone):
-        then `era` is None and it has no metrics."""
+        then `era` is None and it has no metrics. `budget`: what reading it may cost (time, cancel);
+        none by default (a CLI user waits as long as they like, and can press Ctrl-C)."""
         self.require_metrics = require_metrics
+        self.budget = budget or Budget()
         self.source_path = Path(path)
+        self.path, self.con = self.source_path, None
         if not self.source_path.exists():
             raise IngestError(f"{path}: no such file")
+        if self.source_path.is_dir():
+            raise IngestError(f"{path} is a directory: give an export file (.sqlite)")
         self.path = export_rep(self.source_path, nsys) if self.source_path.suffix == ".nsys-rep" else self.source_path
         with open(self.path, "rb") as f:
             head = f.read(16)
         if head != SQLITE_MAGIC:
+            self.close()
             raise IngestError(f"{path} is not a SQLite file: give an Nsight Systems export "
                               "(nsys export --type sqlite REPORT.nsys-rep)")
         try:
-            self.con = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
-            self.tables = {r[0] for r in self.con.execute("select name from sqlite_master where type='table'")}
+            self.con = connect_untrusted(self.path, self.budget)
+            objects = schema_objects(self.con)
+            check_tables(self.con, objects)
+            self.tables = {name for name, kind in objects.items() if kind == "table"}
             self._load()
         except sqlite3.DatabaseError as exc:
-            raise IngestError(f"{path} is truncated or corrupt ({exc}): export it again") from None
+            self.close()
+            raise self.explain(exc) from None
+        except IngestError:
+            self.close()
+            raise
+
+    def explain(self, exc: sqlite3.DatabaseError) -> IngestError:
+        """The one line for an error SQLite raised while reading this export."""
+        if self.budget.stopped == INTERRUPTED:
+            raise KeyboardInterrupt
+        if self.budget.stopped:
+            return IngestError(self.budget.stopped)
+        text = str(exc)
+        if "too big" in text:
+            return IngestError(f"{self.source_path} holds a value longer than {SQLITE_LIMITS[sqlite3.SQLITE_LIMIT_LENGTH]} "
+                               f"bytes: {NOT_NSYS}")
+        if "no such column" in text or "no such table" in text or "malformed database schema" in text or "unsafe use" in text:
+            return IngestError(f"{self.source_path}: {text}: {NOT_NSYS}")
+        return IngestError(f"{self.source_path} is truncated or corrupt ({text}): export it again")
 
     # -- catalogue ------------------------------------------------------------------------------
     def _load(self) -> None:
         if "GPU_METRICS" in self.tables and "TARGET_INFO_GPU_METRICS" in self.tables:
             self.era = "gpu_metrics"
-            rows = self.con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS").fetchall()
+            rows = self.con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS "
+                                    "limit ?", (MAX_METRICS + 1,)).fetchall()
+            if len(rows) > MAX_METRICS:
+                raise IngestError(f"TARGET_INFO_GPU_METRICS describes more than {MAX_METRICS} metrics: {NOT_NSYS}")
+            rows = [(as_int(t, "TARGET_INFO_GPU_METRICS.typeId"), as_int(m, "TARGET_INFO_GPU_METRICS.metricId"),
+                     _metric_name(n, "TARGET_INFO_GPU_METRICS.metricName")) for t, m, n in rows]
         elif "GENERIC_EVENTS" in self.tables:
             self.era = "generic_events"
             rows = self._generic_catalogue()
@@ -128,8 +303,10 @@ class Export:
             if self.require_metrics:
                 raise IngestError(NO_METRICS)
             self.era = None
+        if len({_gpu_of(t) for t, _, _ in rows}) > MAX_GPUS:
+            raise IngestError(f"GPU metrics of more than {MAX_GPUS} GPUs in one export: {NOT_NSYS}")
         metrics = []
-        for code, (type_id, metric_id, name) in enumerate(sorted(rows)):
+        for code, (type_id, metric_id, name) in enumerate(sorted(set(rows))):
             quantity, conversion = normalise(name)
             metrics.append(MetricInfo(code, _gpu_of(type_id), int(type_id), int(metric_id), name, quantity,
                                       conversion, 0.01 if conversion == "percent" else 1.0))
@@ -142,14 +319,24 @@ class Export:
                               "sample?): profile for longer, or at a higher --gpu-metrics-frequency")
 
     def _generic_catalogue(self):
-        type_ids = [r[0] for r in self.con.execute("select distinct typeId from GENERIC_EVENTS")]
+        type_ids = [r[0] for r in self.con.execute("select distinct typeId from GENERIC_EVENTS limit ?",
+                                                   (MAX_METRICS + 1,))]
+        if len(type_ids) > MAX_METRICS:
+            raise IngestError(f"GENERIC_EVENTS has more than {MAX_METRICS} event types: {NOT_NSYS}")
         rows = []
         for type_id in type_ids:
+            self.budget.check()
+            if not isinstance(type_id, int):
+                continue  # not an event nsys wrote: no GPU metrics there
             sample = self.con.execute("select data from GENERIC_EVENTS where typeId=? limit 1", (type_id,)).fetchone()
             try:
-                keys = list(json.loads(sample[0]).keys()) if sample and sample[0] else []
-            except (TypeError, ValueError):
+                event = json.loads(sample[0]) if sample and sample[0] else {}
+            except (TypeError, ValueError, RecursionError):
                 continue
+            keys = list(event.keys()) if isinstance(event, dict) else []
+            if len(keys) > MAX_METRICS or any(len(k) > MAX_NAME for k in keys):
+                raise IngestError(f"GENERIC_EVENTS type {type_id} has {len(keys)} keys or a key longer than "
+                                  f"{MAX_NAME} characters: {NOT_NSYS}")
             if any(normalise(k)[1] != "raw" for k in keys):  # a GPU metrics event, not some other generic event
                 rows.extend((type_id, i, key) for i, key in enumerate(keys))
         return rows
@@ -157,7 +344,7 @@ class Export:
     def _with_clock_scale(self, metric: MetricInfo) -> MetricInfo:
         if metric.conversion != "clock":
             return metric
-        values = [v for v, in self._raw_values(metric, 64)]
+        values = [v for v, in self._raw_values(metric, 64) if isinstance(v, (int, float)) and v == v]
         return MetricInfo(**{**metric.__dict__, "scale": clock_scale(values)})
 
     def _raw_values(self, metric: MetricInfo, limit: int):
@@ -165,17 +352,26 @@ class Export:
             return self.con.execute("select value from GPU_METRICS where typeId=? and metricId=? limit ?",
                                     (metric.type_id, metric.metric_id, limit)).fetchall()
         rows = self.con.execute("select data from GENERIC_EVENTS where typeId=? limit ?", (metric.type_id, limit))
-        return [(float(json.loads(d).get(metric.name) or 0),) for d, in rows]
+        return [(_event(d).get(metric.name),) for d, in rows]
 
     def _gpus(self) -> dict[int, GpuInfo]:
         found = {}
         if "TARGET_INFO_GPU" in self.tables:
             cols = {r[1] for r in self.con.execute("pragma table_info(TARGET_INFO_GPU)")}
             pick = [c if c in cols else "NULL" for c in ("id", "name", "uuid", "smCount")]
-            for index, name, uuid, sms in self.con.execute(f"select {', '.join(pick)} from TARGET_INFO_GPU"):
-                if uuid and not str(uuid).startswith("GPU-"):
+            described = self.con.execute(f"select {', '.join(pick)} from TARGET_INFO_GPU limit ?", (MAX_GPUS + 1,))
+            for index, name, uuid, sms in described:
+                index = as_int(index, "TARGET_INFO_GPU.id")
+                if not 0 <= index <= MAX_GPU_INDEX:
+                    raise IngestError(f"TARGET_INFO_GPU.id holds {index}, not a GPU index (0-{MAX_GPU_INDEX}): {NOT_NSYS}")
+                name = _text(name, "TARGET_INFO_GPU.name", MAX_NAME)
+                uuid = _text(uuid, "TARGET_INFO_GPU.uuid", MAX_UUID)
+                sms = None if sms is None else as_int(sms, "TARGET_INFO_GPU.smCount")
+                if uuid and not uuid.startswith("GPU-"):
                     uuid = f"GPU-{uuid}"  # NVML's spelling, so the exporter matches GPUs by UUID
-                found[int(index)] = GpuInfo(int(index), name or f"GPU {index}", uuid, sms)
+                found[index] = GpuInfo(index, name or f"GPU {index}", uuid, sms if sms and sms > 0 else None)
+            if len(found) > MAX_GPUS:
+                raise IngestError(f"TARGET_INFO_GPU describes more than {MAX_GPUS} GPUs: {NOT_NSYS}")
         self.described_gpus = dict(sorted(found.items()))  # with or without metrics (kernels may run there)
         for metric in self.metrics:
             found.setdefault(metric.gpu, GpuInfo(metric.gpu, f"GPU {metric.gpu}", None, None))
@@ -187,7 +383,7 @@ class Export:
         if "TARGET_INFO_SESSION_START_TIME" in self.tables:
             row = self.con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
             if row and row[0]:
-                return int(row[0])
+                return as_int(row[0], "TARGET_INFO_SESSION_START_TIME.utcEpochNs")
         return None
 
     def _sampling_hz(self) -> float | None:
@@ -196,9 +392,10 @@ class Export:
         row = self.con.execute("select value from META_DATA_CAPTURE "
                                "where name = 'GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY'").fetchone()
         try:
-            return float(row[0]) if row else None
-        except ValueError:
+            hz = float(row[0]) if row else None
+        except (TypeError, ValueError):
             return None
+        return hz if hz is not None and 0 < hz < 1e9 else None
 
     @property
     def row_estimate(self) -> int:
@@ -207,7 +404,7 @@ class Export:
             return 0
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
         row = self.con.execute(f"select max(rowid) from {table}").fetchone()
-        return int(row[0] or 0)
+        return int(row[0] or 0)  # a rowid is always an integer
 
     # -- reading --------------------------------------------------------------------------------
     def metric_codes(self, quantities=None) -> list[int]:
@@ -216,7 +413,32 @@ class Export:
     def time_range(self) -> tuple[int, int]:
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
         low, high = self.con.execute(f"select min(timestamp), max(timestamp) from {table}").fetchone()
-        return int(low or 0), int(high or 0)
+        return as_int(low or 0, f"{table}.timestamp"), as_int(high or 0, f"{table}.timestamp")
+
+    def span(self) -> tuple[int, int] | None:
+        """(first, last) timestamp in ns of what the export holds: its GPU metrics, else its kernels."""
+        if self.era is not None:
+            return self.time_range()
+        if "CUPTI_ACTIVITY_KIND_KERNEL" in self.tables:
+            low, high = self.con.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+            if low is not None and high is not None:
+                return as_int(low, "CUPTI_ACTIVITY_KIND_KERNEL.start"), as_int(high, "CUPTI_ACTIVITY_KIND_KERNEL.end")
+        return None
+
+    def empty_window(self, start_ns, end_ns, what: str = "GPU metric samples") -> IngestError:
+        """The error for a window that holds nothing: it says where the capture's data lies."""
+        shown = lambda ns: "..." if ns is None else f"{ns / 1e9:.3f} s"  # noqa: E731
+        asked = f"{shown(start_ns)} to {shown(end_ns)}" if (start_ns, end_ns) != (None, None) else "the whole capture"
+        span = self.span()
+        if span is None:
+            return IngestError(f"no {what} in this window ({asked}): the export holds none at all")
+        low, high = span
+        where = f"{low / 1e9:.3f}-{high / 1e9:.3f} s from the capture start"
+        if self.start_ns is not None:
+            stamp = lambda ns: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((self.start_ns + ns) / 1e9))  # noqa: E731
+            where += f" ({stamp(low)} to {stamp(high)})"
+        return IngestError(f"no {what} in this window ({asked}): the capture's data spans {where}; "
+                           "give --start/--end inside it")
 
     def to_ns(self, wall_seconds: float) -> int:
         if self.start_ns is None:
@@ -271,10 +493,10 @@ class Export:
             hit = keys[pos] == key  # another GPU's metric with a chosen metricId: not asked for
             pos = pos[hit]
             out = pd.DataFrame({
-                "timestamp": frame["timestamp"].to_numpy()[hit].astype(np.int64),
+                "timestamp": _column(frame["timestamp"], hit, np.int64, "GPU_METRICS.timestamp"),
                 "gpu": (frame["typeId"].to_numpy()[hit].astype(np.int64) & 0xFF),
                 "code": code_of[pos],
-                "value": frame["value"].to_numpy()[hit].astype(np.float64) * scale_of[pos],
+                "value": _column(frame["value"], hit, np.float64, "GPU_METRICS.value") * scale_of[pos],
             })
             yield out
 
@@ -297,18 +519,21 @@ class Export:
             parts = []
             frame = pd.DataFrame.from_records(rows, columns=["timestamp", "typeId", "data"])
             for type_id, group in frame.groupby("typeId", sort=False):
-                decoded = pd.DataFrame.from_records([json.loads(d) for d in group["data"]])
+                decoded = pd.DataFrame.from_records([_event(d) for d in group["data"]])
                 for m in by_type[int(type_id)]:
                     if m.name in decoded:
                         values = pd.to_numeric(decoded[m.name], errors="coerce").to_numpy(dtype=np.float64)
-                        parts.append(pd.DataFrame({"timestamp": group["timestamp"].to_numpy(np.int64),
+                        stamps = _column(group["timestamp"], slice(None), np.int64, "GENERIC_EVENTS.timestamp")
+                        parts.append(pd.DataFrame({"timestamp": stamps,
                                                    "gpu": m.gpu, "code": m.code, "value": values * m.scale}))
             if parts:
                 out = pd.concat(parts, ignore_index=True)
                 yield out[out["value"].notna()]
 
     def close(self) -> None:
-        self.con.close()
+        if self.con is not None:
+            self.con.close()
+            self.con = None
         if self.path != self.source_path:
             shutil.rmtree(self.path.parent, ignore_errors=True)
 
@@ -317,6 +542,43 @@ class Export:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _column(series: pd.Series, rows, dtype, where: str) -> np.ndarray:
+    """A column of a chunk as numbers; an IngestError naming the column where the export stores
+    text, or NULL timestamps."""
+    values = series.to_numpy()[rows]
+    if dtype == np.int64 and values.dtype.kind == "f" and np.isnan(values).any():
+        raise IngestError(f"{where} holds NULL where a number belongs: {NOT_NSYS}")
+    try:
+        return values.astype(dtype)
+    except (TypeError, ValueError, OverflowError):
+        bad = next((v for v in values if not isinstance(v, (int, float))), values[0])
+        raise IngestError(f"{where} holds {_shown(bad)} where a number belongs: {NOT_NSYS}") from None
+
+
+def _event(data) -> dict:
+    """An old-era event's JSON payload; anything else reads as an event with no metrics."""
+    try:
+        event = json.loads(data)
+    except (TypeError, ValueError, RecursionError):
+        return {}
+    return event if isinstance(event, dict) else {}
+
+
+def _text(value, where: str, longest: int) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > longest:
+        raise IngestError(f"{where} holds {_shown(value)}{f' ({len(value)} characters)' if isinstance(value, str) else ''}"
+                          f" where a name of at most {longest} characters belongs: {NOT_NSYS}")
+    return value
+
+
+def _metric_name(value, where: str) -> str:
+    if value is None:
+        raise IngestError(f"{where} is NULL where a metric name belongs: {NOT_NSYS}")
+    return _text(value, where, MAX_NAME)
 
 
 def progress_bar(total: int, description: str):

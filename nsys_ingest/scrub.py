@@ -11,7 +11,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from nsys_ingest.reader import IngestError, SQLITE_MAGIC
+from nsys_ingest.reader import SQLITE_MAGIC, IngestError, check_tables, connect_untrusted, export_rep, schema_objects
 
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 ABSOLUTE_PATH = re.compile(r"(?<![\w.])(/[^\s/'\"]+)+/?")
@@ -29,28 +29,64 @@ def _redact_paths(text: str) -> str:
     return ABSOLUTE_PATH.sub(lambda m: "<path>/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], text)
 
 
-def scrub(source, target) -> dict:
+def scrub(source, target, nsys: str = "nsys") -> dict:
+    """Writes a scrubbed copy of `source` (a .sqlite export, or a .nsys-rep when nsys is installed:
+    exported first) to `target`. Returns what it did: {"removed": rows per table, "blanked": values
+    per metadata table, "redacted": values per table.column}."""
     source, target = Path(source), Path(target)
-    with open(source, "rb") as f:
+    if not source.exists():
+        raise IngestError(f"{source}: no such file")
+    exported = export_rep(source, nsys) if source.suffix == ".nsys-rep" else None
+    try:
+        return _scrub_file(exported or source, source, target)
+    finally:
+        if exported is not None:
+            shutil.rmtree(exported.parent, ignore_errors=True)
+
+
+def _scrub_file(sqlite_file: Path, source: Path, target: Path) -> dict:
+    with open(sqlite_file, "rb") as f:
         if f.read(16) != SQLITE_MAGIC:
-            raise IngestError(f"{source} is not a SQLite file: scrub works on .sqlite exports")
-    if source.resolve() == target.resolve():
+            raise IngestError(f"{source} is not a SQLite file: scrub takes an Nsight Systems export (.sqlite), or a "
+                              ".nsys-rep where nsys is installed")
+    if target.exists() and source.resolve() == target.resolve():
         raise IngestError("scrub writes a copy: give an output path other than the input")
-    shutil.copyfile(source, target)
-    con = sqlite3.connect(target)
+    shutil.copyfile(sqlite_file, target)
+    con = connect_untrusted(target, readonly=False)  # the private copy, under the same limits as any reader
     try:
         return _scrub(con)
-    except sqlite3.DatabaseError as exc:
+    except (sqlite3.DatabaseError, IngestError) as exc:
+        con.close()
         target.unlink(missing_ok=True)
+        if isinstance(exc, IngestError):
+            raise
         raise IngestError(f"{source} is truncated or corrupt ({exc}): export it again") from None
     finally:
         con.close()
 
 
+def describe(target, counts: dict) -> str:
+    """The one line the CLI prints: what was removed, blanked and redacted."""
+    parts = []
+    for key, verb in (("removed", "removed {} rows of process output and environment"),
+                      ("blanked", "blanked {} metadata values"),
+                      ("redacted", "redacted paths and host/user names in {} text values")):
+        if counts[key]:
+            detail = ", ".join(f"{name} {n}" for name, n in sorted(counts[key].items()))
+            parts.append(f"{verb.format(sum(counts[key].values()))} ({detail})")
+    done = "; ".join(parts) or "found nothing to scrub"
+    return f"wrote a scrubbed copy to {target}: {done}; GPU metrics, kernels and timeline kept"
+
+
 def _scrub(con) -> dict:
-    tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+    objects = schema_objects(con)
+    # Triggers and views are the file's own SQL: nsys writes none, and our updates must run none.
+    for name, kind in con.execute("select name, type from sqlite_master where type in ('trigger', 'view')").fetchall():
+        con.execute(f"drop {kind} [{name}]")
+    tables = {name for name, kind in objects.items() if kind == "table"}
+    check_tables(con, objects, {t: () for t in tables})  # no generated column anywhere: updates would compute them
     secrets = _known_names(con, tables)
-    counts = {}
+    counts = {"removed": {}, "blanked": {}, "redacted": {}}
 
     def clean(value):
         if not isinstance(value, str) or not value:
@@ -64,13 +100,12 @@ def _scrub(con) -> dict:
 
     con.create_function("scrub_text", 1, clean, deterministic=True)
     for table in sorted(tables & set(DROP_ROWS)):
-        counts[table] = con.execute(f"delete from [{table}]").rowcount
-    if "META_DATA_CAPTURE" in tables:
-        counts["META_DATA_CAPTURE"] = _blank_meta(con, "META_DATA_CAPTURE")
-    if "META_DATA_EXPORT" in tables:
-        counts["META_DATA_EXPORT"] = _blank_meta(con, "META_DATA_EXPORT")
+        counts["removed"][table] = con.execute(f"delete from [{table}]").rowcount
+    for table in ("META_DATA_CAPTURE", "META_DATA_EXPORT"):
+        if table in tables:
+            counts["blanked"][table] = _blank_meta(con, table)
     if "TARGET_INFO_SYSTEM_ENV" in tables:
-        counts["TARGET_INFO_SYSTEM_ENV"] = con.execute(
+        counts["removed"]["TARGET_INFO_SYSTEM_ENV"] = con.execute(
             "delete from TARGET_INFO_SYSTEM_ENV where value like '%=%' or name like '%Env%' or name like '%Host%' "
             "or name like '%User%' or name like '%Dir%'").rowcount
     for table in sorted(tables - set(DROP_ROWS)):
@@ -81,14 +116,14 @@ def _scrub(con) -> dict:
             changed = con.execute(f"update [{table}] set [{column}] = scrub_text([{column}]) "
                                   f"where [{column}] is not null and [{column}] != scrub_text([{column}])").rowcount
             if changed:
-                counts[f"{table}.{column}"] = changed
+                counts["redacted"][f"{table}.{column}"] = changed
     con.commit()
     con.execute("vacuum")  # deleted text must not linger in free pages
-    return counts
+    return {key: {k: n for k, n in found.items() if n} for key, found in counts.items()}
 
 
 def _blank_meta(con, table: str) -> int:
-    names = [n for n, in con.execute(f"select distinct name from [{table}]") if SECRET_META.search(n)]
+    names = [n for n, in con.execute(f"select distinct name from [{table}]") if isinstance(n, str) and SECRET_META.search(n)]
     return sum(con.execute(f"update [{table}] set value='' where name=? and value != ''", (n,)).rowcount for n in names)
 
 

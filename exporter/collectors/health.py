@@ -30,3 +30,8 @@ class HealthCollector:
                                     value=spool.bytes)
             yield CounterMetricFamily("gpu_exporter_nsys_spool_removed", "Uploads removed by the spool's retention.",
                                       value=spool.removed)
+            yield GaugeMetricFamily("gpu_exporter_nsys_spool_partial_files",
+                                    "Uploads still streaming or being validated (they count against the spool's limits).",
+                                    value=spool.partial_files)
+            yield GaugeMetricFamily("gpu_exporter_nsys_spool_partial_bytes", "Bytes of uploads still streaming.",
+                                    value=spool.partial_bytes)

@@ -9,12 +9,15 @@
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import os
 import shutil
+import sqlite3
 import subprocess
 import tempfile
+import threading
 import time
 import uuid as uuidlib
 from pathlib import Path
@@ -23,6 +26,7 @@ from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdenti
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # a watched file must be this old before it is read: nsys may still be writing it
+READ_BUDGET_S = 60.0  # what validating or publishing one export may cost; a 512 MB export takes ~5 s
 
 
 def _reading(row, start: float, end: float) -> SpatialReading:
@@ -38,22 +42,42 @@ def _identity(info) -> GpuIdentity:
     return GpuIdentity(info.index, info.label_uuid, info.name)
 
 
-def last_window(path: Path, window_s: float, nsys: str = "nsys") -> dict[str, tuple[GpuIdentity, SpatialReading]]:
+def read_export(path, work, nsys: str = "nsys", require_metrics: bool = True, budget=None):
+    """work(export) on the export at `path`, opened as untrusted input: every problem (the reader's,
+    SQLite's, one nobody foresaw) is an IngestError with one line, never a traceback."""
+    from nsys_ingest.reader import Export, IngestError
+
+    try:
+        with Export(path, nsys=nsys, require_metrics=require_metrics, budget=budget) as export:
+            try:
+                return work(export)
+            except sqlite3.DatabaseError as exc:
+                raise export.explain(exc) from None
+    except IngestError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a form of export nobody foresaw: bad input, not a crash
+        raise IngestError(f"unreadable export ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+def windows_of(export, window_s: float) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
     """Per GPU UUID: the mean of the export's last `window_s` seconds, placed in wall-clock time."""
     from nsys_ingest.analysis import bucket_means
-    from nsys_ingest.reader import Export
 
-    with Export(path, nsys=nsys) as export:
-        _, last = export.time_range()
-        start_ns = max(0, last - int(window_s * 1e9))
-        means = bucket_means(export, window_s + 1.0, start_ns=start_ns)  # one bucket holds the whole window
-        out = {}
-        for gpu, rows in means.groupby("gpu"):
-            info = export.gpus[int(gpu)]
-            row = rows.iloc[-1].to_dict()
-            begin, end = (float(x) for x in export.wall_seconds([start_ns, last]))
-            out[info.label_uuid] = (_identity(info), _reading(row, begin, end))
-        return out
+    _, last = export.time_range()
+    start_ns = max(0, last - int(window_s * 1e9))
+    means = bucket_means(export, window_s + 1.0, start_ns=start_ns)  # one bucket holds the whole window
+    out = {}
+    for gpu, rows in means.groupby("gpu"):
+        info = export.gpus[int(gpu)]
+        row = rows.iloc[-1].to_dict()
+        begin, end = (float(x) for x in export.wall_seconds([start_ns, last]))
+        out[info.label_uuid] = (_identity(info), _reading(row, begin, end))
+    return out
+
+
+def last_window(path: Path, window_s: float, nsys: str = "nsys",
+                budget=None) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
+    return read_export(path, lambda export: windows_of(export, window_s), nsys, budget=budget)
 
 
 class NsysSource:
@@ -73,24 +97,31 @@ class NsysSource:
         self.identities: dict[str, GpuIdentity] = {}
         self.health = CollectorHealth(True, 0.0, "")
         self._log = LogOnce(log)
-        self._seen: tuple | None = None  # (path, mtime, size) of the export published now
+        self._seen: tuple | None = None  # (path, mtime, size) of the newest export looked at
+        self._published: Path | None = None  # the export whose windows are published now
         self._replay = None
         self._replay_step = 0
         self._live_uuids: set[str] = set()
+        self._watched_uuids: set[str] = set()  # GPUs the published export brought
+        self._stopping = threading.Event()  # stops a read in progress when the exporter stops
         if replay:
             self._load_replay(Path(replay))
 
     # -- replay ---------------------------------------------------------------------------------
     def _load_replay(self, path: Path) -> None:
         from nsys_ingest.analysis import bucket_means
-        from nsys_ingest.reader import Export, IngestError
+        from nsys_ingest.reader import IngestError
+
+        def load(export):
+            return bucket_means(export, self.interval), {int(i): _identity(info) for i, info in export.gpus.items()}
 
         try:
-            with Export(path) as export:
-                means = bucket_means(export, self.interval)
-                gpus = {int(i): _identity(info) for i, info in export.gpus.items()}
+            means, gpus = read_export(path, load)
         except IngestError as exc:
             raise SystemExit(f"error: --replay {path}: {exc}") from None
+        if means.empty:
+            raise SystemExit(f"error: --replay {path}: no samples of GR, SM, tensor or DRAM activity to replay: "
+                             "profile with --gpu-metrics-devices=all")
         self._replay = {gpus[int(g)]: [row for _, row in rows.iterrows()] for g, rows in means.groupby("gpu")}
         self.identities = {ident.uuid: ident for ident in gpus.values()}
         steps = max(len(r) for r in self._replay.values())
@@ -108,7 +139,7 @@ class NsysSource:
 
     # -- watch ----------------------------------------------------------------------------------
     def published_path(self) -> Path | None:
-        return Path(self._seen[0]) if self._seen else None
+        return self._published
 
     def _newest_export(self) -> Path | None:
         try:
@@ -126,32 +157,53 @@ class NsysSource:
         return max(ready, default=(None, None))[1]
 
     def _tick_watch(self) -> dict[str, SourceResult] | None:
-        """New results when a newer export appeared, else None (keep what is published)."""
-        from nsys_ingest.reader import IngestError
+        """New results when a newer export appeared or the published one is gone, else None (keep
+        what is published)."""
+        from nsys_ingest.reader import Budget, IngestError
 
+        forgotten = None
+        if self._published is not None and not self._published.exists():
+            forgotten = self._forget_watched()
         newest = self._newest_export()
         if newest is None:
-            return None
+            return forgotten
         try:
             stat = newest.stat()
         except FileNotFoundError:
-            return None
+            return forgotten
         key = (str(newest), stat.st_mtime, stat.st_size)
         if key == self._seen:
-            return None
+            return forgotten
         previous, self._seen = self._seen, key
         try:
-            windows = last_window(newest, self.window_s, self.binary)
+            windows = last_window(newest, self.window_s, self.binary, Budget(READ_BUDGET_S, self._stopping))
         except IngestError as exc:
             if not newest.exists():  # removed before it could be opened: the next tick looks again
                 self._seen = previous
-                return None
+                return forgotten
+            if forgotten is not None:
+                self.results = forgotten
             raise RuntimeError(f"{newest.name}: {exc}") from None
         log.info("nsys: published the last %.1f s of %s", self.window_s, newest.name)
-        # GPUs NVML does not know here (exports from another host, no NVML) are published too.
-        self.identities = {**self.identities, **{uuid: ident for uuid, (ident, _) in windows.items()}}
+        # GPUs NVML does not know here (exports from another host, no NVML) are published too, as
+        # long as this export is the one published: the next export (or none) replaces them.
+        self._published = newest
+        self._watched_uuids = set(windows)
+        self.identities = {uuid: ident for uuid, (ident, _) in windows.items()}
         return {uuid: SourceResult(OK, f"{newest.name}, captured {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(r.window_end))}", r)
                 for uuid, (_, r) in windows.items()}
+
+    def _forget_watched(self) -> dict[str, SourceResult]:
+        """No export publishes the GPUs the last one brought: they go, like a lost GPU."""
+        log.info("nsys: %s is gone; its GPUs are no longer published", self._published.name)
+        self._published = None
+        self.identities = {}
+        results = {uuid: r for uuid, r in self.results.items() if uuid not in self._watched_uuids}
+        self._watched_uuids = set()
+        return results
+
+    def close(self) -> None:
+        self._stopping.set()
 
     # -- live -----------------------------------------------------------------------------------
     def _live_targets(self) -> tuple[list, dict[str, SourceResult]]:
@@ -227,21 +279,70 @@ class NsysSource:
                                 for uuid, result in self.results.items()}
 
 
+UPLOAD_IDLE_S = 10.0  # an upload that sends nothing for this long is abandoned
+UPLOAD_DEADLINE_S = 600.0  # and one that takes longer than this in all (a 512 MB export at 1 MB/s)
+MAX_IN_FLIGHT = 4  # uploads and diagnoses received or read at once; more wait for a 503's Retry-After
+
+
+class _Refused(Exception):
+    """An upload that ends with this status and one line why (None: the client left, no answer)."""
+
+    def __init__(self, status: int | None, why: str = ""):
+        super().__init__(why)
+        self.status = status
+
+
 class UploadSpool:
     """POST /api/v1/nsys: a bearer-token upload of an export into the spool directory the nsys source
-    watches. The body streams to a temporary file (never past the size limit), is validated as an
-    export with GPU metrics, and only then renamed to a name the server chooses."""
+    watches. The body streams to a partial file (never past the size limit, never idle for long), is
+    read the way the nsys source will publish it (in a worker thread, under a time budget, stopped
+    when the client leaves), and only then renamed to a name the server chooses. POST
+    /api/v1/diagnose (`diagnose`): the same, answered with nsys_ingest's diagnosis, nothing kept."""
 
-    def __init__(self, token: str, spool_dir: Path, max_bytes: int, retention=None):
+    def __init__(self, token: str, spool_dir: Path, max_bytes: int, retention=None, window_s: float = 5.0,
+                 budget_s: float = READ_BUDGET_S, idle_s: float = UPLOAD_IDLE_S, max_in_flight: int = MAX_IN_FLIGHT):
         self.token = token
         self.spool_dir = Path(spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.retention = retention  # exporter.spool.SpoolRetention, applied after each upload too
+        self.window_s = window_s
+        self.budget_s = budget_s
+        self.idle_s = idle_s
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
 
+    # -- the two endpoints (Starlette requests in, Starlette responses out) -------------------------
     async def handle(self, request):
-        """The route's endpoint (a Starlette Request)."""
-        from starlette.concurrency import run_in_threadpool
+        """POST /api/v1/nsys: 201 with what was stored, or 400/401/408/413/422/503 with one line why."""
+        from starlette.responses import JSONResponse
+
+        async def store(part, size):
+            summary = await self._read(request, self._check, part)
+            name = f"upload-{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:8]}.sqlite"
+            os.replace(part, self.spool_dir / name)
+            if self.retention is not None:
+                await asyncio.to_thread(self.retention.tick)
+            log.info("nsys upload: stored %s (%d bytes, GPUs %s)", name, size, ", ".join(summary["gpus"]))
+            return JSONResponse({"stored": name, "bytes": size, **summary}, status_code=201)
+
+        return await self._with_body(request, store)
+
+    async def diagnose(self, request):
+        """POST /api/v1/diagnose: the JSON of `python3 -m nsys_ingest diagnose --json FILE` for the
+        uploaded export ("file" reads "upload"), under the upload's rules; the file is deleted
+        whatever happens."""
+        from starlette.responses import JSONResponse
+
+        async def answer(part, _size):
+            return JSONResponse(await self._read(request, self._diagnose, part))
+
+        return await self._with_body(request, answer)
+
+    # -- receiving --------------------------------------------------------------------------------
+    async def _with_body(self, request, then):
+        """Checks the token and the declared size, receives the body into a partial file and runs
+        then(partial, size); the partial file is gone afterwards, whatever happened."""
         from starlette.responses import JSONResponse
 
         given = request.headers.get("authorization", "")
@@ -250,36 +351,93 @@ class UploadSpool:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_bytes:
             return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
+        if self._in_flight >= self.max_in_flight:
+            return JSONResponse({"error": f"{self._in_flight} uploads in progress already: retry later"},
+                                status_code=503, headers={"Retry-After": "10"})
+        self._in_flight += 1
         fd, part = tempfile.mkstemp(prefix=".upload-", suffix=".part", dir=self.spool_dir)
-        size = 0
         try:
-            with os.fdopen(fd, "wb") as out:
-                async for block in request.stream():
-                    size += len(block)
-                    if size > self.max_bytes:
-                        return JSONResponse({"error": f"export larger than {self.max_bytes} bytes"}, status_code=413)
-                    out.write(block)
-            problem, summary = await run_in_threadpool(self._validate, part)
-            if problem:
-                return JSONResponse({"error": problem}, status_code=400)
-            name = f"upload-{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:8]}.sqlite"
-            os.replace(part, self.spool_dir / name)
-            part = None
-            if self.retention is not None:
-                await run_in_threadpool(self.retention.tick)
-            return JSONResponse({"stored": name, "bytes": size, **summary}, status_code=201)
+            size = await self._receive(request, fd)
+            return await then(part, size)
+        except _Refused as refused:
+            if refused.status is None:
+                return JSONResponse({"error": "client left"}, status_code=499)  # nobody reads it
+            return JSONResponse({"error": str(refused)}, status_code=refused.status)
         finally:
-            if part and os.path.exists(part):
-                os.unlink(part)
+            self._in_flight -= 1
+            Path(part).unlink(missing_ok=True)
+
+    async def _receive(self, request, fd) -> int:
+        from starlette.requests import ClientDisconnect
+
+        size = 0
+        deadline = time.monotonic() + UPLOAD_DEADLINE_S
+        blocks = request.stream().__aiter__()
+        with os.fdopen(fd, "wb") as out:
+            while True:
+                wait = min(self.idle_s, deadline - time.monotonic())
+                try:
+                    block = await asyncio.wait_for(blocks.__anext__(), timeout=max(wait, 0.001))
+                except StopAsyncIteration:
+                    return size
+                except ClientDisconnect:
+                    log.info("nsys upload: the client left after %d bytes; nothing kept", size)
+                    raise _Refused(None) from None
+                except asyncio.TimeoutError:
+                    why = (f"no data for {self.idle_s:g} s" if time.monotonic() < deadline
+                           else f"not complete after {UPLOAD_DEADLINE_S:g} s")
+                    log.info("nsys upload: abandoned after %d bytes (%s); nothing kept", size, why)
+                    raise _Refused(408, f"upload abandoned: {why}") from None
+                size += len(block)
+                if size > self.max_bytes:
+                    raise _Refused(413, f"export larger than {self.max_bytes} bytes")
+                out.write(block)
+
+    # -- reading, in a worker thread, stopped when the client leaves --------------------------------
+    async def _read(self, request, work, part):
+        """work(part, budget) in a worker thread; the event loop (and /metrics) never waits for it."""
+        from nsys_ingest.reader import Budget, IngestError
+
+        budget = Budget(self.budget_s)
+        worker = asyncio.ensure_future(asyncio.to_thread(work, part, budget))
+        watcher = asyncio.ensure_future(_client_left(request))
+        try:
+            await asyncio.wait({worker, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not worker.done():
+                budget.cancel.set()  # SQLite stops within a few thousand instructions
+                log.info("nsys upload: the client left while its export was read; reading stopped, nothing kept")
+                await asyncio.wait({worker})
+                worker.exception()  # retrieved: it is the "cancelled" the budget raised, nobody's news
+                raise _Refused(None)
+            return worker.result()
+        except IngestError as exc:
+            status = 422 if budget.stopped else 400
+            raise _Refused(status, str(exc).replace(str(part), "the upload")) from None
+        except asyncio.CancelledError:  # the server is stopping: so does the read
+            budget.cancel.set()
+            raise
+        finally:
+            watcher.cancel()
+
+    def _check(self, part, budget) -> dict:
+        """What the nsys source will publish, read now: an export that would publish nothing is refused."""
+        from nsys_ingest.reader import IngestError
+
+        windows, era = read_export(Path(part), lambda e: (windows_of(e, self.window_s), e.era), budget=budget)
+        if not windows:
+            raise IngestError("the export has GPU metrics but no samples of GR, SM, tensor or DRAM activity: "
+                              "profile with --gpu-metrics-devices=all")
+        return {"gpus": sorted(windows), "schema": era}
 
     @staticmethod
-    def _validate(path) -> tuple[str | None, dict]:
-        from nsys_ingest.reader import Export, IngestError
+    def _diagnose(part, budget) -> dict:
+        from nsys_ingest.diagnose import diagnose
 
-        try:
-            with Export(path) as export:
-                return None, {"gpus": [g.label_uuid for g in export.gpus.values()], "schema": export.era}
-        except IngestError as exc:
-            return str(exc).replace(str(path), "the upload"), {}
-        except Exception as exc:  # noqa: BLE001 - anything unreadable is a bad upload, never a crash
-            return f"the upload is not a readable export: {exc}", {}
+        result = read_export(Path(part), diagnose, require_metrics=False, budget=budget)
+        return {**result, "file": "upload"}
+
+
+async def _client_left(request) -> None:
+    """Returns when the client of a request whose body was read hangs up."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,265 @@
+"""Writes tests/fixtures/hostile/: small files, each named for what it attacks in a reader of Nsight
+Systems exports (issue 17). tests/test_hostile.py runs every one through the upload endpoint, the
+watched directory, --replay and every nsys_ingest command.
+
+    python3 tools/make_hostile_corpus.py [OUT_DIR]
+
+The files are built from scratch (a minimal export of the 2023.4+ schema: one H100, 10 s of GPU
+metrics at 10 Hz), so the corpus is deterministic and a few KB per case; CASES says, per file, the
+words of the one-line refusal, or None where a correct answer is expected.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "tests" / "fixtures" / "hostile"
+START_NS = 1_763_794_570_000_000_000  # 2025-11-22T06:56:10Z
+UUID = "GPU-0bd3b3fe-7d8e-5c3f-9e2f-4a5b6c7d8e9f"
+METRICS = {  # metricId -> name, as nsys 2024 writes them for an H100
+    0: "GR Active [Throughput %]", 1: "SMs Active [Throughput %]", 2: "Compute Warps in Flight [Throughput %]",
+    3: "Tensor Active [Throughput %]", 4: "DRAM Read Bandwidth [Throughput %]", 5: "DRAM Write Bandwidth [Throughput %]",
+}
+TYPE_ID = 0x10000  # GPU 0
+SAMPLES = 100  # 10 s at 10 Hz
+
+SCHEMA = """
+create table StringIds (id INTEGER PRIMARY KEY, value TEXT NOT NULL);
+create table TARGET_INFO_SESSION_START_TIME (utcEpochNs INTEGER, utcTime TEXT, localTime TEXT);
+create table META_DATA_CAPTURE (name TEXT, value TEXT);
+create table TARGET_INFO_GPU (vmId INTEGER, id INTEGER, name TEXT, uuid TEXT, smCount INTEGER);
+create table TARGET_INFO_GPU_METRICS (typeId INTEGER, sourceId INTEGER, typeName TEXT, metricId INTEGER, metricName TEXT);
+create table GPU_METRICS (rawTimestamp INTEGER, timestamp INTEGER, typeId INTEGER, metricId INTEGER, value INTEGER);
+"""
+
+
+def _value(metric_id: int, i: int) -> int:
+    """GR active 90 %, SM active 40 % then 80 %: busy in time, idle in space for the first half."""
+    return {0: 90, 1: 40 if i < SAMPLES // 2 else 80, 2: 30, 3: 10, 4: 20, 5: 5}[metric_id]
+
+
+def normal(con: sqlite3.Connection, metrics=METRICS) -> None:
+    con.executescript(SCHEMA)
+    con.execute("insert into StringIds values (1, 'python3')")
+    con.execute("insert into TARGET_INFO_SESSION_START_TIME values (?, '2025-11-22T06:56:10Z', '')", (START_NS,))
+    con.execute("insert into META_DATA_CAPTURE values ('GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY', '10')")
+    con.execute("insert into TARGET_INFO_GPU values (0, 0, 'NVIDIA H100 80GB HBM3', ?, 132)", (UUID[4:],))
+    con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, 0, 'GPU 0', ?, ?)",
+                    [(TYPE_ID, m, n) for m, n in metrics.items()])
+    con.executemany("insert into GPU_METRICS values (?, ?, ?, ?, ?)",
+                    [(ts, ts, TYPE_ID, m, _value(m, i)) for i in range(SAMPLES) for ts in [100_000_000 * (i + 1)]
+                     for m in metrics])
+
+
+# -- the attacks: each edits a normal export ---------------------------------------------------------
+BOMB = "TEXT GENERATED ALWAYS AS (printf('%.*c', 200000000, 'x')) VIRTUAL"  # 200 MB per row read
+
+
+def generated_column_bomb(con):
+    normal(con)
+    con.execute(f"alter table GPU_METRICS add column pad {BOMB}")  # virtual: nothing stored, nothing computed now
+
+
+def generated_column_elsewhere(con):
+    """A bomb in a table no reader needs: scrub (which rewrites every table) must refuse it."""
+    normal(con)
+    con.execute("create table Junk (x TEXT)")
+    con.execute("insert into Junk (x) values ('a')")
+    con.execute(f"alter table Junk add column y {BOMB}")
+
+
+def views_instead_of_tables(con):
+    normal(con)
+    con.executescript("alter table GPU_METRICS rename to raw_metrics;"
+                      "create view GPU_METRICS as with recursive n(i) as (select 1 union all select i + 1 from n) "
+                      "select r.* from raw_metrics r, n;")
+
+
+def virtual_table(con):
+    normal(con)
+    con.executescript("alter table TARGET_INFO_GPU_METRICS rename to names;"
+                      "create virtual table TARGET_INFO_GPU_METRICS using fts5(typeId, sourceId, typeName, metricId, "
+                      "metricName); insert into TARGET_INFO_GPU_METRICS select * from names;")
+
+
+def gpus_256_with_10kb_names(con):
+    normal(con)
+    con.execute("delete from TARGET_INFO_GPU")
+    for gpu in range(256):
+        con.execute("insert into TARGET_INFO_GPU values (0, ?, ?, ?, 132)", (gpu, "N" * 10240, f"{gpu:032x}"))
+        con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, 0, 'GPU', ?, ?)",
+                        [(TYPE_ID + gpu, m, n) for m, n in METRICS.items()])
+        con.executemany("insert into GPU_METRICS values (100000000, 100000000, ?, ?, 50)",
+                        [(TYPE_ID + gpu, m) for m in METRICS])
+
+
+def gpu_with_10kb_name(con):
+    normal(con)
+    con.execute("update TARGET_INFO_GPU set name = ?, uuid = ?", ("N" * 10240, "U" * 10240))
+
+
+def huge_strings(con):
+    """A 1 MB metric name: the catalogue is read into memory, so its strings are bounded."""
+    normal(con)
+    con.execute("update TARGET_INFO_GPU_METRICS set metricName = ? || metricName where metricId = 3", ("x" * (1 << 20),))
+
+
+def typeids_200k(con):
+    """The old schema era, 200,000 distinct event types: a per-type catalogue query each was ~9 minutes."""
+    normal(con)
+    con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;"
+                      "create table GENERIC_EVENTS (timestamp INTEGER, typeId INTEGER, data TEXT);")
+    con.executemany("insert into GENERIC_EVENTS values (?, ?, NULL)", ((i, i) for i in range(200_000)))
+
+
+def metrics_5000(con):
+    normal(con)
+    con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, 0, 'GPU 0', ?, ?)",
+                    [(TYPE_ID, 100 + i, f"Metric {i} [Throughput %]") for i in range(5000)])
+
+
+def dram_read_without_write(con):
+    normal(con, {m: n for m, n in METRICS.items() if not n.startswith("DRAM Write")})
+
+
+def dram_write_without_read(con):
+    normal(con, {m: n for m, n in METRICS.items() if not n.startswith("DRAM Read")})
+
+
+def text_in_values(con):
+    normal(con)
+    con.execute("update GPU_METRICS set value = 'abc' where metricId = 1 and timestamp = 10000000000")  # the last sample
+
+
+def null_timestamps(con):
+    normal(con)
+    con.execute("update GPU_METRICS set timestamp = NULL where timestamp = 500000000")
+
+
+def null_metric_name(con):
+    normal(con)
+    con.execute("update TARGET_INFO_GPU_METRICS set metricName = NULL where metricId = 2")
+
+
+def bad_gpu_id(con):
+    normal(con)
+    con.execute("update TARGET_INFO_GPU set id = 'abc'")
+
+
+def gpu_id_out_of_range(con):
+    normal(con)
+    con.execute("update TARGET_INFO_GPU set id = 100000")
+
+
+def text_sm_count(con):
+    normal(con)
+    con.execute("update TARGET_INFO_GPU set smCount = 'many'")
+
+
+def non_integer_utc_epoch(con):
+    normal(con)
+    con.execute("update TARGET_INFO_SESSION_START_TIME set utcEpochNs = 'yesterday'")
+
+
+def missing_column(con):
+    normal(con)
+    con.execute("alter table GPU_METRICS drop column value")
+
+
+def missing_tables(con):
+    normal(con)
+    con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS; drop table TARGET_INFO_GPU;")
+
+
+def expression_depth_bomb(con):
+    """A view (read by nobody) whose expression is 900 deep (SQLite's own limit is 1,000; ours 100): parsing the schema must fail fast."""
+    normal(con)
+    con.execute(f"create view deep as select 1{' + 1' * 900} as x")
+
+
+def trigger_on_update(con):
+    """A trigger that would fire on scrub's updates of the copy, running the file's own SQL."""
+    normal(con)
+    con.execute("insert into StringIds values (2, '/home/alice/train.py')")
+    con.execute("create table log (x TEXT)")
+    con.execute("create trigger t after update on StringIds begin "
+                "insert into log select printf('%.*c', 100000000, 'x'); end")
+
+
+def kernel_trace_with_text(con):
+    """diagnose's kernel reader: text where kernel start times belong."""
+    normal(con)
+    con.executescript("create table CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, "
+                      "globalPid INTEGER, gridX INTEGER, gridY INTEGER, gridZ INTEGER);"
+                      "insert into CUPTI_ACTIVITY_KIND_KERNEL values ('soon', 200, 0, 16777216, 132, 1, 1);")
+
+
+def wal_mode(con):
+    normal(con)
+    con.commit()
+    con.execute("pragma journal_mode=wal")
+
+
+# name -> (builder, words of the refusal, or None: a correct answer is expected)
+CASES = {
+    "generated_column_bomb": (generated_column_bomb, "generated column"),
+    "generated_column_elsewhere": (generated_column_elsewhere, None),
+    "views_instead_of_tables": (views_instead_of_tables, "is a view, not a table"),
+    "virtual_table": (virtual_table, "virtual table"),
+    "gpus_256_with_10kb_names": (gpus_256_with_10kb_names, "more than 64 GPUs"),
+    "gpu_with_10kb_name": (gpu_with_10kb_name, "10240 characters"),
+    "huge_strings": (huge_strings, "characters"),
+    "typeids_200k": (typeids_200k, "more than 4096 event types"),
+    "metrics_5000": (metrics_5000, "more than 4096 metrics"),
+    "dram_read_without_write": (dram_read_without_write, None),
+    "dram_write_without_read": (dram_write_without_read, None),
+    "text_in_values": (text_in_values, "GPU_METRICS.value holds 'abc'"),
+    "null_timestamps": (null_timestamps, "GPU_METRICS.timestamp holds NULL"),
+    "null_metric_name": (null_metric_name, "metricName is NULL"),
+    "bad_gpu_id": (bad_gpu_id, "TARGET_INFO_GPU.id holds 'abc'"),
+    "gpu_id_out_of_range": (gpu_id_out_of_range, "not a GPU index"),
+    "text_sm_count": (text_sm_count, "TARGET_INFO_GPU.smCount holds 'many'"),
+    "non_integer_utc_epoch": (non_integer_utc_epoch, "utcEpochNs holds 'yesterday'"),
+    "missing_column": (missing_column, "GPU_METRICS has no column value"),
+    "missing_tables": (missing_tables, "no GPU metric"),
+    "expression_depth_bomb": (expression_depth_bomb, "malformed database schema"),
+    "trigger_on_update": (trigger_on_update, None),
+    "kernel_trace_with_text": (kernel_trace_with_text, None),
+    "wal_mode": (wal_mode, None),
+    # not databases at all (written below, not built)
+    "truncated": (None, "truncated or corrupt"),
+    "zero_bytes": (None, "not a SQLite file"),
+    "not_sqlite": (None, "not a SQLite file"),
+}
+
+
+def build(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (builder, _) in CASES.items():
+        path = out / f"{name}.sqlite"
+        path.unlink(missing_ok=True)
+        if builder is not None:
+            con = sqlite3.connect(path)
+            builder(con)
+            con.commit()
+            con.close()
+        written.append(path)
+    for suffix in ("-wal", "-shm"):
+        (out / f"wal_mode.sqlite{suffix}").unlink(missing_ok=True)
+    whole = sqlite3.connect(":memory:")
+    normal(whole)
+    data = whole.serialize()
+    (out / "truncated.sqlite").write_bytes(data[: len(data) // 2])
+    (out / "zero_bytes.sqlite").write_bytes(b"")
+    (out / "not_sqlite.sqlite").write_bytes(json.dumps({"this": "is not an export"}).encode())
+    return written
+
+
+if __name__ == "__main__":
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+    paths = build(target)
+    print(f"wrote {len(paths)} files to {target} ({sum(p.stat().st_size for p in paths) / 1e6:.1f} MB)")
