@@ -309,5 +309,8 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
     # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
     config = uvicorn.Config(app, http=protocol_for(Guard(limits)), ws="none", log_level="warning",
                             access_log=False, timeout_keep_alive=limits.idle_timeout, proxy_headers=False,
-                            server_header=False)
+                            server_header=False,
+                            # SIGTERM cancels requests still running after 5 s: an upload being validated
+                            # stops at once (its budget) instead of holding the shutdown for a minute.
+                            timeout_graceful_shutdown=5)
     uvicorn.Server(config).run(sockets=[sock])

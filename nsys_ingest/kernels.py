@@ -237,8 +237,8 @@ def _rows(rows: list, kind: int | None) -> np.ndarray:
     try:
         read = np.fromiter(rows, dtype=np.dtype([(name, "i8") for name in names]), count=len(rows))
     except (TypeError, ValueError, OverflowError):  # untrusted input: text or NULL where integers belong
-        table = KERNEL_TABLE if kind is None else "a memory copy or memset table"
-        raise IngestError(f"{table} holds a {', '.join(names)} value that is not an integer: {NOT_NSYS}") from None
+        table = KERNEL_TABLE if kind == KERNEL_KIND else "a memory copy or memset table"
+        raise IngestError(f"{table} holds a start, end, deviceId or size that is not an integer: {NOT_NSYS}") from None
     out = np.zeros(len(rows), dtype=ROW)
     for name in names:
         out[name] = read[name]
