@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,7 @@ class DeviceMap:
         return None
 
     def resolve(self, device_id: str) -> str | None:
-        replica = REPLICA.match(device_id)
-        base = replica.group("base") if replica else device_id
+        base = replica_base(device_id)
         if base in self.by_uuid:
             return self.by_uuid[base]
         old = OLD_MIG.match(base)
@@ -112,6 +112,15 @@ def offered_replicas(allocatable) -> Counter | None:
                    for i in set(dev.device_ids))
 
 
+def replicas_of(device_id: str, offered: Counter | None) -> int | None:
+    """How many IDs the device plugin offers for this ID's device: 1 for an ID without replica suffix
+    when the kubelet does not say; None for a replica then (N unknown)."""
+    base = replica_base(device_id)
+    if offered is not None:
+        return offered.get(base)
+    return 1 if base == device_id else None
+
+
 def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[tuple, float | None]]:
     """GPU UUID -> (namespace, pod, container) -> the share of the GPU its device IDs stand for: each ID
     is its device's share (1, or a MIG device's) over the replicas offered of that device."""
@@ -123,9 +132,8 @@ def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str
         for holder, ids in holders.items():
             total = 0.0
             for device_id in ids:
-                base = replica_base(device_id)
-                share = devices.base_share(base)
-                replicas = offered.get(base) if offered is not None else (1 if base == device_id else None)
+                share = devices.base_share(replica_base(device_id))
+                replicas = replicas_of(device_id, offered)
                 if share is None or not replicas:
                     total = None
                     break
@@ -140,8 +148,7 @@ def mig_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[st
     out: dict[str, dict[tuple, set[str]]] = {}
     for device_id, uuid, ref in claims:
         base = replica_base(device_id)
-        whole = (offered.get(base) == 1) if offered is not None else base == device_id
-        if base in devices.mig_share and whole:
+        if base in devices.mig_share and replicas_of(device_id, offered) == 1:
             out.setdefault(uuid, {}).setdefault((ref.namespace, ref.pod, ref.container), set()).add(base)
     return {uuid: {h: tuple(sorted(ids)) for h, ids in holders.items()} for uuid, holders in out.items()}
 
@@ -207,7 +214,6 @@ class KubeletSampler:
                  interval: float = 5.0, timeout: float = 2.0):
         self.socket_path = socket_path
         self.nvml = nvml
-        self.proc_root = Path(proc_root)
         self.container_logs = Path(container_logs) if container_logs else None
         self.interval = interval
         self.timeout = timeout
@@ -215,7 +221,7 @@ class KubeletSampler:
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._channel = None
         self._list = None
-        self._pid_containers: dict[int, str | None] = {}
+        self._containers = CgroupOwners(proc_root, cgroup_container_id)
         self._log = LogOnce(log)
 
     # -- the PodResources API -------------------------------------------------------------------
@@ -278,26 +284,18 @@ class KubeletSampler:
 
     # -- processes ------------------------------------------------------------------------------
     def _owners(self, listed: set[tuple[str, str, str]], problems: list[str]) -> dict[int, PodRef]:
-        pids = {p.pid for tel in self.nvml.telemetry.values() for p in tel.processes}
-        pids |= {p.pid for tel in self.nvml.telemetry.values() for p in (tel.compute_processes or ())}
+        pids = gpu_pids(self.nvml.telemetry)
         if not pids or self.container_logs is None:
-            self._pid_containers.clear()
+            self._containers.lookup(set())
             return {}
         try:
             links = container_links(self.container_logs)
         except OSError as exc:
             problems.append(f"cannot list {self.container_logs} (processes keep their command label): {exc}")
             return {}
-        self._pid_containers = {pid: cid for pid, cid in self._pid_containers.items() if pid in pids}
         owners = {}
-        for pid in pids:
-            if pid not in self._pid_containers:
-                try:
-                    text = (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")
-                except OSError:  # gone, or another PID namespace: unattributed
-                    continue
-                self._pid_containers[pid] = cgroup_container_id(text)
-            ref = links.get(self._pid_containers[pid] or "")
+        for pid, container_id in self._containers.lookup(pids).items():
+            ref = links.get(container_id or "")
             if ref is not None and (ref.namespace, ref.pod, ref.container) in listed:
                 owners[pid] = ref
         return owners

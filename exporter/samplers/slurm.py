@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -88,24 +89,14 @@ class SlurmSampler:
     def __init__(self, mapping_dir: str, nvml, proc_root="/proc", interval: float = 5.0):
         self.mapping_dir = Path(mapping_dir)
         self.nvml = nvml
-        self.proc_root = Path(proc_root)
         self.interval = interval
         self.snapshot = SlurmSnapshot()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
-        self._pid_jobs: dict[int, str | None] = {}
+        self._jobs = CgroupOwners(proc_root, cgroup_job)
         self._log = LogOnce(log)
 
     def _owners(self) -> dict[int, str]:
-        pids = {p.pid for tel in self.nvml.telemetry.values()
-                for p in (*tel.processes, *(tel.compute_processes or ()))}
-        self._pid_jobs = {pid: job for pid, job in self._pid_jobs.items() if pid in pids}
-        for pid in pids - self._pid_jobs.keys():
-            try:
-                text = (self.proc_root / str(pid) / "cgroup").read_text(errors="replace")[:65536]
-            except OSError:  # gone, or another PID namespace: no job
-                continue
-            self._pid_jobs[pid] = cgroup_job(text)
-        return {pid: job for pid, job in self._pid_jobs.items() if job is not None}
+        return {pid: job for pid, job in self._jobs.lookup(gpu_pids(self.nvml.telemetry)).items() if job is not None}
 
     def tick(self) -> None:
         started = time.perf_counter()

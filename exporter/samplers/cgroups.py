@@ -1,0 +1,33 @@
+"""Which workload a GPU process belongs to, from its /proc/PID/cgroup: shared by the kubelet sampler
+(container IDs) and the Slurm sampler (job IDs). Each process's file is read once in its life."""
+from __future__ import annotations
+
+from pathlib import Path
+
+MAX_CGROUP_BYTES = 65536  # a cgroup file lists a few hierarchies: more is not one
+
+
+def gpu_pids(telemetry) -> set[int]:
+    """Every pid NVML names on any GPU: per-process samples and compute/MPS-client lists."""
+    return {p.pid for tel in telemetry.values() for p in (*tel.processes, *(tel.compute_processes or ()))}
+
+
+class CgroupOwners:
+    """pid -> what `parse` makes of its cgroup file (None: no workload), kept while the pid is on a GPU."""
+
+    def __init__(self, proc_root, parse):
+        self._proc_root = Path(proc_root)
+        self._parse = parse
+        self._known: dict[int, object] = {}
+
+    def lookup(self, pids: set[int]) -> dict[int, object]:
+        """The parsed cgroup of each pid still readable; pids gone from the GPUs are forgotten."""
+        self._known = {pid: owner for pid, owner in self._known.items() if pid in pids}
+        for pid in pids - self._known.keys():
+            try:
+                with open(self._proc_root / str(pid) / "cgroup", "rb") as f:
+                    text = f.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
+            except OSError:  # gone, or another PID namespace: unattributed
+                continue
+            self._known[pid] = self._parse(text)
+        return dict(self._known)
