@@ -33,6 +33,7 @@ from tests.helpers import free_port, http_get, wait_for  # noqa: E402
 
 MB = 1024 * 1024
 PIPELINED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+ATTACKER = "127.0.0.2"  # another client address than the scraper's, as an attacker on the network would be
 
 
 def rss(pid: int) -> int:
@@ -147,7 +148,7 @@ def pipelining(port: int, connections: int, requests: int, seconds: float) -> di
 
     threads = []
     for i in range(connections):
-        sock = socket.create_connection(("127.0.0.1", port))
+        sock = socket.create_connection(("127.0.0.1", port), source_address=(ATTACKER, 0))
         sock.settimeout(seconds)
         socks.append(sock)
         threads.append(threading.Thread(target=flood, args=(i, sock), daemon=True))
@@ -171,7 +172,7 @@ def query_strings(port: int, clients: int, query_bytes: int, seconds: float) -> 
     def client():
         while time.monotonic() < deadline:
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                with socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(ATTACKER, 0)) as sock:
                     sock.sendall(request)
                     answer = b""
                     while chunk := sock.recv(65536):

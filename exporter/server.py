@@ -31,10 +31,12 @@ import errno
 import logging
 import math
 import resource
+import signal
 import socket
 from collections import Counter
 
 import httptools
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -90,8 +92,8 @@ class Guard:
 
     def admit(self, conn: "GuardedProtocol") -> None:
         """Registers a new connection. Over the bound, the client address holding the most
-        connections gives up its oldest one that is not being answered: one attacker address can
-        never push out Prometheus or the kubelet. Where every connection is being answered, the
+        connections gives up one that is not being answered (a refused one still lingering, else its
+        oldest): one attacker address can never push out Prometheus or the kubelet. Where every connection is being answered, the
         new one is refused (503)."""
         self.connections[conn] = None
         self.by_host.setdefault(conn.host, {})[conn] = None
@@ -101,7 +103,10 @@ class Guard:
         if len(self.connections) <= self.limits.max_connections:
             return
         for host in sorted(self.by_host, key=lambda h: len(self.by_host[h]), reverse=True):
-            victim = next((c for c in self.by_host[host] if c is not conn and c.evictable()), None)
+            mine = self.by_host[host]
+            # a refused client still given time to read its answer goes first, then the oldest
+            victim = next((c for c in mine if c is not conn and c.refused), None) or \
+                next((c for c in mine if c is not conn and c.evictable()), None)
             if victim is not None:
                 self.close(victim, "closed for a new connection")
                 return
@@ -284,6 +289,8 @@ class GuardedProtocol(HttpToolsProtocol):
             stop = exc.__context__
             if not isinstance(stop, _Stop):
                 raise
+            # The parser keeps its callback's exception: without its frames, not the whole read with it.
+            stop.__traceback__ = None
             self.guard.closed[stop.reason] += 1
             if stop.answer:
                 self._refuse(stop.answer)
@@ -432,10 +439,20 @@ def fit_to_file_limit(limits: Limits) -> Limits:
     return limits
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a stop by SIGTERM or SIGINT (Ctrl-C) is a normal stop: one log
+    line, then exit 0 (uvicorn raises the signal again once it has stopped, so the process would die
+    by it, with a KeyboardInterrupt traceback for Ctrl-C)."""
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            log.info("stopping on %s", signal.Signals(sig).name)
+        super().handle_exit(sig, frame)
+        getattr(self, "_captured_signals", []).clear()
+
+
 def serve(app, sock: socket.socket, limits: Limits) -> None:
     """Serves `app` on the bound socket until SIGINT/SIGTERM."""
-    import uvicorn
-
     limits = fit_to_file_limit(limits)
     # No proxy headers: nothing in front of the exporter is trusted to name the client, and a
     # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
@@ -445,4 +462,5 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
                             # SIGTERM cancels requests still running after 5 s: an upload being validated
                             # stops at once (its budget) instead of holding the shutdown for a minute.
                             timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    _Server(config).run(sockets=[sock])
+
