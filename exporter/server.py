@@ -122,6 +122,7 @@ class Guard:
 
     def close(self, conn: "GuardedProtocol", reason: str, answer: bytes = b"") -> None:
         self.forget(conn)
+        conn.cut()
         if reason != "idle":  # routine: every kept-alive scraper's connection ends so
             self.closed[reason] += 1
         transport = conn.transport
@@ -217,12 +218,28 @@ class GuardedProtocol(HttpToolsProtocol):
         self.since = self.idle_since = self.loop.time()  # header block or body start; idle start
         self.seen_phase = IDLE  # the phase the last sweep saw: a change to idle starts idle_since
         self.write_blocked_since = None
+        self.running = None  # the request being answered (uvicorn's `cycle` is the newest parsed)
         self.guard.admit(self)
 
     def connection_lost(self, exc) -> None:
         self.guard.forget(self)
-        self.pipeline.clear()  # requests queued and never started: their scopes go now
+        self.cut()  # also the request being answered where others were queued, which uvicorn misses
         super().connection_lost(exc)
+
+    def _start_asgi_task(self, cycle, app) -> None:
+        self.running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def cut(self) -> None:
+        """Closed (by the guard, or the client left): for the app, the client is gone, so a response
+        being sent stops instead of writing to a closed transport (uvloop raises), and the requests
+        queued behind it go."""
+        running = self.running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+            running.flow.resume_writing()  # a send waiting for the client to read returns
+        self.pipeline.clear()
 
     def answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
@@ -415,6 +432,7 @@ def bind(address: str, port: int) -> socket.socket:
         if exc.errno == errno.EADDRNOTAVAIL:
             raise BindError(f"{address} is not an address of this host: fix --listen-address") from None
         raise BindError(f"cannot listen on {where}: {exc.strerror}") from None
+    sock.listen(2048)  # uvicorn's backlog: connectable from the moment the log says "serving on"
     sock.set_inheritable(True)
     return sock
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import signal
@@ -226,7 +227,8 @@ def test_port_0_logs_the_port_bound_and_a_port_over_65535_is_refused():
         line = wait_for(lambda: re.search(r"serving on http://127\.0\.0\.1:(\d+)/metrics", open(log).read()), 30,
                         what="the serving line")
         port = int(line.group(1))
-        assert port != 0 and http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert port != 0
+        wait_for(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0] == 200, 30, what="healthz on that port")
     finally:
         proc.terminate()
         proc.wait(30)
@@ -325,3 +327,18 @@ def test_docs_render_every_operation_without_network(tmp_path):
     pixels = matplotlib.image.imread(shot)
     colours = {tuple(p) for p in (pixels[::5, ::5, :3] * 255).astype(int).reshape(-1, 3).tolist()}
     assert len(colours) > 20, ("a blank or unstyled page", len(colours))  # the operations' coloured bands
+
+
+def test_a_client_that_never_reads_is_let_go_with_what_it_left_unsent():
+    """Past the deadline, the server drops the unsent answers: a close that waited for them to be
+    sent would keep the socket (and its buffers) until the client chose to leave."""
+    with exporter_under_attack(*SHORT, "--http-body-timeout", "1s") as exporter:
+        assert get_status(exporter, "/docs") == 200
+        fds = lambda: len(os.listdir(f"/proc/{exporter.proc.pid}/fd"))  # noqa: E731
+        before = fds()
+        sock = connect(exporter.port)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(b"GET /docs/assets/swagger-ui-bundle.js HTTP/1.1\r\nHost: a\r\n\r\n" * (1 + MAX_QUEUED))
+        wait_for(lambda: fds() > before, 10, what="the connection accepted")
+        wait_for(lambda: fds() <= before, 60, what="the server letting go of a client that never reads")
+        sock.close()
