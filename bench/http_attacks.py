@@ -5,6 +5,7 @@
 
 - pipelining: CONNECTIONS sockets each send REQUESTS `GET /metrics` in one stream and never read.
 - query strings: CLIENTS clients request `GET /api/v1/gpus?a=1&a=1&...` (QUERY_BYTES long) back to back.
+- api_first_load: resident memory before and after the first /api/v1/gpus (FastAPI loads), and with --no-api.
 For each: the exporter's resident memory (VmRSS from /proc, sampled every 0.1 s: before, peak, and after
 the clients left), the latency of a separate scraper (one keep-alive connection scraping /metrics every
 50 ms, 5 s timeout: p50, p99, max, failures), and the tracebacks in the exporter's log. `--source-dir`
@@ -211,6 +212,27 @@ def measure(source_dir: Path, attack, preload_api: bool, **kwargs) -> dict:
         exporter.stop()
 
 
+def api_first_load(source_dir: Path) -> dict:
+    """Resident memory before and after the first JSON API request (FastAPI and pydantic load then),
+    and the same request with --no-api."""
+    out = {}
+    for name, extra in (("api_on", ()), ("no_api", ("--no-api",))):
+        exporter = Exporter(source_dir, *extra)
+        try:
+            for _ in range(3):
+                http_get(f"http://127.0.0.1:{exporter.port}/metrics", 5)
+            time.sleep(2)
+            before = rss(exporter.proc.pid)
+            status = http_get(f"http://127.0.0.1:{exporter.port}/api/v1/gpus", 30)[0]
+            time.sleep(1)
+            out[name] = {"status": status, "rss_before_mb": round(before / MB, 1),
+                         "rss_after_mb": round(rss(exporter.proc.pid) / MB, 1),
+                         "grown_mb": round((rss(exporter.proc.pid) - before) / MB, 1)}
+        finally:
+            exporter.stop()
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python3 bench/http_attacks.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--source-dir", type=Path, default=ROOT, help="checkout whose exporter is attacked")
@@ -220,7 +242,8 @@ def main(argv=None) -> int:
     p.add_argument("--requests", type=int, default=10_000)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--query-bytes", type=int, default=60_000)
-    p.add_argument("--attacks", default="pipelining,query_strings", help="which to run, comma-separated")
+    p.add_argument("--attacks", default="pipelining,query_strings,api_first_load",
+                   help="which to run, comma-separated (api_first_load: FastAPI's one-time cost, and --no-api)")
     p.add_argument("--label", default="", help="what is measured, e.g. the commit of --source-dir")
     args = p.parse_args(argv)
     attacks = {"pipelining": (pipelining, False, dict(connections=args.connections, requests=args.requests)),
@@ -230,6 +253,9 @@ def main(argv=None) -> int:
     result = {"source_dir": str(args.source_dir), "label": args.label, "commit": commit or "unknown",
               "cpus": os.cpu_count(), "load_average_at_start": os.getloadavg()}
     for name in args.attacks.split(","):
+        if name == "api_first_load":
+            result[name] = api_first_load(args.source_dir)
+            continue
         attack, preload_api, kwargs = attacks[name]
         result[name] = measure(args.source_dir, attack, preload_api, seconds=args.seconds, **kwargs)
     text = json.dumps(result, indent=1)
