@@ -66,33 +66,20 @@ class Exporter:
         Path(self.log.name).unlink(missing_ok=True)
 
 
-class Scraper:
-    """One keep-alive connection scraping /metrics every `every` s (reconnecting after a failure)."""
+class Every:
+    """Calls `step()` every `every` s in a thread while the `with` block runs."""
 
-    def __init__(self, port: int, every: float = 0.05, timeout: float = 5.0):
-        self.port, self.every, self.timeout = port, every, timeout
-        self.latencies: list[float] = []
-        self.failures: list[str] = []
+    def __init__(self, every: float):
+        self.every = every
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
 
-    def _run(self):
-        conn = None
-        while not self._stop.is_set():
-            started = time.perf_counter()
-            try:
-                conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
-                conn.request("GET", "/metrics")
-                response = conn.getresponse()
-                response.read()
-                if response.status != 200:
-                    self.failures.append(f"status {response.status}")
-            except (OSError, http.client.HTTPException) as exc:
-                self.failures.append(repr(exc)[:120])
-                conn.close()
-                conn = None
-            self.latencies.append(time.perf_counter() - started)
+    def _loop(self):
+        while not self._stop.is_set() and self.step() is not False:
             self._stop.wait(self.every)
+
+    def step(self):
+        raise NotImplementedError
 
     def __enter__(self):
         self._thread.start()
@@ -100,7 +87,33 @@ class Scraper:
 
     def __exit__(self, *exc):
         self._stop.set()
-        self._thread.join(self.timeout + 5)
+        self._thread.join(15)
+
+
+class Scraper(Every):
+    """One keep-alive connection scraping /metrics every `every` s (reconnecting after a failure)."""
+
+    def __init__(self, port: int, every: float = 0.05, timeout: float = 5.0):
+        super().__init__(every)
+        self.port, self.timeout = port, timeout
+        self.latencies: list[float] = []
+        self.failures: list[str] = []
+        self._conn = None
+
+    def step(self):
+        started = time.perf_counter()
+        try:
+            self._conn = self._conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout)
+            self._conn.request("GET", "/metrics")
+            response = self._conn.getresponse()
+            response.read()
+            if response.status != 200:
+                self.failures.append(f"status {response.status}")
+        except (OSError, http.client.HTTPException) as exc:
+            self.failures.append(repr(exc)[:120])
+            self._conn.close()
+            self._conn = None
+        self.latencies.append(time.perf_counter() - started)
 
     def figures(self) -> dict:
         ms = sorted(x * 1000 for x in self.latencies) or [float("nan")]
@@ -109,29 +122,18 @@ class Scraper:
                 "max_ms": round(ms[-1], 2)}
 
 
-class RssWatch:
+class RssWatch(Every):
     """The process's VmRSS every 0.1 s: its peak while the `with` block runs."""
 
     def __init__(self, pid: int):
+        super().__init__(0.1)
         self.pid, self.peak = pid, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self):
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, rss(self.pid))
-            except OSError:
-                return
-            self._stop.wait(0.1)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(5)
+    def step(self):
+        try:
+            self.peak = max(self.peak, rss(self.pid))
+        except OSError:
+            return False
 
 
 def pipelining(port: int, connections: int, requests: int, seconds: float) -> dict:

@@ -93,8 +93,8 @@ class Guard:
     def admit(self, conn: "GuardedProtocol") -> None:
         """Registers a new connection. Over the bound, the client address holding the most
         connections gives up one that is not being answered (a refused one still lingering, else its
-        oldest): one attacker address can never push out Prometheus or the kubelet. Where every connection is being answered, the
-        new one is refused (503)."""
+        oldest): one attacker address can never push out Prometheus or the kubelet. Where every
+        connection is being answered, the new one is refused (503)."""
         self.connections[conn] = None
         self.by_host.setdefault(conn.host, {})[conn] = None
         if self._sweeper is None:
