@@ -342,3 +342,19 @@ def test_a_client_that_never_reads_is_let_go_with_what_it_left_unsent():
         wait_for(lambda: fds() > before, 10, what="the connection accepted")
         wait_for(lambda: fds() <= before, 60, what="the server letting go of a client that never reads")
         sock.close()
+
+
+def test_malformed_and_upgrade_requests_are_answered_and_counted_not_logged_one_by_one():
+    with exporter_under_attack(*SHORT) as exporter:
+        for _ in range(20):
+            sock = connect(exporter.port)
+            sock.sendall(b"GARBAGE\r\n\r\n")
+            assert sock.recv(100).startswith(b"HTTP/1.1 400 "), "malformed"
+            sock.close()
+            sock = connect(exporter.port)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            assert responses(sock) == (1, True)  # answered as a plain request, then closed
+            sock.close()
+        wait_for(lambda: "bad request" in exporter.log(), 30, what="the limits' report")
+        lines = exporter.log().splitlines()
+    assert len([line for line in lines if "request" in line.lower() or "upgrade" in line.lower()]) <= 2, lines
