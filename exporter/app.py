@@ -201,10 +201,16 @@ def serve_docs(app) -> None:
     from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, JSONResponse
 
-    static = FilePath(str(files("fastapi_offline") / "static"))
+    try:
+        static = FilePath(str(files("fastapi_offline") / "static"))
+    except ModuleNotFoundError:  # a source tree run without `pip install .`: the rest of the API works
+        static = None
 
     @app.get("/docs", include_in_schema=False)
     async def docs():
+        if static is None:
+            return JSONResponse({"error": "Swagger UI's files are missing: pip install fastapi-offline (or the "
+                                          "project: pip install .); /openapi.json is served"}, status_code=404)
         return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API",
                                    swagger_js_url="/docs/assets/swagger-ui-bundle.js",
                                    swagger_css_url="/docs/assets/swagger-ui.css",
@@ -212,7 +218,7 @@ def serve_docs(app) -> None:
 
     @app.get("/docs/assets/{name}", include_in_schema=False)
     async def docs_asset(name: str):
-        if name not in DOCS_ASSETS:
+        if name not in DOCS_ASSETS or static is None:
             return JSONResponse({"error": f"no asset {name!r}: /docs uses {', '.join(DOCS_ASSETS)}"}, status_code=404)
         # Streamed in chunks: a client that does not read holds one chunk, not the 1.5 MB script.
         return FileResponse(static / name, media_type=DOCS_ASSETS[name], headers={"cache-control": "max-age=86400"})
