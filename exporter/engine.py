@@ -1,9 +1,11 @@
 """Runs the samplers in background threads and publishes one immutable Snapshot after each tick."""
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from exporter.chain import build_view
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
@@ -161,10 +163,17 @@ class Engine:
         if self.gpm is not None:
             sources["gpm"] = self.gpm
         identities: dict[str, GpuIdentity] = {gpu.uuid: gpu for gpu in self.nvml.gpus}
-        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's.
+        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's, under
+        # an index of their own: an export's GPU 0 next to NVML's GPU 0 becomes GPU 1 (label gpu="1").
+        taken = {gpu.index for gpu in self.nvml.gpus}
         for source in sources.values():
             for uuid, ident in getattr(source, "identities", {}).items():
-                identities.setdefault(uuid, ident)
+                if uuid in identities:
+                    continue
+                if ident.index in taken:
+                    ident = replace(ident, index=next(i for i in itertools.count() if i not in taken))
+                taken.add(ident.index)
+                identities[uuid] = ident
         views = []
         for uuid, ident in identities.items():
             results = {name: src.results.get(uuid) for name, src in sources.items()}

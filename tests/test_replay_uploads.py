@@ -1,0 +1,75 @@
+"""An exporter replaying an export next to NVML, and uploads (issue 27 items 12 and 13):
+- the export's GPU gets an index of its own after NVML's (top showed two GPUs numbered 0);
+- an upload to an exporter running --replay is refused with 409 and one line (it used to be stored
+  and never published), POST /api/v1/diagnose still answers, and the start says so once;
+- every GPU of an uploaded export is listed and published, also one whose samples end earlier.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import tests.synthetic_exports as synth
+from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+from tests.test_nsys_source import QUARTER, UUID, post
+
+NVML_PHASES = FIXTURES / "nvml_h100_phases.json"
+NVML_UUID = "GPU-b2071921-9a0c-9128-f80c-5300b638b846"
+REPLAYING = ("this exporter replays {} (--replay) and publishes no other export: uploads are refused (409), "
+             "--nsys-watch-dir and --nsys-live are not read; POST /api/v1/diagnose still answers. Send exports to "
+             "an exporter without --replay")
+
+
+def gpus(exporter) -> dict[str, int]:
+    status, body = http_get(exporter.url + "/api/v1/gpus")
+    assert status == 200
+    return {gpu["uuid"]: gpu["index"] for gpu in json.loads(body)["gpus"]}
+
+
+def test_replayed_gpu_is_numbered_after_nvmls_and_uploads_are_refused(tmp_path):
+    with Exporter("--no-mps", "--nvml-replay", str(NVML_PHASES), "--replay", str(QUARTER), "--interval", "0.5",
+                  "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(tmp_path)) as exporter:
+        assert wait_for(lambda: len(gpus(exporter)) == 2, 20, what="both GPUs") and gpus(exporter) == {
+            NVML_UUID: 0, UUID: 1}
+        wait_for(lambda: "gpu_sm_active_ratio{" in exporter.metrics(), 20, what="replayed values")
+        (labels, _), = [s for s in parse_metrics(exporter.metrics())["gpu_sm_active_ratio"] if s[0]["uuid"] == UUID]
+        assert labels["gpu"] == "1"
+        status, body = post(exporter.url + "/api/v1/nsys", QUARTER.read_bytes(), "s3cret")
+        assert (status, json.loads(body)) == (409, {"error": REPLAYING.format(QUARTER)})
+        assert list(tmp_path.iterdir()) == []  # nothing stored
+        status, _ = post(exporter.url + "/api/v1/diagnose", QUARTER.read_bytes(), "s3cret")
+        assert status == 200
+        log = exporter.log()
+    assert log.count(REPLAYING.format(QUARTER)) == 1, log
+    assert f"nsys upload: refused ({QUARTER.stat().st_size} bytes): --replay publishes no other export" in log
+
+
+def test_top_numbers_the_replayed_gpu_after_nvmls():
+    done = subprocess.run([sys.executable, "-m", "gpu_spatial", "top", "--replay", str(QUARTER), "--nvml-replay",
+                           str(NVML_PHASES), "--no-mps", "--once", "--size", "100x20"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = [line[2] for line in done.stdout.splitlines()[1:3]]
+    assert rows == ["0", "1"], done.stdout
+
+
+def test_every_gpu_of_an_upload_is_listed_and_published_even_one_that_stopped_early(tmp_path):
+    """Two GPUs without UUIDs in the old schema era; GPU 1's samples end 6 s before GPU 0's, so the
+    export's last 5 s hold none of them: GPU 1 gets its own last window."""
+    two = synth.old_era(synth.two_gpus(QUARTER, tmp_path / "two.sqlite"), tmp_path / "old.sqlite")
+    con = sqlite3.connect(two)
+    con.execute("delete from TARGET_INFO_GPU")
+    (type1,) = con.execute("select max(typeId) from GENERIC_EVENTS").fetchone()
+    con.execute("delete from GENERIC_EVENTS where typeId = ? and timestamp > 3000000000", (type1,))
+    con.commit()
+    con.close()
+    spool = tmp_path / "spool"
+    with Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(spool),
+                  "--interval", "0.5") as exporter:
+        status, body = post(exporter.url + "/api/v1/nsys", two.read_bytes(), "s3cret")
+        assert status == 201, body
+        assert json.loads(body)["gpus"] == ["nsys-gpu-0", "nsys-gpu-1"]
+        wait_for(lambda: len(gpus(exporter)) == 2, 30, what="both uploaded GPUs published")
+        assert gpus(exporter) == {"nsys-gpu-0": 0, "nsys-gpu-1": 1}
