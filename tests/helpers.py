@@ -134,12 +134,12 @@ class Prometheus:
     ({job: [targets]}) every second; alerts go to `alertmanager` (host:port) when given."""
 
     def __init__(self, tmp: Path, jobs: dict[str, list[str]], alertmanager: str | None = None,
-                 external_labels: dict | None = None, target_labels: dict | None = None):
+                 external_labels: dict | None = None, target_labels: dict | None = None, alert_for: str = "3s"):
         import yaml
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text()))
+        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text(), alert_for))
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": external_labels or {}},
             "rule_files": [str(tmp / "rules.yaml")],
