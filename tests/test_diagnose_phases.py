@@ -1,9 +1,9 @@
 """diagnose on a capture with several phases: what the kernel trace covers, and a verdict per phase
 with its exact window, on small synthetic exports whose phases are known by construction.
 
-Mutations these catch (each tried by hand): phases not split (one verdict), MIN_PHASE_S 2.0 -> 1.5
-or `<` -> `<=` in the short-run test, phase edges off by a bucket, the phase window's end off by one
-(the next phase's first sample counted twice), coverage from the trace's window instead of the capture.
+Mutations these catch (bench/mutations.py): MIN_PHASE_S 2.0 -> 1.5, `>=` -> `>` in the short-run test,
+the phase window's end off by one (the next phase's first sample counted twice), a short run joining its
+shorter neighbour, coverage given for an explicit window too.
 """
 from __future__ import annotations
 
