@@ -16,6 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def needs(*tools: str):
+    """Skips a test where a tool it runs is not installed (.ci/run installs them all)."""
+    import shutil
+
+    import pytest
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (see .ci/run)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

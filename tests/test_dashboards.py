@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -17,10 +16,9 @@ import urllib.parse
 import pytest
 
 from dashboards.common import queries
-from tests.helpers import FIXTURES, ROOT, free_port, http_get, wait_for
+from tests.helpers import FIXTURES, ROOT, free_port, http_get, needs, wait_for
 
 DASHBOARDS = {path.name: json.loads(path.read_text()) for path in sorted((ROOT / "dashboards" / "generated").glob("*.json"))}
-needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
 
 
 def datasources(node):

@@ -9,7 +9,6 @@ real sockets)."""
 from __future__ import annotations
 
 import http.client
-import shutil
 import socket
 import subprocess
 import time
@@ -17,13 +16,17 @@ from collections import Counter
 
 import pytest
 
+import tests.synthetic_exports as synth
 from exporter.samplers.cgroups import CgroupOwners
+from exporter.samplers.dcgm import DcgmExporterSource
 from exporter.samplers.kubelet import DeviceMap, PodRef, held_shares, mig_holdings
 from exporter.samplers.slurm import MAX_FILE_BYTES, MAX_FILES, SlurmSnapshot, cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, \
     SpatialReading
 from exporter.workloads import IDLE_TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
-from tests.helpers import ROOT, Exporter
+from nsys_ingest.analysis import summarise
+from nsys_ingest.reader import Export
+from tests.helpers import FIXTURES, ROOT, Exporter, needs
 
 GPU0 = GpuIdentity(0, "GPU-aaaa", "H100")
 JOB = Holder(hpc_job="4242")
@@ -120,7 +123,7 @@ def test_a_mig_device_offered_as_replicas_is_not_held_whole():
 
 
 # -- rules ---------------------------------------------------------------------------------------------
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (see .ci/run)")
+@needs("promtool")
 def test_alert_thresholds_hold_at_their_boundaries():
     """tests/rules/thresholds.test.yaml. Mutations: HiddenIdleSMs `>= 0.8` -> `> 0.8`, `<= 0.5` -> `< 0.5`."""
     done = subprocess.run(["promtool", "test", "rules", "tests/rules/thresholds.test.yaml"], cwd=ROOT,
@@ -161,10 +164,6 @@ def test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default
 def test_busy_but_idle_counts_gr_active_of_exactly_80_percent(tmp_path):
     """`summary`'s busy-but-idle share: GR active >= 0.8 and SM active <= 0.5, both at the boundary.
     Mutation: `gr >= BUSY_GR` -> `>`."""
-    import tests.synthetic_exports as synth
-    from nsys_ingest.analysis import summarise
-    from nsys_ingest.reader import Export
-    from tests.helpers import FIXTURES
 
     def share(gr, sm):
         path = synth.metric_phases(FIXTURES / "h100_diag_matmul.sqlite", tmp_path / f"{gr}_{sm}.sqlite",
@@ -192,8 +191,6 @@ def test_a_holders_hidden_idle_is_never_negative():
 
 def test_dcgm_values_are_frozen_after_exactly_the_frozen_time():
     """Mutation: `now - first seen >= frozen_after_s` -> `>`."""
-    from exporter.samplers.dcgm import DcgmExporterSource
-
     source = DcgmExporterSource("http://127.0.0.1:9/metrics", frozen_after_s=30.0)
     values = {"sm_active": 0.25, "sm_occupancy": 0.1}
     assert not source._frozen("GPU-aaaa", values, 1000.0)  # first seen

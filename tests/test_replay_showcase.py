@@ -11,16 +11,14 @@ Debian's Prometheus scraping the replay with `for` at 20 s (more than two loops 
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 
 from exporter.samplers.nsys import NsysSource
-from tests.helpers import FIXTURES, ROOT, RULES, Exporter, Prometheus, wait_for
+from tests.helpers import FIXTURES, ROOT, RULES, Exporter, Prometheus, needs, wait_for
 
 STEADY = FIXTURES / "h100_quarter_sms_steady_50hz.sqlite"
 LOOPING = FIXTURES / "h100_quarter_sms_50hz.sqlite"
-needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
 
 
 def thresholds() -> tuple[float, float]:

@@ -22,12 +22,11 @@ import pytest
 import yaml
 
 from gpu_spatial.report.summary import summarize, top_wasters
+from tests.helpers import free_port, needs, wait_for
 from tests.test_report import (check_groups, one_line_error, recording_rules_only, report_json, start_prometheus,
                                stop)
 from tests.workload_scenario import DURATION, SCENARIO, write_openmetrics
 
-needs = lambda *tools: pytest.mark.skipif(  # noqa: E731
-    any(shutil.which(t) is None for t in tools), reason=f"{', '.join(tools)} not installed (see .ci/run)")
 STEP = 10.0
 # bcrypt of "s3cret" (Prometheus' web config takes only hashes): python3 crypt.crypt("s3cret", "$2b$10$" + 22 chars)
 S3CRET_BCRYPT = "$2b$10$abcdefghijklmnopqrstuu3KWNuWLhBnmgYfnzONPueahDuedC/lu"
@@ -112,7 +111,6 @@ def start_prometheus_with_auth(tmp: Path):
     import base64
     import urllib.request
 
-    from tests.helpers import free_port, wait_for
 
     port = free_port()
     (tmp / "prometheus.yaml").write_text("global: {}\n")
