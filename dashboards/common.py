@@ -15,8 +15,10 @@ GPU_SERIES = '__name__=~"gpu_time_utilization_ratio|gpu_sm_active_ratio"'
 
 
 def datasource_variable() -> Template:
-    return Template(name="datasource", label="Data source", type="datasource", query="prometheus", default="",
-                    refresh=1)
+    # ${DS_PROMETHEUS} becomes the datasource chosen at import; provisioned, it names none and Grafana
+    # selects the Prometheus datasource it has (the default).
+    return Template(name="datasource", label="Data source", type="datasource", query="prometheus",
+                    default="${DS_PROMETHEUS}", refresh=1)
 
 
 def variable(name: str, label: str, query: str) -> Template:

@@ -46,8 +46,11 @@ def test_no_datasource_uid_to_edit_on_import(name):
     assert {json.dumps(d, sort_keys=True) for d in datasources(dashboard)} == {
         json.dumps({"type": "prometheus", "uid": "${datasource}"}, sort_keys=True)}
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "datasource"]
-    assert (variable["type"], variable["query"], variable["current"]["value"]) == ("datasource", "prometheus", "")
-    assert [(i["type"], i["pluginId"]) for i in dashboard["__inputs"]] == [("datasource", "prometheus")]
+    assert (variable["type"], variable["query"]) == ("datasource", "prometheus")
+    # the one input: what the import asks for, becoming the variable's value
+    assert [(i["name"], i["type"], i["pluginId"]) for i in dashboard["__inputs"]] == [
+        ("DS_PROMETHEUS", "datasource", "prometheus")]
+    assert variable["current"]["value"] == "${DS_PROMETHEUS}" and json.dumps(dashboard).count("${DS_PROMETHEUS}") == 2
     assert '"uid": "prometheus"' not in json.dumps(dashboard)
 
 
