@@ -13,6 +13,7 @@ import sys
 
 import tests.synthetic_exports as synth
 from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+from tests.test_api import validate
 from tests.test_nsys_source import QUARTER, UUID, post
 
 NVML_PHASES = FIXTURES / "nvml_h100_phases.json"
@@ -38,6 +39,7 @@ def test_replayed_gpu_is_numbered_after_nvmls_and_uploads_are_refused(tmp_path):
         assert labels["gpu"] == "1"
         status, body = post(exporter.url + "/api/v1/nsys", QUARTER.read_bytes(), "s3cret")
         assert (status, json.loads(body)) == (409, {"error": REPLAYING.format(QUARTER)})
+        validate("/api/v1/nsys", 409, body.encode(), "post")  # as docs/openapi.json documents it
         assert list(tmp_path.iterdir()) == []  # nothing stored
         status, _ = post(exporter.url + "/api/v1/diagnose", QUARTER.read_bytes(), "s3cret")
         assert status == 200
