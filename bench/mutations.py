@@ -121,6 +121,9 @@ MUTANTS = (
            "for gpu, gpu_last in _last_sample_per_gpu(export, {i for", "for gpu, gpu_last in _last_sample_per_gpu(export, set() and {i for",
            ("tests/test_replay_uploads.py::test_every_gpu_of_an_upload_is_listed_and_published_even_one_that_stopped_early",),
            "every GPU of an export is published"),
+    Mutant("old-era-names-from-first-event", "nsys_ingest/reader.py", "CATALOGUE_EVENTS = 32 ", "CATALOGUE_EVENTS = 1 ",
+           ("tests/test_replay_uploads.py::test_an_old_era_gpu_whose_first_event_holds_a_clock_only_is_listed",),
+           "an old-era GPU whose first event is partial keeps its metrics"),
     Mutant("scrub-claims-gpu-metrics", "nsys_ingest/scrub.py", "missing = [name for name in KEPT if name not in kept]",
            "missing = []", ("tests/test_output_details.py::test_scrub_says_what_it_kept",), "scrub says what it kept"),
     # -- older rules --------------------------------------------------------------------------------------

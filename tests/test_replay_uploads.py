@@ -2,7 +2,8 @@
 - the export's GPU gets an index of its own after NVML's (top showed two GPUs numbered 0);
 - an upload to an exporter running --replay is refused with 409 and one line (it used to be stored
   and never published), POST /api/v1/diagnose still answers, and the start says so once;
-- every GPU of an uploaded export is listed and published, also one whose samples end earlier.
+- every GPU of an uploaded export is listed and published, also one whose samples end earlier, and
+  one whose first event (old schema era) holds a clock only.
 """
 from __future__ import annotations
 
@@ -75,3 +76,29 @@ def test_every_gpu_of_an_upload_is_listed_and_published_even_one_that_stopped_ea
         assert json.loads(body)["gpus"] == ["nsys-gpu-0", "nsys-gpu-1"]
         wait_for(lambda: len(gpus(exporter)) == 2, 30, what="both uploaded GPUs published")
         assert gpus(exporter) == {"nsys-gpu-0": 0, "nsys-gpu-1": 1}
+
+
+def test_an_old_era_gpu_whose_first_event_holds_a_clock_only_is_listed(tmp_path):
+    """nsys up to 2023.3 (GENERIC_EVENTS): a GPU's metric names came from its first event alone, so a GPU
+    whose first event held only its clock had no GR or SM activity: the upload listed GPU 0 alone.
+    Mutation: CATALOGUE_EVENTS 32 -> 1."""
+    two = synth.old_era(synth.two_gpus(QUARTER, tmp_path / "two.sqlite"), tmp_path / "old.sqlite")
+    con = sqlite3.connect(two)
+    (type1,) = con.execute("select max(typeId) from GENERIC_EVENTS").fetchone()
+    (first,) = con.execute("select min(timestamp) from GENERIC_EVENTS where typeId = ?", (type1,)).fetchone()
+    con.executescript("create table rest as select * from GENERIC_EVENTS; delete from GENERIC_EVENTS;")
+    con.execute("insert into GENERIC_EVENTS values (?, ?, ?, ?)",
+                (first - 1, first - 1, type1, json.dumps({"GPC Clock Frequency": 1400})))
+    con.executescript("insert into GENERIC_EVENTS select * from rest; drop table rest;")
+    con.commit()
+    con.close()
+    spool = tmp_path / "spool"
+    with Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(spool),
+                  "--interval", "0.5") as exporter:
+        status, body = post(exporter.url + "/api/v1/nsys", two.read_bytes(), "s3cret")
+        assert status == 201, body
+        assert json.loads(body)["gpus"] == ["GPU-11111111-2222-3333-4444-555555555555", UUID]
+    done = subprocess.run([sys.executable, "-m", "nsys_ingest", "summary", str(two)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert [line.split(" (")[0] for line in done.stdout.splitlines() if line.startswith("GPU ")] == [
+        "GPU 0 NVIDIA H100 80GB HBM3", "GPU 1 NVIDIA H100 80GB HBM3"]
