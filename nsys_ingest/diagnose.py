@@ -205,9 +205,10 @@ def print_diagnosis(result: dict) -> None:
     coverage = result.get("coverage")
     if coverage:
         (c_low, c_high), (t_low, t_high) = coverage["capture_s"], coverage["kernel_trace_s"]
+        phased = any(gpu.get("phases") for gpu in result["gpus"])
         print(f"kernel trace covers {t_high - t_low:.3f} s of the {c_high - c_low:.3f} s capture "
               f"(trace {t_low:.3f} to {t_high:.3f} s, GPU metrics {c_low:.3f} to {c_high:.3f} s): the verdicts "
-              f"below are for the trace's window, the phases for the whole capture")
+              f"below are for the trace's window{', the phases for the whole capture' if phased else ''}")
     for note in result["notes"]:
         print(f"note: {note}")
     for gpu in result["gpus"]:

@@ -48,7 +48,11 @@ def test_scrub_says_what_it_kept(tmp_path):
 
 
 def test_diagnose_short_kernel_overlap_only_where_there_are_short_kernels():
-    (line,) = [x for x in nsys("diagnose", MATMUL) if "short kernels" in x]
+    lines = nsys("diagnose", MATMUL)
+    assert lines[:2] == [f"{MATMUL}: 7.843 to 9.345 s (1.502 s)",
+                         "kernel trace covers 1.502 s of the 1.502 s capture (trace 7.843 to 9.345 s, GPU metrics "
+                         "7.843 to 9.345 s): the verdicts below are for the trace's window"]  # one phase: none listed
+    (line,) = [x for x in lines if "short kernels" in x]
     assert line == "  kernels running: 97.9% of the window; kernel overlap 1.00x, 0 short kernels (< 100 us)"
     (line,) = [x for x in nsys("diagnose", LAUNCH) if "short kernels" in x]
     assert line.endswith(", 27363 short kernels (< 100 us) overlap 1.00x"), line
