@@ -50,7 +50,7 @@ def split(export: Export, start_ns=None, end_ns=None, chunk_rows=None, progress=
                 runs[-1][2] += 1
             else:
                 runs.append([kind, begin, 1])
-        runs = _merge_short(runs, step_ns)
+        runs = _merge_short(runs)
         if len(runs) < 2:
             continue
         edges = [max(low, begin) for _kind, begin, _n in runs] + [high + 1]
@@ -59,7 +59,7 @@ def split(export: Export, start_ns=None, end_ns=None, chunk_rows=None, progress=
     return phases
 
 
-def _merge_short(runs: list[list], step_ns: int) -> list[list]:
+def _merge_short(runs: list[list]) -> list[list]:
     """Joins each run shorter than MIN_PHASE_S (the shortest first) to its longer neighbour, then the
     shortest beyond MAX_PHASES; neighbours left with the same activity become one."""
     min_buckets = MIN_PHASE_S / BUCKET_S
