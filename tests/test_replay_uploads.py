@@ -61,16 +61,9 @@ def test_top_numbers_the_replayed_gpu_after_nvmls():
 def test_every_gpu_of_an_upload_is_listed_and_published_even_one_that_stopped_early(tmp_path):
     """Two GPUs without UUIDs in the old schema era; GPU 1's samples end 6 s before GPU 0's, so the
     export's last 5 s hold none of them: GPU 1 gets its own last window."""
-    two = synth.old_era(synth.two_gpus(QUARTER, tmp_path / "two.sqlite"), tmp_path / "old.sqlite")
-    con = sqlite3.connect(two)
-    con.execute("delete from TARGET_INFO_GPU")
-    (type1,) = con.execute("select max(typeId) from GENERIC_EVENTS").fetchone()
-    con.execute("delete from GENERIC_EVENTS where typeId = ? and timestamp > 3000000000", (type1,))
-    con.commit()
-    con.close()
-    spool = tmp_path / "spool"
-    with Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(spool),
-                  "--interval", "0.5") as exporter:
+    two = old_era_two_gpus(tmp_path, "delete from TARGET_INFO_GPU; "
+                                     "delete from GENERIC_EVENTS where typeId = {type1} and timestamp > 3000000000;")
+    with uploads(tmp_path) as exporter:
         status, body = post(exporter.url + "/api/v1/nsys", two.read_bytes(), "s3cret")
         assert status == 201, body
         assert json.loads(body)["gpus"] == ["nsys-gpu-0", "nsys-gpu-1"]
@@ -78,23 +71,30 @@ def test_every_gpu_of_an_upload_is_listed_and_published_even_one_that_stopped_ea
         assert gpus(exporter) == {"nsys-gpu-0": 0, "nsys-gpu-1": 1}
 
 
+def old_era_two_gpus(tmp_path, script: str):
+    """synth.two_gpus in the old schema era, edited by `script` ({type1}: GPU 1's event type)."""
+    two = synth.old_era(synth.two_gpus(QUARTER, tmp_path / "two.sqlite"), tmp_path / "old.sqlite")
+    con = sqlite3.connect(two)
+    (type1,) = con.execute("select max(typeId) from GENERIC_EVENTS").fetchone()
+    con.executescript(script.format(type1=type1))
+    con.close()
+    return two
+
+
+def uploads(tmp_path):
+    return Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir",
+                    str(tmp_path / "spool"), "--interval", "0.5")
+
+
 def test_an_old_era_gpu_whose_first_event_holds_a_clock_only_is_listed(tmp_path):
     """nsys up to 2023.3 (GENERIC_EVENTS): a GPU's metric names came from its first event alone, so a GPU
     whose first event held only its clock had no GR or SM activity: the upload listed GPU 0 alone.
     Mutation: CATALOGUE_EVENTS 32 -> 1."""
-    two = synth.old_era(synth.two_gpus(QUARTER, tmp_path / "two.sqlite"), tmp_path / "old.sqlite")
-    con = sqlite3.connect(two)
-    (type1,) = con.execute("select max(typeId) from GENERIC_EVENTS").fetchone()
-    (first,) = con.execute("select min(timestamp) from GENERIC_EVENTS where typeId = ?", (type1,)).fetchone()
-    con.executescript("create table rest as select * from GENERIC_EVENTS; delete from GENERIC_EVENTS;")
-    con.execute("insert into GENERIC_EVENTS values (?, ?, ?, ?)",
-                (first - 1, first - 1, type1, json.dumps({"GPC Clock Frequency": 1400})))
-    con.executescript("insert into GENERIC_EVENTS select * from rest; drop table rest;")
-    con.commit()
-    con.close()
-    spool = tmp_path / "spool"
-    with Exporter("--no-nvml", "--no-mps", "--nsys-upload-token", "s3cret", "--nsys-spool-dir", str(spool),
-                  "--interval", "0.5") as exporter:
+    two = old_era_two_gpus(tmp_path, "create table rest as select * from GENERIC_EVENTS; delete from GENERIC_EVENTS; "
+                                     "insert into GENERIC_EVENTS select min(rawTimestamp) - 1, min(timestamp) - 1, typeId, "
+                                     "'{{\"GPC Clock Frequency\": 1400}}' from rest where typeId = {type1}; "
+                                     "insert into GENERIC_EVENTS select * from rest; drop table rest;")
+    with uploads(tmp_path) as exporter:
         status, body = post(exporter.url + "/api/v1/nsys", two.read_bytes(), "s3cret")
         assert status == 201, body
         assert json.loads(body)["gpus"] == ["GPU-11111111-2222-3333-4444-555555555555", UUID]
