@@ -1,10 +1,20 @@
 """GPU utilization: time vs spatial. Per GPU, NVML's time utilization next to SM activity."""
-from grafanalib.core import Dashboard, GridPos, Repeat, RowPanel, Table, Templating, Time
+from grafanalib.core import Dashboard, GridPos, Repeat, RowPanel, Templating, Time
 
-from dashboards.common import DATASOURCE, GPU_SELECTOR, host_and_gpu_variables, target, timeseries
+from dashboards.common import GPU_SELECTOR, INPUTS, host_and_gpu_variables, table, target, timeseries
 
 UID = "gpu-time-vs-spatial"
 SEL = GPU_SELECTOR
+# Why a panel can be empty, in its description and no-data text.
+NO_SPATIAL = ("no spatial source serves this GPU: no GPM (before Hopper, or a MIG slice), no dcgm-exporter "
+              "(--dcgm-exporter-url, DCGM profiling paused while nsys or ncu run) and no nsys export; "
+              "/api/v1/gpus names each source's state and reason.")
+NO_HIDDEN_IDLE = ("time utilization or SM active is missing for the GPU over the same window (no NVML, or no "
+                  "spatial source: see the panels above).")
+NO_HOLDERS = ("no holder is known: outside Kubernetes (no kubelet PodResources socket) and without "
+              "--hpc-job-mapping-dir (Slurm) no pod or job is attributed.")
+NO_TIME_SHARE = ("under MPS (NVML has no per-client time: MPS charges the server) and on MIG devices no time share "
+                 "exists, so no hidden idle per holder.")
 
 
 def build() -> Dashboard:
@@ -14,13 +24,15 @@ def build() -> Dashboard:
                     (f"gpu_sm_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} SM active ({{source}})")],
                    (9, 12, 0, 1), repeat=Repeat("h", "gpu"),
                    description="Time utilization is the share of time any kernel ran; SM active is the share "
-                               "of SMs that had work. The gap between them is capacity that '100%' hides."),
+                               "of SMs that had work. The gap between them is capacity that '100%' hides.",
+                   empty=NO_SPATIAL + " Time is absent for an export backfilled with nsys-ingest openmetrics "
+                                      "(it carries GR active, gpu_graphics_engine_active_ratio, instead)."),
         timeseries("GPU $gpu: SM occupancy and tensor activity",
                    [(f"gpu_sm_occupancy_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} SM occupancy ({{source}})"),
                     (f"gpu_tensor_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} tensor active ({{source}})"),
                     (f"gpu_dram_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} DRAM active ({{source}})")],
-                   (9, 12, 12, 1), repeat=Repeat("h", "gpu")),
-        Table(title="GPU $gpu: pods sharing it", dataSource=DATASOURCE, repeat=Repeat("h", "gpu"),
+                   (9, 12, 12, 1), repeat=Repeat("h", "gpu"), empty=NO_SPATIAL),
+        table("GPU $gpu: pods sharing it", NO_HOLDERS, repeat=Repeat("h", "gpu"),
               description="Containers holding this GPU or a share of it (time-slicing or MPS replicas, MIG "
                           "devices), from the kubelet's PodResources API, each with its own held share (value); its "
                           "compute processes by kind, how it is shared, and the live verdict (evidence and advice: "
@@ -38,14 +50,14 @@ def build() -> Dashboard:
         timeseries("Hidden idle SMs (time utilization - SM active)",
                    [(f"gpu_hidden_idle_sm_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}}"),
                     (f"gpu:hidden_idle_sm_ratio:avg5m{{{SEL}}}", "{{instance}} GPU {{gpu}} 5m average")],
-                   (8, 12, 0, 17)),
-        Table(title="Fleet: GPUs ranked by hidden idle SMs (5m)", dataSource=DATASOURCE,
+                   (8, 12, 0, 17), empty=NO_HIDDEN_IDLE),
+        table("Fleet: GPUs ranked by hidden idle SMs (5m)", NO_HIDDEN_IDLE,
               targets=[target(f"sort_desc(avg_over_time(gpu_hidden_idle_sm_ratio{{{SEL}}}[5m]))", instant=True,
                               table=True)],
               gridPos=GridPos(h=8, w=12, x=12, y=17), unit="percentunit",
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
                                                               "renameByName": {"Value": "hidden idle (5m)"}}}]),
-        Table(title="Live spatial source per GPU", dataSource=DATASOURCE,
+        table("Live spatial source per GPU", NO_SPATIAL,
               targets=[target(f'gpu_spatial_source_state{{{SEL}, state="active"}} == 1', instant=True, table=True)],
               gridPos=GridPos(h=7, w=12, x=0, y=25),
               description="Which source (dcgm, gpm, nsys) is live per GPU; /api/v1/gpus says why the others are not.",
@@ -53,10 +65,11 @@ def build() -> Dashboard:
                                                                                 "__name__": True, "job": True}}}]),
         timeseries("Spatial sample age", [(f"gpu:spatial_sample_age_seconds{{{SEL}}}", "{{instance}} GPU {{gpu}} ({{source}})")],
                    (7, 6, 12, 25), unit="s", ratio=False,
-                   description="Seconds since the window the spatial values describe: replayed or stuck data shows here."),
+                   description="Seconds since the window the spatial values describe: replayed or stuck data shows here.",
+                   empty=NO_SPATIAL),
         timeseries("Exporter collectors", [('gpu_exporter_collector_success{instance=~"$host"}', "{{instance}} {{collector}}")],
                    (7, 6, 18, 25), unit="none"),
-        Table(title="Pods by their own hidden idle SMs (5m)", dataSource=DATASOURCE,
+        table("Pods by their own hidden idle SMs (5m)", NO_HOLDERS + " " + NO_TIME_SHARE,
               description="Each container's own busy-but-SMs-idle GPU-equivalents over 5 minutes (its time share minus "
                           "its SM activity; basis exact or time_share), not its GPU's total: whose jobs to look at first.",
               targets=[target(f"sort_desc(sum by (instance, gpu, namespace, pod, container, basis) "
@@ -64,7 +77,9 @@ def build() -> Dashboard:
               gridPos=GridPos(h=8, w=24, x=0, y=32), unit="percentunit",
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True, "model": True},
                                                               "renameByName": {"Value": "own hidden idle (5m)"}}}]),
-        Table(title="Diagnosis: what limits each GPU, how it is shared", dataSource=DATASOURCE,
+        table("Diagnosis: what limits each GPU, how it is shared",
+              "no verdict: a GPU without a spatial source gets one only where time utilization alone decides "
+              "(idle, host-bound); a backfilled export has no live verdict.",
               description="The live verdict per GPU (rules: nsys_ingest/verdicts.py; evidence and what to change: "
                           "/api/v1/gpus) beside its sharing mode. For which processes and why, profile with "
                           "nsys --trace=cuda and run python -m nsys_ingest diagnose.",
@@ -77,7 +92,7 @@ def build() -> Dashboard:
     ]
     return Dashboard(
         title="GPU utilization: time vs spatial", uid=UID, tags=["gpu", "utilization"], refresh="10s",
-        time=Time("now-1h", "now"), templating=Templating(host_and_gpu_variables()),
+        time=Time("now-1h", "now"), templating=Templating(host_and_gpu_variables()), inputs=INPUTS,
         panels=[RowPanel(title="Per GPU", gridPos=GridPos(h=1, w=24, x=0, y=0)), *per_gpu,
                 RowPanel(title="Fleet", gridPos=GridPos(h=1, w=24, x=0, y=16)), *fleet],
     ).auto_panel_ids()

@@ -234,6 +234,18 @@ class Uploaded(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
+class DiagnosedPhase(BaseModel):
+    """A phase of the capture: where the activity changes, judged on its own window."""
+
+    model_config = ConfigDict(extra="allow")
+
+    window_s: list[float] = Field(description="[start, end] in seconds from the capture start")
+    activity: str = Field(description="the verdict the phase's GPU-metric buckets reach alone")
+    verdict: Optional[Diagnosis] = None
+    gpu_metrics: Optional[dict[str, float]] = None
+    kernels: Optional[int] = Field(None, description="kernels in the phase; null without a kernel trace")
+
+
 class DiagnosedGpu(BaseModel):
     """One GPU of `nsys-ingest diagnose --json` (its other fields: kernels, processes, GPU metrics)."""
 
@@ -244,6 +256,12 @@ class DiagnosedGpu(BaseModel):
     uuid: Optional[str] = None
     sm_count: Optional[int] = None
     verdict: Optional[Diagnosis] = None
+    phases: list[DiagnosedPhase] = Field([], description="per phase where the activity changes; [] where it does not")
+
+
+class Coverage(BaseModel):
+    capture_s: list[float] = Field(description="[first, last] GPU-metric sample, seconds from the capture start")
+    kernel_trace_s: list[float] = Field(description="[first, last] kernel or copy of the trace")
 
 
 class Diagnosed(BaseModel):
@@ -253,5 +271,7 @@ class Diagnosed(BaseModel):
 
     file: str
     window_s: list[Optional[float]]
+    coverage: Optional[Coverage] = Field(None, description="what the kernel trace covers of the capture (whole-capture "
+                                                           "runs with a trace and GPU metrics; null otherwise)")
     notes: list[str]
     gpus: list[DiagnosedGpu]

@@ -173,8 +173,9 @@ def api(engine, upload=None):
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())]}
 
-    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, responses=upload_errors,
-              openapi_extra=UPLOAD_BODY)
+    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,
+              responses={**upload_errors, 409: {"model": models.Error, "description": "the exporter runs --replay: "
+                                                "it publishes no other export"}})
     async def nsys_upload(request: Request, _token=Security(bearer)):
         """Upload an export into the spool the nsys source publishes from (validated first)."""
         if upload is None:

@@ -1,14 +1,20 @@
 """Runs the samplers in background threads and publishes one immutable Snapshot after each tick."""
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from exporter.chain import build_view
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
 log = logging.getLogger(__name__)
+# Loops that map processes to holders on NVML's GPUs: started once NVML's first tick has listed them
+# (or failed to), so their first tick does not report "no GPU" on a host that has some.
+AFTER_NVML = ("kubelet", "slurm")
+NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
 
 
 class Engine:
@@ -36,6 +42,7 @@ class Engine:
         self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._nvml_ticked = threading.Event()
         self._threads: list[threading.Thread] = []
         self._version = 0
         self._log = LogOnce(log)
@@ -46,7 +53,10 @@ class Engine:
     def tick_devices(self) -> None:
         if self.gpm is not None:
             self.gpm.tick(self.nvml.backend, self.nvml.gpus, self.nvml.telemetry)
-        self.nvml.tick()
+        try:
+            self.nvml.tick()
+        finally:
+            self._nvml_ticked.set()
 
     def loops(self):
         """(name, function, interval) of every background loop."""
@@ -64,9 +74,17 @@ class Engine:
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
-            thread = threading.Thread(target=self._run, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
+            target = self._run_after_nvml if name in AFTER_NVML else self._run
+            thread = threading.Thread(target=target, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+
+    def _run_after_nvml(self, name, fn, interval) -> None:
+        # Stopping meanwhile also ends the wait; _run then returns at once.
+        deadline = time.monotonic() + NVML_FIRST_TICK_WAIT_S
+        while not self._nvml_ticked.is_set() and not self._stop.is_set() and time.monotonic() < deadline:
+            self._nvml_ticked.wait(0.1)
+        self._run(name, fn, interval)
 
     def stop(self) -> None:
         self._stop.set()
@@ -145,10 +163,17 @@ class Engine:
         if self.gpm is not None:
             sources["gpm"] = self.gpm
         identities: dict[str, GpuIdentity] = {gpu.uuid: gpu for gpu in self.nvml.gpus}
-        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's.
+        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's, under
+        # an index of their own: an export's GPU 0 next to NVML's GPU 0 becomes GPU 1 (label gpu="1").
+        taken = {gpu.index for gpu in self.nvml.gpus}
         for source in sources.values():
             for uuid, ident in getattr(source, "identities", {}).items():
-                identities.setdefault(uuid, ident)
+                if uuid in identities:
+                    continue
+                if ident.index in taken:
+                    ident = replace(ident, index=next(i for i in itertools.count() if i not in taken))
+                taken.add(ident.index)
+                identities[uuid] = ident
         views = []
         for uuid, ident in identities.items():
             results = {name: src.results.get(uuid) for name, src in sources.items()}

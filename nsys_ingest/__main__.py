@@ -73,10 +73,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 
 def _print_summary(summary: dict) -> None:
-    print(f"{summary['file']}: schema {summary['schema']}, sampled at {summary['sampling_hz'] or '?'} Hz")
+    rate = f"sampled at {summary['sampling_hz']:g} Hz" if summary["sampling_hz"] else "sampling rate not recorded"
+    print(f"{summary['file']}: schema {summary['schema']}, {rate}")
     for gpu in summary["gpus"]:
         print(f"GPU {gpu['gpu']} {gpu['name']} ({gpu['uuid'] or 'no uuid'}): {gpu['samples']} samples, "
-              f"{gpu['start_s']:.2f}-{gpu['end_s']:.2f} s")
+              f"{gpu['start_s']:.2f} to {gpu['end_s']:.2f} s")
         rows = [("time: GR active", gpu["time"]["gr_active"])]
         rows += [(f"space: {name.replace('_', ' ')}", stats) for name, stats in gpu["spatial"].items()]
         rows.append(("hidden idle SMs", gpu["hidden_idle"]))

@@ -192,3 +192,22 @@ def preempted(real: Path, out: Path) -> Path:
     con.commit()
     con.close()
     return out
+
+
+def metric_phases(real: Path, out: Path, phases, step_ns: int = 100_000_000) -> Path:
+    """GPU 0's GPU metrics replaced by phases (start_s, end_s, {metric name stem: percent}): one sample
+    every step_ns in [start, end), every other metric dropped; the kernel trace is left as it is."""
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    ids = {split_unit(name)[0]: (type_id, metric_id) for type_id, metric_id, name in
+           con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS")}
+    con.execute("delete from GPU_METRICS")
+    rows = []
+    for start_s, end_s, values in phases:
+        for ts in range(int(start_s * 1e9), int(end_s * 1e9), step_ns):
+            rows += [(ts, ts, *ids[stem], percent) for stem, percent in values.items()]
+    con.executemany("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) values (?, ?, ?, ?, ?)",
+                    rows)
+    con.commit()
+    con.close()
+    return out

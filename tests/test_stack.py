@@ -55,7 +55,7 @@ def test_compose_file_is_valid_and_complete():
     config = yaml.safe_load(done.stdout)
     services = config["services"]
     assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "alertmanager",
-                             "grafana", "victoria-metrics"}
+                             "grafana", "victoria-metrics", "runbooks"}
     assert services["alertmanager"]["image"].startswith("prom/alertmanager:v")  # pinned
     assert all("healthcheck" in s for s in services.values())
     assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
