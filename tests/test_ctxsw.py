@@ -220,3 +220,20 @@ def test_reading_switches_stops_at_the_budget(ten_million_switches):
                 attribute(export)
             except sqlite3.DatabaseError as exc:  # SQLite stopped mid-statement: explained as the CLI does
                 raise export.explain(exc) from None
+
+
+# -- the estimators on a time-sliced GPU (bench/ctxsw_estimators.py) ------------------------------------
+def test_estimator_bench_against_the_10khz_truth(tmp_path):
+    """Constant densities: at 1 kHz the fit finds each process's own (1 ms samples straddle ~half the
+    switches); the overlap split leans each toward its neighbours'; at (whole samples) more so."""
+    path, real = synth.time_sliced(tmp_path / "s10k.sqlite", {1: 0.5, 2: 0.9, 3: 0.06}, duration_ms=400)
+    done = subprocess.run([sys.executable, "bench/ctxsw_estimators.py", path, tmp_path / "out", "--truth", "within"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out" / "ctxsw_estimators.json").read_text())
+    assert (result["sampling_hz"], result["candidate_hz"], result["combined_samples"]) == (10000, 1000, 10)
+    worst = {name: found["max_abs_error"]["sm_active_while_resident_error"] for name, found in result["estimators"].items()}
+    assert worst["fit"] < 0.005 < 0.03 < worst["overlap"] < worst["at"], worst
+    assert all(found["max_abs_error"]["time_share_error"] == 0 for found in result["estimators"].values())
+    truth = {r["pid"]: r["sm_active_while_resident"] for r in result["estimators"]["fit"]["processes"]}
+    assert truth == {pid: approx(value, abs=0.003) for pid, value in real.items()}  # 'within' at 10 kHz is the truth
