@@ -61,6 +61,8 @@ class Engine:
             yield "slurm", self.slurm.tick, self.slurm.interval
         if self.spool is not None:
             yield "spool", self.spool.tick, self.spool.interval
+        for sampler in getattr(self.workloads, "samplers", ()):  # the workload view's own (ctxsw)
+            yield sampler.name, sampler.tick, sampler.interval
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
@@ -75,7 +77,7 @@ class Engine:
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
-        for source in (*self.spatial.values(), self.kubelet):
+        for source in (*self.spatial.values(), self.kubelet, *getattr(self.workloads, "samplers", ())):
             if hasattr(source, "close"):
                 source.close()
 
@@ -134,6 +136,8 @@ class Engine:
             health["slurm"] = self.slurm.health
         if self.spool is not None:
             health["spool"] = self.spool.health
+        for sampler in getattr(self.workloads, "samplers", ()):
+            health[sampler.name] = sampler.health
         for name, crashed in self._crashed.items():
             for collector in (name, "gpm") if name == "nvml" else (name,):  # GPM ticks in the NVML loop
                 if collector in health:
