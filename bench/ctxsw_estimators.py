@@ -2,9 +2,9 @@
 
     python3 bench/ctxsw_estimators.py CAPTURE_10KHZ.sqlite OUTDIR [--to-hz 1000] [--start S --end S]
 
-Truth: the capture itself at its own frequency (10 kHz: 0.1 ms samples against ~2 ms slices, so a
-sample straddles a switch at most once per slice and the overlap split of those few is exact to a
-few percent of 0.1 ms), attributed with the overlap estimator. Candidates: the same capture's samples
+Truth: the capture itself at its own frequency, attributed with the "within" estimator: only the
+0.1 ms samples wholly inside one slice count (~95 % of them against ~2 ms slices), so no sample mixes
+two processes, and what is left out is the first and last 0.1 ms of each slice. Candidates: the same capture's samples
 averaged over `hz / to_hz` consecutive samples per GPU (mean of 10 at 10 kHz: exactly what a 1 kHz
 capture would read, with the same slices), attributed with each estimator. Per GPU and process: the
 error of the time share (none expected: it comes from the switch trace alone) and of SM active while
@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("capture", help="an export with --gpuctxsw=true at a high GPU-metrics frequency (10 kHz)")
     p.add_argument("outdir", type=Path)
     p.add_argument("--to-hz", type=float, default=1000.0, help="the frequency the candidates see (default 1000)")
-    p.add_argument("--truth", choices=ESTIMATORS, default="overlap",
-                   help="the estimator applied to every sample of the capture for the truth (default overlap)")
+    p.add_argument("--truth", choices=ESTIMATORS, default="within",
+                   help="the estimator applied to every sample of the capture for the truth (default within)")
     p.add_argument("--start", type=float, help="window start, seconds from capture start")
     p.add_argument("--end", type=float, help="window end, seconds from capture start")
     args = p.parse_args(argv)

@@ -218,7 +218,7 @@ def ctxsw_export(out: Path, slices=(), samples=(), events=(), processes=None, hz
 
     slices: (gpu, start ms, end ms, pid, contextId) -> a RESTORE_START and a SAVE_END; events: extra
     (gpu, ms, tag (name or number), contextId, pid or None); samples: (gpu, ms, {quantity: ratio}) as
-    GPU_METRICS percentages; processes: pid -> command (PROCESSES). `reverse` writes the events newest
+    GPU_METRICS percentages, each describing [ms, next sample); processes: pid -> command (PROCESSES). `reverse` writes the events newest
     first (seqNo still in time order). enum None: no ENUM_GPU_CTX_SWITCH table."""
     by_name = {name: code for code, name in (enum or DEVICE_ENUM).items()}
     rows = []
@@ -280,7 +280,7 @@ def time_sliced(out: Path, densities: dict[int, float], duration_ms: float = 500
     """Processes taking ~2.2 ms turns (1.5-2.9 ms, mostly round robin, 20-80 us gaps), each with its own
     SM active while resident, except the first `ramp_ms` of each slice (0: the context is still being
     restored); samples at `hz` hold the exact mean of their interval as integer percentages, as nsys
-    stores them. Returns the export and each process's true mean SM active while resident."""
+    stores them, stamped at its start. Returns the export and each process's true mean SM active while resident."""
     import bisect
     import random
 
@@ -302,7 +302,7 @@ def time_sliced(out: Path, densities: dict[int, float], duration_ms: float = 500
         first = max(bisect.bisect_left(starts, lo) - 2, 0)
         busy = sum(max(min(e, hi) - max(s + ramp_ms, lo), 0.0) * densities[pid]
                    for _, s, e, pid, _ in slices[first:first + 5])
-        samples.append((0, round(hi, 6), {"sm_active": round(busy / step * 100) / 100, "gr_active": 1.0}))
+        samples.append((0, round(lo, 6), {"sm_active": round(busy / step * 100) / 100, "gr_active": 1.0}))
     resident = {pid: sum(e - s for _, s, e, p, _ in slices if p == pid) for pid in pids}
     active = {pid: sum(max(e - s - ramp_ms, 0.0) * densities[pid] for _, s, e, p, _ in slices if p == pid) for pid in pids}
     ctxsw_export(out, slices=slices, samples=samples, hz=hz, processes={pid: f"job-{pid}" for pid in pids})

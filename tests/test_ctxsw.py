@@ -15,8 +15,9 @@ from tests.helpers import ROOT
 
 A, B = 100, 200  # GPU 0: A 0-2.5 ms and 7.5-10 ms, gap, B 2.8-7.0 ms, gap; 1 kHz samples
 GPU0_SLICES = [(0, 0.0, 2.5, A, 1), (0, 2.8, 7.0, B, 2), (0, 7.5, 10.0, A, 1)]
-# What each 1 ms sample reads when A's slices run at SM active 0.8, B's at 0.2, the gaps at 0:
-# (2,3]: 0.5 ms of A, 0.3 of gap, 0.2 of B = 0.44; (7,8]: 0.5 gap, 0.5 A = 0.4.
+# What each 1 ms interval reads when A's slices run at SM active 0.8, B's at 0.2, the gaps at 0, keyed by
+# its end: (2,3]: 0.5 ms of A, 0.3 of gap, 0.2 of B = 0.44; (7,8]: 0.5 gap, 0.5 A = 0.4. A sample is
+# stamped at the start of the interval it describes (nsys_ingest/ctxsw.py).
 GPU0_SM = {1: 0.8, 2: 0.8, 3: 0.44, 4: 0.2, 5: 0.2, 6: 0.2, 7: 0.2, 8: 0.4, 9: 0.8, 10: 0.8}
 # GPU 1: C 0-5, D 5-8, an unmatched SAVE_END at 8.5, an unmatched RESTORE_START (E) at 9, D 9.5-10;
 # an unknown tag and a RESTORE_END (ignored); SM active 0.6 throughout.
@@ -32,8 +33,8 @@ PROCESSES = {A: "python3 train.py", B: "spin", C: "matmul", D: "launch", E: "nev
 
 
 def build(tmp_path, name="ctxsw.sqlite", **kw):
-    samples = [(0, ms, {"sm_active": v, "gr_active": 1.0, "tensor_active": v / 2}) for ms, v in GPU0_SM.items()]
-    samples += [(1, ms, {"sm_active": 0.6, "gr_active": 1.0}) for ms in range(1, 11)]
+    samples = [(0, ms - 1, {"sm_active": v, "gr_active": 1.0, "tensor_active": v / 2}) for ms, v in GPU0_SM.items()]
+    samples += [(1, ms, {"sm_active": 0.6, "gr_active": 1.0}) for ms in range(0, 10)]
     args = dict(slices=GPU0_SLICES + GPU1_SLICES, events=GPU1_EVENTS, samples=samples, processes=PROCESSES)
     return synth.ctxsw_export(tmp_path / name, **{**args, **kw})
 
@@ -48,7 +49,7 @@ def procs(result, gpu=0):
 
 
 def test_overlap_splits_straddling_samples_by_the_time_each_slice_covers(tmp_path):
-    result = run(build(tmp_path))
+    result = run(build(tmp_path), estimator="overlap")
     g0 = result["gpus"][0]
     assert result["estimator"] == "overlap" and result["window_s"] == [0.0, 0.01]
     assert (g0["gpu"], g0["slices"], g0["samples"], g0["uuid"]) == (0, 3, 10, "GPU-00000000-0000-4000-8000-000000000000")
@@ -72,15 +73,16 @@ def test_overlap_splits_straddling_samples_by_the_time_each_slice_covers(tmp_pat
 def test_at_gives_each_sample_to_the_slice_at_its_timestamp(tmp_path):
     result = run(build(tmp_path), estimator="at")
     a, b = procs(result)[A], procs(result)[B]
-    # (2,3] is read at 3 ms, inside B's slice; (7,8] at 8 ms, inside A's
-    assert a["while_resident"]["sm_active"] == approx((4 * 0.8 + 0.4) / 5)
-    assert b["while_resident"]["sm_active"] == approx((0.44 + 4 * 0.2) / 5)
-    assert result["gpus"][0]["gap_means"]["sm_active"] is None  # no sample's timestamp fell in a gap
+    # (2,3] is stamped 2 ms, inside A's first slice; (7,8] 7 ms, in the gap after B's
+    assert a["while_resident"]["sm_active"] == approx((4 * 0.8 + 0.44) / 5)
+    assert b["while_resident"]["sm_active"] == approx(0.2)
+    assert result["gpus"][0]["gap_means"]["sm_active"] == approx(0.4)
     assert (a["time_share"], b["time_share"]) == (0.5, 0.42)  # time shares do not depend on the estimator
 
 
 def test_fit_recovers_each_processes_density(tmp_path):
-    result = run(build(tmp_path), estimator="fit")
+    result = run(build(tmp_path))
+    assert result["estimator"] == "fit"  # the default
     a, b = procs(result)[A], procs(result)[B]
     assert a["while_resident"]["sm_active"] == approx(0.8, abs=1e-9)
     assert b["while_resident"]["sm_active"] == approx(0.2, abs=1e-9)
@@ -107,7 +109,7 @@ def test_chunk_size_and_row_order_change_nothing(tmp_path, chunk_rows):
 def test_windows_cut_slices_at_their_edges(tmp_path):
     # 1-9 ms: A's first slice is seen by its SAVE_END alone (resident since the window opened), its last by
     # its RESTORE_START alone (resident until the window closed)
-    result = run(build(tmp_path), start_ns=1 * synth.MS, end_ns=9 * synth.MS)
+    result = run(build(tmp_path), start_ns=1 * synth.MS, end_ns=9 * synth.MS, estimator="overlap")
     a, b = procs(result)[A], procs(result)[B]
     assert result["window_s"] == [0.001, 0.009]
     assert a["resident_s"] == approx(0.003) and a["time_share"] == approx(0.375)
@@ -132,8 +134,8 @@ def test_switches_without_gpu_metrics_give_time_shares_only(tmp_path):
 
 
 def test_combining_samples_averages_consecutive_ones(tmp_path):
-    # every 2 samples -> one 2 ms sample at its second timestamp: (0,2] 0.8, (2,4] 0.32, (4,6] 0.2, (6,8] 0.3, (8,10] 0.8
-    result = run(build(tmp_path), combine=2)
+    # every 2 samples -> one 2 ms sample stamped at its first: (0,2] 0.8, (2,4] 0.32, (4,6] 0.2, (6,8] 0.3, (8,10] 0.8
+    result = run(build(tmp_path), combine=2, estimator="overlap")
     a = procs(result)[A]
     # A: (0,2] whole, 0.5 ms of (2,4], 0.5 ms of (6,8], (8,10] whole
     assert a["while_resident"]["sm_active"] == approx((2 * 0.8 + 0.5 * 0.32 + 0.5 * 0.3 + 2 * 0.8) / 5)
@@ -149,10 +151,11 @@ def test_cli_text_json_and_windows(tmp_path):
     path = build(tmp_path)
     done = cli("workloads", path)
     assert done.returncode == 0, done.stderr
-    assert "python3 train.py" in done.stdout and "(switch gaps)" in done.stdout and "estimator overlap" in done.stdout
-    done = cli("workloads", path, "--json", "--start", "0.001", "--end", "0.009", "--estimator", "fit")
+    assert "python3 train.py" in done.stdout and "(switch gaps)" in done.stdout and "estimator fit" in done.stdout
+    done = cli("workloads", path, "--json", "--start", "0.001", "--end", "0.009", "--estimator", "overlap")
     result = json.loads(done.stdout)
-    assert result["window_s"] == [0.001, 0.009] and result["estimator"] == "fit"
+    assert result["window_s"] == [0.001, 0.009] and result["estimator"] == "overlap"
+    assert procs(result)[A]["while_resident"]["sm_active"] == approx((0.8 + 0.5 * 0.44 + 0.5 * 0.4 + 0.8) / 3)
     gpu_spatial = subprocess.run([sys.executable, "-m", "gpu_spatial", "nsys", "workloads", path, "--json"], cwd=ROOT,
                                  capture_output=True, text=True, env={"NSYS_INGEST_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
     assert json.loads(gpu_spatial.stdout)["gpus"] == json.loads(cli("workloads", path, "--json").stdout)["gpus"]
@@ -237,3 +240,18 @@ def test_estimator_bench_against_the_10khz_truth(tmp_path):
     assert all(found["max_abs_error"]["time_share_error"] == 0 for found in result["estimators"].values())
     truth = {r["pid"]: r["sm_active_while_resident"] for r in result["estimators"]["fit"]["processes"]}
     assert truth == {pid: approx(value, abs=0.003) for pid, value in real.items()}  # 'within' at 10 kHz is the truth
+
+
+def test_the_fit_keeps_every_density_within_0_and_1():
+    import numpy as np
+
+    from nsys_ingest.ctxsw import bounded_least_squares
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (40, 3))
+    y = x @ np.array([0.5, -0.3, 0.8])  # unconstrained, the second density is negative
+    fitted = bounded_least_squares(x.T @ x, x.T @ y)
+    assert fitted[1] == 0.0
+    kept = np.linalg.lstsq(x[:, [0, 2]], y, rcond=None)[0]  # the best fit with that density at its bound
+    assert fitted[[0, 2]] == pytest.approx(kept, abs=1e-9)
+    assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1])))[1] == 1.0

@@ -26,12 +26,13 @@ LIVE_SLICES = [(0, 0.0, 4.0, 417, 1), (0, 4.5, 6.5, 418, 2), (0, 7.0, 10.0, 419,
 LIVE_SM = {**{ms: 0.5 for ms in (1, 2, 3, 4, 5, 7, 11, 12, 13, 14)}, 6: 1.0,
            **{ms: 0.2 for ms in (8, 9, 10, 15, 16, 17, 18, 19, 20)}}
 LIVE_SM[7] = 0.5  # (6,7]: 0.5 ms of 418 at 1.0, 0.5 ms of gap
-# by hand (overlap): 417 share 0.4, SM while resident 0.5; 418 share 0.1, (0.5*0.5 + 1.0 + 0.5*0.5) / 2 = 0.75;
-# 419 share 0.45 at 0.2. Job 4242 (417, 418): 0.5 of the time, SM 0.4*0.5 + 0.1*0.75 = 0.275; job 5151: 0.45, 0.09.
+# by hand (the fit, exact here since every sample is its slices' densities mixed by time): 417 share 0.4, SM
+# while resident 0.5; 418 share 0.1 at 1.0; 419 share 0.45 at 0.2. Job 4242 (417, 418): 0.5 of the time, SM
+# 0.4*0.5 + 0.1*1.0 = 0.3 of the GPU; job 5151: 0.45, 0.09. (The overlap split would give 418 0.75.)
 
 
 def live_export(path: Path) -> Path:
-    synth.ctxsw_export(path, slices=LIVE_SLICES, samples=[(0, ms, {"sm_active": v, "gr_active": 1.0})
+    synth.ctxsw_export(path, slices=LIVE_SLICES, samples=[(0, ms - 1, {"sm_active": v, "gr_active": 1.0})
                                                           for ms, v in sorted(LIVE_SM.items())],
                        processes={417: "python3", 418: "python3", 419: "python3", 420: "python3"})
     import sqlite3
@@ -145,7 +146,7 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys):
     state = sampler.states[NVML_UUID]
     assert state.state == ACTIVE and sampler.health.success, (state, sampler.health)
     got = sampler.readings[NVML_UUID]
-    assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.075), 419: (0.45, 0.09)}
+    assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.1), 419: (0.45, 0.09)}
     assert got.listed == {417, 418} and got.window_end - got.window_start == pytest.approx(0.02)
     calls = (fake_nsys / "calls.log").read_text().splitlines()
     assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=1000")
@@ -237,7 +238,7 @@ def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_p
         found = wait_for(lambda: (a := answer()) and a["ctxsw"] and a["ctxsw"][0]["state"] == "active"
                          and all(w["time_share_basis"] == "ctxsw" for w in a["workloads"]) and a, 60, 0.2, "ctxsw windows")
         jobs = {w["hpc_job"]: w for w in found["workloads"]}
-        assert (jobs["4242"]["time_share"], jobs["4242"]["sm_active"], jobs["4242"]["sm_active_basis"]) == (0.5, 0.275, "ctxsw")
+        assert (jobs["4242"]["time_share"], jobs["4242"]["sm_active"], jobs["4242"]["sm_active_basis"]) == (0.5, 0.3, "ctxsw")
         assert (jobs["5151"]["time_share"], jobs["5151"]["sm_active"], jobs["5151"]["sm_active_basis"]) == (0.45, 0.09, "ctxsw")
         window = jobs["4242"]["ctxsw_window"]
         assert window[1] - window[0] == pytest.approx(0.02) and abs(window[1] - time.time()) < 60
@@ -248,7 +249,7 @@ def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_p
         share = {(l["hpc_job"], l["basis"]): v for l, v in samples["gpu_workload_time_share_ratio"]}
         assert share == {("4242", "ctxsw"): 0.5, ("5151", "ctxsw"): 0.45}
         assert {(l["hpc_job"], l["basis"]): v for l, v in samples["gpu_workload_sm_active_ratio"]} == \
-            {("4242", "ctxsw"): 0.275, ("5151", "ctxsw"): 0.09}
+            {("4242", "ctxsw"): 0.3, ("5151", "ctxsw"): 0.09}
         assert {l["basis"] for l, _ in samples["gpu_workload_busy_gpu_seconds_total"]} <= {"ctxsw", "nvml"}
         states = {l["state"]: v for l, v in samples["gpu_workload_ctxsw_state"]}
         assert states == {"active": 1.0, "standby": 0.0, "unsupported": 0.0, "error": 0.0, "disabled": 0.0}
