@@ -55,7 +55,7 @@ def build_engine(args):
             from exporter.samplers.ctxsw import CtxswSampler
 
             ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
-                                 other_sources=spatial)
+                                 args.ctxsw_estimator, other_sources=spatial)
         workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, ctxsw=ctxsw)
     elif args.workload_ctxsw:
         log.warning("--workload-ctxsw: no holders are known here (no kubelet, no --hpc-job-mapping-dir): "

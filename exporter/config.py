@@ -255,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ctxsw-period", type=_duration, default=60.0,
                    help="one capture starts every this long (the duty is window / period)")
     g.add_argument("--ctxsw-frequency", type=int, default=1000, help="GPU metrics sampling frequency of the captures, Hz")
+    g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
+                   help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
     _apply_environment(p)
     return p
 

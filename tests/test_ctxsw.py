@@ -11,7 +11,7 @@ import pytest
 from nsys_ingest.ctxsw import NO_SWITCHES, attribute
 from nsys_ingest.reader import Budget, Export, IngestError
 from tests import synthetic_exports as synth
-from tests.helpers import ROOT
+from tests.helpers import FIXTURES, ROOT
 
 A, B = 100, 200  # GPU 0: A 0-2.5 ms and 7.5-10 ms, gap, B 2.8-7.0 ms, gap; 1 kHz samples
 GPU0_SLICES = [(0, 0.0, 2.5, A, 1), (0, 2.8, 7.0, B, 2), (0, 7.5, 10.0, A, 1)]
@@ -255,3 +255,33 @@ def test_the_fit_keeps_every_density_within_0_and_1():
     kept = np.linalg.lstsq(x[:, [0, 2]], y, rcond=None)[0]  # the best fit with that density at its bound
     assert fitted[[0, 2]] == pytest.approx(kept, abs=1e-9)
     assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1])))[1] == 1.0
+
+
+# -- the H200 captures (bench/record_ctxsw.sh): jobs whose SM footprint is known by construction ------------
+# 516 spins 4 ms kernels on 66 of 132 SMs, 515 2 ms kernels on 8 SMs (100 ms on, 150 ms off), 518 is a launch
+# loop (one block: one SM), 514 runs bf16 8192^3 products back to back, a fifth holds a context and launches nothing.
+H200_10KHZ, H200_1KHZ = FIXTURES / "h200_ctxsw_10khz.sqlite", FIXTURES / "h200_ctxsw_1khz.sqlite"
+FOOTPRINT = {516: 66 / 132, 515: 8 / 132, 518: 1 / 132}
+
+
+@pytest.mark.parametrize("path", [H200_10KHZ, H200_1KHZ])
+def test_h200_captures_give_each_job_the_sm_footprint_it_was_built_with(path):
+    result = run(path)
+    g0 = result["gpus"][0]
+    jobs = procs(result)
+    assert set(jobs) == {514, 515, 516, 518} and g0["unmatched_events"] == 0  # the idle holder had no slice
+    assert sum(p["time_share"] for p in jobs.values()) + g0["switch_gap_share"] == approx(1.0, abs=1e-5)
+    for pid, footprint in FOOTPRINT.items():  # while resident, within 1.5 points (the kernels' own gaps)
+        assert jobs[pid]["while_resident"]["sm_active"] == approx(footprint, abs=0.015), pid
+    assert jobs[514]["while_resident"]["sm_active"] > 0.9 and jobs[514]["while_resident"]["tensor_active"] > 0.85
+    assert jobs[516]["while_resident"]["tensor_active"] < 0.01  # spin kernels do not touch the tensor cores
+
+
+def test_h200_estimators_at_1khz_against_the_10khz_truth(tmp_path):
+    done = subprocess.run([sys.executable, "bench/ctxsw_estimators.py", H200_10KHZ, tmp_path], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    worst = {name: found["max_abs_error"]["sm_active_of_gpu_error"]
+             for name, found in json.loads((tmp_path / "ctxsw_estimators.json").read_text())["estimators"].items()}
+    # the fit (the default) is within the issue's 0.02 of the GPU for every job; splitting by overlap is not
+    assert worst["fit"] < 0.01 and worst["overlap"] > 0.02 and worst["at"] > 0.02, worst

@@ -15,6 +15,7 @@ from exporter.snapshot import OK, ComputeProcess, DeviceTelemetry, GpuIdentity, 
 from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountant, gpu_shares
 from tests import synthetic_exports as synth
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
+from tests.test_metric_contract import CONTRACT, undocumented
 from tests.test_workloads import GPU0, IDLE, NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
 
 FAKE_NSYS = FIXTURES / "fake-nsys"
@@ -257,5 +258,19 @@ def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_p
         assert {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}["ctxsw"] == 1.0
         assert not list(work.glob("gpu-exporter-ctxsw-*")) or wait_for(
             lambda: len(list(work.glob("gpu-exporter-ctxsw-*"))) <= 1, 10, 0.2, "one capture at a time")
+        assert not undocumented(exporter.metrics(), CONTRACT.read_text())  # every family in docs/metrics.md
         assert "Traceback" not in exporter.log()
     assert not list(work.glob("gpu-exporter-ctxsw-*"))  # stopped mid-capture: its files go too
+
+
+def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(capsys):
+    from exporter.config import parse_args
+    from nsys_ingest.ctxsw import ESTIMATORS
+
+    for estimator in ESTIMATORS:
+        assert parse_args(["--ctxsw-estimator", estimator]).ctxsw_estimator == estimator
+    args = parse_args(["--workload-ctxsw"])
+    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 60.0, 1000, "fit")
+    with pytest.raises(SystemExit):
+        parse_args(["--workload-ctxsw", "--ctxsw-window", "1m", "--ctxsw-period", "1m"])
+    assert "--ctxsw-window 60s must be at least 1 s and shorter than --ctxsw-period 60s" in capsys.readouterr().err
