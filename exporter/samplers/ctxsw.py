@@ -64,6 +64,14 @@ class CtxswState:
     window_end: float | None = None
 
 
+def profile_command(binary: str, devices: str, frequency: int, out: Path, seconds: float) -> list[str]:
+    """The capture: context switches and GPU metrics of `devices` ("0,1"), system-wide, for `seconds`;
+    nothing else traced (no CUDA API, no CPU sampling), so the cost to the workloads stays small."""
+    return [binary, "profile", "--gpuctxsw=true", "--trace=none", f"--gpu-metrics-devices={devices}",
+            f"--gpu-metrics-frequency={frequency}", "--sample=none", "--cpuctxsw=none", "-o", str(out), "-f", "true",
+            "sleep", f"{seconds:g}"]
+
+
 class CaptureError(Exception):
     """A capture that failed as a whole: one line why."""
 
@@ -204,9 +212,7 @@ class CtxswSampler:
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
         try:
             devices = ",".join(str(g.index) for g in targets)
-            self._run([binary, "profile", "--gpuctxsw=true", "--trace=none", f"--gpu-metrics-devices={devices}",
-                       f"--gpu-metrics-frequency={self.frequency}", "--sample=none", "--cpuctxsw=none",
-                       "-o", str(work / "ctxsw"), "-f", "true", "sleep", f"{self.window_s:g}"],
+            self._run(profile_command(binary, devices, self.frequency, work / "ctxsw", self.window_s),
                       self.window_s + STARTUP_GRACE_S, "nsys profile")
             # the window's wall time is ours: a replayed or clock-skewed export's own start time is not
             ended = time.time()
