@@ -285,3 +285,43 @@ def test_h200_estimators_at_1khz_against_the_10khz_truth(tmp_path):
              for name, found in json.loads((tmp_path / "ctxsw_estimators.json").read_text())["estimators"].items()}
     # the fit (the default) is within the 0.02 of the GPU for every job; splitting by overlap is not
     assert worst["fit"] < 0.01 and worst["overlap"] > 0.02 and worst["at"] > 0.02, worst
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("alter table GPU_CONTEXT_SWITCH_EVENTS rename to E; create view GPU_CONTEXT_SWITCH_EVENTS as select * from E",
+     "GPU_CONTEXT_SWITCH_EVENTS is a view"),
+    ("alter table GPU_CONTEXT_SWITCH_EVENTS drop column seqNo", "GPU_CONTEXT_SWITCH_EVENTS has no column seqNo"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set timestamp = 'soon' where rowid = 3",
+     "GPU_CONTEXT_SWITCH_EVENTS.timestamp holds 'soon' where"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set tag = x'00ff' where rowid = 2", "GPU_CONTEXT_SWITCH_EVENTS.tag holds"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set gpuId = 'gpu0' where rowid = 1", "GPU_CONTEXT_SWITCH_EVENTS.gpuId holds"),
+    ("update ENUM_GPU_CTX_SWITCH set name = 'RESTORE_START' || zeroblob(300) where id = 8", "ENUM_GPU_CTX_SWITCH.name"),
+])
+def test_hostile_switch_tables_get_one_line(tmp_path, edit, message):
+    path = build(tmp_path)
+    con = sqlite3.connect(path)
+    con.executescript(edit)
+    con.close()
+    done = cli("workloads", path)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_more_processes_than_the_cap_are_refused(tmp_path):
+    from nsys_ingest.ctxsw import MAX_PROCESSES
+
+    slices = [(0, i * 0.1, i * 0.1 + 0.05, 1000 + i, i) for i in range(MAX_PROCESSES + 1)]
+    path = synth.ctxsw_export(tmp_path / "many.sqlite", slices=slices, samples=[(0, 0, {"sm_active": 0.5})])
+    with pytest.raises(IngestError, match=f"more than {MAX_PROCESSES} processes"):
+        run(path)
+    assert len(procs(run(synth.ctxsw_export(tmp_path / "enough.sqlite", slices=slices[:-1])))) == MAX_PROCESSES
+
+
+def test_text_inside_the_switch_table_is_named(tmp_path):
+    path = build(tmp_path)
+    con = sqlite3.connect(path)
+    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set contextId = 'ctx' where rowid = 2")
+    con.commit()
+    con.close()
+    done = cli("workloads", path)
+    assert done.returncode == 2 and "GPU_CONTEXT_SWITCH_EVENTS.contextId holds 'ctx' where a number belongs" in done.stderr

@@ -70,6 +70,11 @@ def test_a_process_the_window_did_not_see_keeps_the_holder_on_nvml():
     # listed by NVML during the window but never resident: it held a context and got no slice
     ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
     assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]["time_share"] == 0.3
+    # a pid that left (418 is no longer on the GPU): its slices are no longer the trainer's
+    gone = dict(processes={417: 0.3, 419: 0.4}, compute={417: "time_sliced", 419: "time_sliced"})
+    ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419))
+    entry = gpu_shares(view(**gone), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
+    assert (entry["time_share"], entry["sm_active"], entry["pids"]) == (0.3, 0.15, (417,))
 
 
 def test_the_holder_alone_on_the_gpu_keeps_the_exact_sm():
