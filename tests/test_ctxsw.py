@@ -39,6 +39,15 @@ def build(tmp_path, name="ctxsw.sqlite", **kw):
     return synth.ctxsw_export(tmp_path / name, **{**args, **kw})
 
 
+def edited(tmp_path, script: str):
+    """build(), then the SQL `script` run on it."""
+    path = build(tmp_path)
+    con = sqlite3.connect(path)
+    con.executescript(script)
+    con.close()
+    return path
+
+
 def run(path, **kw):
     with Export(path, require_metrics=False) as export:
         return attribute(export, **kw)
@@ -162,12 +171,7 @@ def test_cli_text_json_and_windows(tmp_path):
 
 
 def test_an_export_without_context_switches_names_the_flag(tmp_path):
-    path = build(tmp_path)
-    con = sqlite3.connect(path)
-    con.execute("drop table GPU_CONTEXT_SWITCH_EVENTS")
-    con.commit()
-    con.close()
-    done = cli("workloads", path)
+    done = cli("workloads", edited(tmp_path, "drop table GPU_CONTEXT_SWITCH_EVENTS"))
     assert done.returncode == 2 and done.stderr.strip() == f"error: {NO_SWITCHES}" and "--gpuctxsw=true" in done.stderr
     empty = synth.ctxsw_export(tmp_path / "empty.sqlite", samples=[(0, 1, {"sm_active": 0.5})])  # MPS: no events
     done = cli("workloads", empty)
@@ -298,11 +302,7 @@ def test_h200_estimators_at_1khz_against_the_10khz_truth(tmp_path):
     ("update ENUM_GPU_CTX_SWITCH set name = 'RESTORE_START' || zeroblob(300) where id = 8", "ENUM_GPU_CTX_SWITCH.name"),
 ])
 def test_hostile_switch_tables_get_one_line(tmp_path, edit, message):
-    path = build(tmp_path)
-    con = sqlite3.connect(path)
-    con.executescript(edit)
-    con.close()
-    done = cli("workloads", path)
+    done = cli("workloads", edited(tmp_path, edit))
     assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
 
@@ -318,10 +318,5 @@ def test_more_processes_than_the_cap_are_refused(tmp_path):
 
 
 def test_text_inside_the_switch_table_is_named(tmp_path):
-    path = build(tmp_path)
-    con = sqlite3.connect(path)
-    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set contextId = 'ctx' where rowid = 2")
-    con.commit()
-    con.close()
-    done = cli("workloads", path)
+    done = cli("workloads", edited(tmp_path, "update GPU_CONTEXT_SWITCH_EVENTS set contextId = 'ctx' where rowid = 2"))
     assert done.returncode == 2 and "GPU_CONTEXT_SWITCH_EVENTS.contextId holds 'ctx' where a number belongs" in done.stderr
