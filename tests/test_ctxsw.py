@@ -19,11 +19,12 @@ GPU0_SLICES = [(0, 0.0, 2.5, A, 1), (0, 2.8, 7.0, B, 2), (0, 7.5, 10.0, A, 1)]
 # its end: (2,3]: 0.5 ms of A, 0.3 of gap, 0.2 of B = 0.44; (7,8]: 0.5 gap, 0.5 A = 0.4. A sample is
 # stamped at the start of the interval it describes (nsys_ingest/ctxsw.py).
 GPU0_SM = {1: 0.8, 2: 0.8, 3: 0.44, 4: 0.2, 5: 0.2, 6: 0.2, 7: 0.2, 8: 0.4, 9: 0.8, 10: 0.8}
-# GPU 1: C 0-5, D 5-8, an unmatched SAVE_END at 8.5, an unmatched RESTORE_START (E) at 9, D 9.5-10;
+# GPU 1: C 0-5, D 5-8, E's RESTORE_START at 8.2 followed by D's SAVE_END at 8.5 (another context: both
+# unmatched), an unmatched RESTORE_START (E) at 9, D 9.5-10;
 # an unknown tag and a RESTORE_END (ignored); SM active 0.6 throughout.
 C, D, E = 400, 500, 600
 GPU1_SLICES = [(1, 0.0, 5.0, C, 5), (1, 5.0, 8.0, D, 6), (1, 9.5, 10.0, D, 6)]
-GPU1_EVENTS = [(1, 8.5, "SAVE_END", 6, D), (1, 9.0, "RESTORE_START", 7, E), (1, 2.0, 99, 5, C),
+GPU1_EVENTS = [(1, 8.2, "RESTORE_START", 7, E), (1, 8.5, "SAVE_END", 6, D), (1, 9.0, "RESTORE_START", 7, E), (1, 2.0, 99, 5, C),
                (1, 0.1, "RESTORE_END", 5, C)]
 def approx(value, abs=1e-6):  # the output is rounded to 6 digits
     return pytest.approx(value, abs=abs)
@@ -103,7 +104,7 @@ def test_unmatched_and_unknown_events_count_as_gap_and_are_reported(tmp_path):
     c, d = (p for p in g1["processes"])
     assert (c["pid"], c["time_share"], d["pid"], d["time_share"], d["slices"]) == (C, 0.5, D, 0.35, 2)
     assert g1["switch_gap_share"] == approx(0.15)  # 8-9.5 ms: the unmatched events' time
-    assert g1["unmatched_events"] == 2
+    assert g1["unmatched_events"] == 3
     assert g1["other_events"] == {"RESTORE_END": 1, "unknown tag 99": 1}
     assert c["while_resident"]["sm_active"] == approx(0.6) and E not in {p["pid"] for p in g1["processes"]}
 
