@@ -267,6 +267,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.workload_ctxsw and not 1.0 <= args.ctxsw_window < args.ctxsw_period:
         parser.error(f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
                      f"{args.ctxsw_period:g}s")
+    if args.workload_ctxsw and args.nsys_live:
+        parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
+                     "session at a time can do: choose one")
     if args.workload_ctxsw and not 10 <= args.ctxsw_frequency <= 10000:
         parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (nsys' range; 1000 splits ~2 ms slices)")
     if args.nsys_upload_token_file:

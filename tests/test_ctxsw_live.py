@@ -279,3 +279,6 @@ def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(
     with pytest.raises(SystemExit):
         parse_args(["--workload-ctxsw", "--ctxsw-window", "1m", "--ctxsw-period", "1m"])
     assert "--ctxsw-window 60s must be at least 1 s and shorter than --ctxsw-period 60s" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--workload-ctxsw", "--nsys-live"])
+    assert "choose one" in capsys.readouterr().err
