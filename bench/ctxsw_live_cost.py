@@ -2,6 +2,7 @@
 duty, and the slowdown a capture causes to the workloads. On the device (root, one GPU or more):
 
     NSYS_EXTRA_LIB=DIR timeout 2400 python3 bench/ctxsw_live_cost.py OUTDIR [--minutes 10] [--full-duty-minutes 3]
+        [--phases default,full,slowdown] [--nsys PATH]   (calls with different --phases add up in OUTDIR)
 
 Phases (each writes OUTDIR/cost_<name>.json, all together OUTDIR/ctxsw_live_cost.json):
 - default: the exporter with --workload-ctxsw at the default duty (10 s every 60 s) for --minutes, while a
@@ -302,25 +303,30 @@ def main(argv=None) -> int:
     p.add_argument("--warm-up", type=float, default=30.0, help="seconds of each phase left out of the CPU figure")
     p.add_argument("--slowdown-runs", type=int, default=3, help="alternating runs per loop (0: skip)")
     p.add_argument("--slowdown-seconds", type=float, default=8.0)
+    p.add_argument("--phases", default="default,full,slowdown",
+                   help="which to run (comma-separated; each call adds its results to OUTDIR/ctxsw_live_cost.json)")
     p.add_argument("--exporter-args", default="", help="more exporter flags (a dry run without a GPU: "
                                                        "'--nvml-replay tests/fixtures/nvml_h100_time_sliced.json')")
     args = p.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
     nsys, env = find_nsys(args.nsys), environment()
     version = subprocess.run([nsys, "--version"], env=env, capture_output=True, text=True, check=False)
-    result = {"nsys": nsys, "nsys_version": (version.stdout or version.stderr).strip()[-200:],
-              "euid": os.geteuid(), "cpus": os.cpu_count(), "started": time.time(), "phases": {}}
+    wanted = set(args.phases.split(","))
+    saved = args.outdir / "ctxsw_live_cost.json"
+    result = json.loads(saved.read_text()) if saved.exists() else {"phases": {}}  # an earlier call's phases
+    result.update({"nsys": nsys, "nsys_version": (version.stdout or version.stderr).strip()[-200:],
+                   "euid": os.geteuid(), "cpus": os.cpu_count(), "started": time.time()})
     phases = [("default", args.window, args.period, args.minutes)]
-    if args.full_duty_minutes > 0:
+    if args.full_duty_minutes > 0:  # back to back: a tick (window + nsys' own start and export) outlasts the period
         phases.append(("full", args.window, args.window + 1.0, args.full_duty_minutes))
-    for name, window, period, minutes in phases:
+    for name, window, period, minutes in (p for p in phases if p[0] in wanted):
         try:
             result["phases"][name] = phase(name, nsys, window, period, minutes, args.warm_up, env, args.outdir,
                                            args.exporter_args.split())
         except Exception as exc:  # noqa: BLE001 - unattended: record and go on
             result["phases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         (args.outdir / "ctxsw_live_cost.json").write_text(json.dumps(result, indent=1) + "\n")
-    if args.slowdown_runs > 0:
+    if args.slowdown_runs > 0 and "slowdown" in wanted:
         try:
             result["slowdown"] = slowdown(nsys, args.slowdown_runs, args.slowdown_seconds, env, args.outdir)
         except Exception as exc:  # noqa: BLE001
