@@ -212,37 +212,63 @@ def test_no_switches_is_standby_for_one_process_and_unsupported_for_several(fake
 
 
 # -- end to end: the exporter over HTTP -----------------------------------------------------------------
-def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_path):
+def slurm_node(tmp_path, recorded: Path, jobs: dict[int, str], renamed: dict[int, int] | None = None,
+               uuid: str | None = None):
+    """The exporter's flags and environment for a Slurm node: the time-sliced H100 NVML recording (frame 0,
+    pids 417-420, renamed by `renamed`, the GPU's UUID set to `uuid`), cgroups under --proc-root putting
+    each pid in its job of `jobs` (the others in a login session), a mapping file listing the jobs on
+    GPU 0, and the fake nsys replaying `recorded`."""
     from exporter.nvml_replay import cut
 
     cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
+    if renamed or uuid:
+        data = json.loads((tmp_path / "nvml.json").read_text())
+        for call in ("compute_processes/0", "process_utilization/0"):
+            for frame in data["calls"][call]:
+                listed = frame["value"]["compute"] if call.startswith("compute") else frame["value"]
+                for process in listed:
+                    process["pid"] = (renamed or {}).get(process["pid"], process["pid"])
+        if uuid:
+            data["calls"]["identity/0"][0]["value"]["uuid"] = uuid
+        (tmp_path / "nvml.json").write_text(json.dumps(data))
     proc = tmp_path / "proc"
-    for pid, job in ((417, "4242"), (418, "4242"), (419, "5151")):
+    for pid in [(renamed or {}).get(p, p) for p in (417, 418, 419, 420)]:
         (proc / str(pid)).mkdir(parents=True)
-        (proc / str(pid) / "cgroup").write_text(f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n")
-    (proc / "420").mkdir()
-    (proc / "420" / "cgroup").write_text("0::/user.slice/session-1.scope\n")
+        job = jobs.get(pid)
+        (proc / str(pid) / "cgroup").write_text(f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"
+                                                if job else "0::/user.slice/session-1.scope\n")
     mapping = tmp_path / "map"
     mapping.mkdir()
-    (mapping / "0").write_text("4242\n5151\n")
+    (mapping / "0").write_text("".join(f"{job}\n" for job in sorted(set(jobs.values()))))
     work = tmp_path / "tmp"
     work.mkdir()
-    env = {"FAKE_NSYS_EXPORT": str(live_export(tmp_path / "recorded.sqlite")), "TMPDIR": str(work)}
-    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--kubelet-socket",
-                  "none", "--proc-root", str(proc), "--hpc-job-mapping-dir", str(mapping), "--workload-ctxsw",
-                  "--ctxsw-window", "1s", "--ctxsw-period", "2s", "--nsys-binary", str(FAKE_NSYS), env=env) as exporter:
-        def answer():
-            status, body = http_get(exporter.url + "/api/v1/workloads")
-            return json.loads(body) if status == 200 else None
+    args = ["--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--kubelet-socket", "none",
+            "--proc-root", str(proc), "--hpc-job-mapping-dir", str(mapping), "--workload-ctxsw", "--ctxsw-window", "1s",
+            "--ctxsw-period", "2s", "--nsys-binary", str(FAKE_NSYS)]
+    return args, {"FAKE_NSYS_EXPORT": str(recorded), "TMPDIR": str(work)}, work
 
+
+def workloads_answer(exporter):
+    status, body = http_get(exporter.url + "/api/v1/workloads")
+    return json.loads(body) if status == 200 else None
+
+
+def ctxsw_everywhere(exporter, seconds=60):
+    """/api/v1/workloads once every holder's time share comes from a context-switch window."""
+    return wait_for(lambda: (a := workloads_answer(exporter)) and a["ctxsw"] and a["ctxsw"][0]["state"] == "active"
+                    and all(w["time_share_basis"] == "ctxsw" for w in a["workloads"]) and a, seconds, 0.2, "ctxsw windows")
+
+
+def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_path):
+    args, env, work = slurm_node(tmp_path, live_export(tmp_path / "recorded.sqlite"), {417: "4242", 418: "4242", 419: "5151"})
+    with Exporter(*args, env=env) as exporter:
         if os.geteuid() != 0:  # not root: it says so, and the NVML basis stays
-            found = wait_for(lambda: (a := answer()) and a["ctxsw"] and a["ctxsw"][0]["state"] == "unsupported" and a,
+            found = wait_for(lambda: (a := workloads_answer(exporter)) and a["ctxsw"] and a["ctxsw"][0]["state"] == "unsupported" and a,
                              30, 0.2, "ctxsw unsupported")
             assert found["ctxsw"][0]["reason"] == NOT_ROOT
             assert {w["time_share_basis"] for w in found["workloads"]} == {"nvml"}
             return
-        found = wait_for(lambda: (a := answer()) and a["ctxsw"] and a["ctxsw"][0]["state"] == "active"
-                         and all(w["time_share_basis"] == "ctxsw" for w in a["workloads"]) and a, 60, 0.2, "ctxsw windows")
+        found = ctxsw_everywhere(exporter)
         jobs = {w["hpc_job"]: w for w in found["workloads"]}
         assert (jobs["4242"]["time_share"], jobs["4242"]["sm_active"], jobs["4242"]["sm_active_basis"]) == (0.5, 0.3, "ctxsw")
         assert (jobs["5151"]["time_share"], jobs["5151"]["sm_active"], jobs["5151"]["sm_active_basis"]) == (0.45, 0.09, "ctxsw")
@@ -261,8 +287,6 @@ def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_p
         assert states == {"active": 1.0, "standby": 0.0, "unsupported": 0.0, "error": 0.0, "disabled": 0.0}
         assert samples["gpu_workload_ctxsw_sample_timestamp_seconds"][0][1] == pytest.approx(window[1], abs=1e-3)
         assert {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}["ctxsw"] == 1.0
-        assert not list(work.glob("gpu-exporter-ctxsw-*")) or wait_for(
-            lambda: len(list(work.glob("gpu-exporter-ctxsw-*"))) <= 1, 10, 0.2, "one capture at a time")
         assert not undocumented(exporter.metrics(), CONTRACT.read_text())  # every family in docs/metrics.md
         assert "Traceback" not in exporter.log()
     assert not list(work.glob("gpu-exporter-ctxsw-*"))  # stopped mid-capture: its files go too
@@ -282,3 +306,33 @@ def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(
     with pytest.raises(SystemExit):
         parse_args(["--workload-ctxsw", "--nsys-live"])
     assert "choose one" in capsys.readouterr().err
+
+
+@root_only
+def test_the_h200_capture_replayed_gives_each_job_its_processes_shares(tmp_path):
+    """The real capture (five jobs time-sliced on an H200): pids 514 (matmul) and 518 (launch loop) in job
+    201, 516 (66-SM spin) in 202, 515 (8-SM spin) in 203; NVML's recording renamed to those pids."""
+    from nsys_ingest.ctxsw import attribute
+    from nsys_ingest.reader import Export
+
+    recorded = FIXTURES / "h200_ctxsw_1khz.sqlite"
+    with Export(recorded) as export:
+        truth = {p["pid"]: p for p in attribute(export)["gpus"][0]["processes"]}
+    renamed = {417: 514, 418: 518, 419: 516, 420: 515}
+    args, env, _ = slurm_node(tmp_path, recorded, {514: "201", 518: "201", 516: "202", 515: "203"}, renamed,
+                              uuid="GPU-915c814a-f1dc-3deb-0741-1665ee6a8727")
+    with Exporter(*args, env=env) as exporter:
+        jobs = {w["hpc_job"]: w for w in ctxsw_everywhere(exporter)["workloads"]}
+    expected = {"201": (514, 518), "202": (516,), "203": (515,)}
+    for job, pids in expected.items():
+        assert jobs[job]["time_share"] == approx(sum(truth[p]["time_share"] for p in pids)), job
+        assert jobs[job]["sm_active"] == approx(sum(truth[p]["of_gpu"]["sm_active"] for p in pids)), job
+        assert jobs[job]["sm_active_basis"] == "ctxsw"
+    # what the jobs were built to do, read back through the exporter: a full-GPU matmul, 66 and 8 of 132 SMs
+    assert jobs["202"]["sm_active"] / jobs["202"]["time_share"] == approx(66 / 132, abs=0.015)
+    assert jobs["203"]["sm_active"] / jobs["203"]["time_share"] == approx(8 / 132, abs=0.015)
+    assert jobs["201"]["time_share"] == approx(0.46, abs=0.01) and jobs["201"]["sm_active"] > 0.35
+
+
+def approx(value, abs=1e-6):  # the API rounds to 6 digits
+    return pytest.approx(value, abs=abs)
