@@ -173,17 +173,20 @@ def test_gpus_it_must_not_capture(fake_nsys, nvml, others, state, reason):
     assert not (fake_nsys / "calls.log").exists()  # nothing ran
 
 
-def test_no_nsys_or_no_root_is_unsupported_with_one_line(tmp_path, caplog):
+def test_no_nsys_or_no_root_is_unsupported_with_one_line(tmp_path, caplog, monkeypatch):
     sampler = CtxswSampler(Nvml(), str(tmp_path / "no-such-nsys"), window_s=0.1)
     for _ in range(3):
         sampler.tick()
     state = sampler.states[NVML_UUID]
     assert state.state == UNSUPPORTED and "nsys not found" in state.reason and not sampler.health.success
     assert sum("nsys not found" in r.getMessage() for r in caplog.records) == 1
-    if os.geteuid() != 0:
-        sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a user: nsys would trace nothing system-wide
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    for _ in range(3):
         sampler.tick()
-        assert sampler.states[NVML_UUID].reason == NOT_ROOT
+    assert (sampler.states[NVML_UUID].state, sampler.states[NVML_UUID].reason) == (UNSUPPORTED, NOT_ROOT)
+    assert sampler.readings == {} and [r.getMessage() for r in caplog.records] == [f"ctxsw: {NOT_ROOT}"]
 
 
 @root_only
