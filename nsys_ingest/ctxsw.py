@@ -107,7 +107,7 @@ def default_window(export: Export, start_ns=None, end_ns=None) -> tuple[int, int
     if export.era is not None:
         first, last = export.time_range()
         lows.append(first)
-        highs.append(last + _period_ns(export, None))
+        highs.append(last + _period_ns(export))
     start = min(lows) if start_ns is None else int(start_ns)
     end = max(highs) if end_ns is None else int(end_ns)
     if end <= start:
@@ -115,12 +115,9 @@ def default_window(export: Export, start_ns=None, end_ns=None) -> tuple[int, int
     return start, end
 
 
-def _period_ns(export: Export, diffs) -> int:
-    if export.sampling_hz:
-        return int(round(1e9 / export.sampling_hz))
-    if diffs is not None and len(diffs):
-        return int(np.median(diffs))
-    return 0
+def _period_ns(export: Export) -> int:
+    """The sampling period the export states (META_DATA_CAPTURE); 0 when it does not say."""
+    return int(round(1e9 / export.sampling_hz)) if export.sampling_hz else 0
 
 
 # -- slices ------------------------------------------------------------------------------------------
@@ -399,7 +396,7 @@ def _samples(export: Export, quantities, window, chunk_rows, combine: int):
 
     if export.era is None or not quantities:
         return
-    before = max(_period_ns(export, None), 1) * max(combine, 1) * 2  # a sample stamped before reaches into it
+    before = max(_period_ns(export), 1) * max(combine, 1) * 2  # a sample stamped before reaches into it
     carry: dict[int, pd.DataFrame] = {}
     for wide in wide_samples(export, READ, window[0] - before, window[1], chunk_rows, ordered=True):
         export.budget.check()
@@ -443,7 +440,7 @@ def attribute(export: Export, start_ns=None, end_ns=None, estimator: str = DEFAU
     seen: dict = {}
     streams = {g: _Slices(export, g, window, restore, save, names, chunk_rows) for g in switch_gpus(export)}
     gpus = {g: _Gpu(g, quantities, estimator, stream, seen) for g, stream in streams.items()}
-    period = _period_ns(export, None)
+    period = _period_ns(export)
 
 
     def feed(gpu: _Gpu, lo, hi, values) -> None:

@@ -16,7 +16,7 @@ from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountan
 from tests import synthetic_exports as synth
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
 from tests.test_metric_contract import CONTRACT, undocumented
-from tests.test_workloads import GPU0, IDLE, NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
+from tests.test_workloads import IDLE, NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
 
 FAKE_NSYS = FIXTURES / "fake-nsys"
 NVML_UUID = "GPU-0cc7d789-89a7-98d7-87e6-31b003867920"  # nvml_h100_time_sliced.json
