@@ -72,12 +72,14 @@ class Engine:
 
     def stop(self) -> None:
         self._stop.set()
+        for sampler in getattr(self.workloads, "samplers", ()):  # a capture in flight ends now, not after the join
+            sampler.close()
         for thread in self._threads:
             thread.join(timeout=5)
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
-        for source in (*self.spatial.values(), self.kubelet, *getattr(self.workloads, "samplers", ())):
+        for source in (*self.spatial.values(), self.kubelet):
             if hasattr(source, "close"):
                 source.close()
 
