@@ -41,7 +41,7 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def find_nsys(given: str | None) -> str:
-    """--nsys, else nsys on the PATH, else the device's install (not on its PATH: ../device-nsys notes)."""
+    """--nsys, else nsys on the PATH, else an install under / (target-linux-x64/nsys: not on every PATH)."""
     if given:
         return given
     found = shutil.which("nsys")

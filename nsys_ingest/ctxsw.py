@@ -33,7 +33,7 @@ from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS,
 EVENTS = "GPU_CONTEXT_SWITCH_EVENTS"
 TAGS = "ENUM_GPU_CTX_SWITCH"
 RESTORE_START, SAVE_END = "RESTORE_START", "SAVE_END"
-# Nsight Systems 2025.3 on the H200 (../device-nsys notes): used only when the export has no enum table.
+# The numbers Nsight Systems 2025.3 gave the two tags on the H200: used only when the export has no enum table.
 DEVICE_TAGS = {8: RESTORE_START, 7: SAVE_END}
 MAX_TAGS = 256
 MAX_PROCESSES = 256  # processes with slices, all GPUs together
