@@ -1,10 +1,12 @@
 """python -m exporter: bind the port, build the samplers from the flags, serve them (exporter/server.py).
 
-Exit codes: 0 after SIGTERM/SIGINT, 2 for bad input (a flag, a file, a port in use), one line on stderr."""
+Exit codes: 0 after SIGTERM/SIGINT (one log line, no traceback), 2 for bad input (a flag, a file, a port
+in use), one line on stderr."""
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from exporter.config import parse_args
@@ -97,15 +99,32 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
-def main(argv=None) -> int:
+class Stopped(Exception):
+    """SIGTERM before the server took the signals over."""
+
+
+def _stop_on_sigterm(signum, _frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def main(argv=None, prog: str | None = None) -> int:
     limit_malloc_arenas()
-    args = parse_args(argv)
+    # Until the server handles the signals itself: a stop while starting is a normal stop too.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    args = parse_args(argv, prog)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from exporter.server import BindError, Limits, bind, serve
 
     try:
         sock = bind(args.listen_address, args.port)  # first: a port in use is the one thing said
         engine, upload = build_engine(args)
+        from exporter.app import create_app
+
+        app = create_app(engine, upload, api_on=not args.no_api)
+        port = sock.getsockname()[1]  # the port bound, also where --port 0 chose one
+        log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s%s)", args.listen_address,
+                 port, args.interval, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
+        serve(app, sock, Limits.from_args(args))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -114,13 +133,8 @@ def main(argv=None) -> int:
             print(exc.code, file=sys.stderr)
             return 2
         raise
-
-    from exporter.app import create_app
-
-    app = create_app(engine, upload)
-    log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s)",
-             args.listen_address, args.port, args.interval, ",".join(args.spatial_sources))
-    serve(app, sock, Limits.from_args(args))
+    except (KeyboardInterrupt, Stopped) as exc:
+        log.info("stopped by %s while starting", exc.args[0] if exc.args else "SIGINT")
     return 0
 
 

@@ -1,10 +1,11 @@
 """The ASGI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot.
 
 The JSON API is a FastAPI app whose responses are typed by exporter/api_models.py (OpenAPI at
-/openapi.json, docs at /docs, committed as docs/openapi.json). In front of it, at the ASGI level: the
-/metrics fast path, and LazyApi, which answers /healthz and the lifespan itself and imports FastAPI
-only for the first request that needs it: FastAPI and pydantic cost 17 MB of resident memory
-(bench/RESULTS.md), which a node that is only scraped and probed never pays."""
+/openapi.json, docs at /docs with Swagger UI's files served from the package, committed as
+docs/openapi.json). In front of it, at the ASGI level: the /metrics fast path, and LazyApi, which
+answers /healthz and the lifespan itself and imports FastAPI only for the first request that needs
+it: FastAPI and pydantic cost 19 MB of resident memory (bench/RESULTS.md), which a node that is only
+scraped and probed never pays; `--no-api` switches the API off altogether."""
 import asyncio
 import dataclasses
 import json
@@ -115,6 +116,12 @@ def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
 UPLOAD_BODY = {"requestBody": {"required": True, "description": "an Nsight Systems export (.sqlite), raw bytes",
                                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"
+API_OFF = b'{"error":"the JSON API is off (--no-api): this exporter serves /metrics and /healthz only"}'
+# Swagger UI's files, as the fastapi-offline package ships them (Swagger UI 5, Apache-2.0): /docs
+# needs no CDN, so it works on an air-gapped cluster.
+DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
+# Endpoints that read a query string; every other request's is dropped before the framework parses it.
+TAKES_QUERY: frozenset = frozenset()
 
 
 def nvml_enabled(engine) -> bool:
@@ -138,7 +145,7 @@ def api(engine, upload=None):
         404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token)"},
         413: {"model": models.Error, "description": "larger than --nsys-upload-max-bytes"},
     }
-    app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None,
+    app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None, docs_url=None,
                   description="GPU time utilization next to spatial utilization (SM activity), per GPU and per "
                               "workload. Prometheus metrics: GET /metrics (text exposition; docs/metrics.md).")
     bearer = HTTPBearer(auto_error=False, description="the exporter's --nsys-upload-token")
@@ -191,17 +198,50 @@ def api(engine, upload=None):
             return JSONResponse({"error": UPLOADS_OFF}, status_code=404)
         return await upload.diagnose(request)
 
+    serve_docs(app)
     return app
+
+
+def serve_docs(app) -> None:
+    """/docs: FastAPI's Swagger UI page, its script, style and icon served from the installed package."""
+    from importlib.resources import files
+    from pathlib import Path as FilePath
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import FileResponse, JSONResponse
+
+    try:
+        static = FilePath(str(files("fastapi_offline") / "static"))
+    except ModuleNotFoundError:  # a source tree run without `pip install .`: the rest of the API works
+        static = None
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        if static is None:
+            return JSONResponse({"error": "Swagger UI's files are missing: pip install fastapi-offline (or the "
+                                          "project: pip install .); /openapi.json is served"}, status_code=404)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon.png")
+
+    @app.get("/docs/assets/{name}", include_in_schema=False)
+    async def docs_asset(name: str):
+        if name not in DOCS_ASSETS or static is None:
+            return JSONResponse({"error": f"no asset {name!r}: /docs uses {', '.join(DOCS_ASSETS)}"}, status_code=404)
+        # Streamed in chunks: a client that does not read holds one chunk, not the 1.5 MB script.
+        return FileResponse(static / name, media_type=DOCS_ASSETS[name], headers={"cache-control": "max-age=86400"})
 
 
 class LazyApi:
     """ASGI: runs the engine over the server's lifespan and answers /healthz itself; everything else
     goes to the FastAPI app, imported and built (in a thread: scrapes go on meanwhile) on the first
-    request that needs it."""
+    request that needs it, or, with the API off, is answered 404 with why."""
 
-    def __init__(self, engine, upload=None):
+    def __init__(self, engine, upload=None, api_on: bool = True):
         self._engine = engine
         self._upload = upload
+        self._api_on = api_on
         self._app = None
         self._loading = asyncio.Lock()
 
@@ -210,11 +250,12 @@ class LazyApi:
             await self._lifespan(receive, send)
         elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
             body, status = health_json(self._engine.snapshot, self._engine.interval, nvml_enabled(self._engine))
-            data = json.dumps(body, separators=(",", ":")).encode()
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-            await send({"type": "http.response.body", "body": data if scope["method"] == "GET" else b""})
+            await _send_json(send, scope, status, json.dumps(body, separators=(",", ":")).encode())
+        elif not self._api_on:
+            await _send_json(send, scope, 404, API_OFF)
         else:
+            if scope["type"] == "http" and scope["path"] not in TAKES_QUERY:
+                scope["query_string"] = b""  # parsing 60 KB of `a=1&` cost the framework 28x a plain request
             await (await self.app())(scope, receive, send)
 
     async def app(self):
@@ -239,6 +280,12 @@ class LazyApi:
                 return
 
 
-def create_app(engine, upload=None) -> MetricsFastPath:
-    """The ASGI app: the JSON API (loaded on first use) behind the /metrics fast path."""
-    return MetricsFastPath(LazyApi(engine, upload), MetricsCache(engine, build_registry(engine)))
+async def _send_json(send, scope, status: int, data: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data if scope["method"] != "HEAD" else b""})
+
+
+def create_app(engine, upload=None, api_on: bool = True) -> MetricsFastPath:
+    """The ASGI app: the JSON API (loaded on first use, or off) behind the /metrics fast path."""
+    return MetricsFastPath(LazyApi(engine, upload, api_on), MetricsCache(engine, build_registry(engine)))

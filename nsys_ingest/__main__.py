@@ -8,6 +8,7 @@ import sqlite3
 import sys
 from datetime import datetime
 
+from nsys_ingest.commandline import add_version, prog_name, quiet_on_closed_pipe
 from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR, ESTIMATORS
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, progress_bar
 
@@ -41,12 +42,14 @@ def _window(export: Export, args):
     return bounds
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m nsys_ingest", description=__doc__)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or prog_name("nsys_ingest"), description=__doc__)
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name, help_text, window=True):
         p = sub.add_parser(name, help=help_text, description=help_text)
+        add_version(p)
         p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep where nsys is on the PATH "
                                     "(exported to .sqlite first)")
         if window:
@@ -164,11 +167,18 @@ def _run_on(export: Export, args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """Exit codes: 0 done, 2 bad input (one line on stderr, as the exporter), 130 interrupted."""
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    """Exit codes: 0 done (also when the reader of the output left: `| head`), 2 bad input (one line
+    on stderr, as the exporter), 130 interrupted."""
+    args = build_parser(prog).parse_args(argv)
+    return quiet_on_closed_pipe(lambda: _run_reporting(args))
+
+
+def _run_reporting(args) -> int:
     try:
         return run(args)
+    except BrokenPipeError:
+        raise  # the reader left: quiet_on_closed_pipe's
     except IngestError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except sqlite3.DatabaseError as exc:  # scrub's copy, corrupt part-way through
