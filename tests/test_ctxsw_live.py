@@ -339,3 +339,16 @@ def test_the_h200_capture_replayed_gives_each_job_its_processes_shares(tmp_path)
 
 def approx(value, abs=1e-6):  # the API rounds to 6 digits
     return pytest.approx(value, abs=abs)
+
+
+@root_only
+def test_the_first_capture_waits_for_nvmls_first_look_at_the_gpus(fake_nsys):
+    """Every sampler ticks at once when the exporter starts: the first window is not a period late."""
+    import threading
+
+    nvml, ready = Nvml(), Nvml()
+    nvml.gpus, nvml.telemetry = [], {}
+    threading.Timer(0.5, lambda: (setattr(nvml, "telemetry", ready.telemetry), setattr(nvml, "gpus", ready.gpus))).start()
+    sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == ACTIVE

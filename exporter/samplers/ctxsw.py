@@ -36,6 +36,7 @@ STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
 EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 1 kHz takes a few seconds
 READ_BUDGET_S = 60.0
+NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
 MPS = "MPS: all clients share one context, so the trace has no per-client slices"
 MIG = "MIG: every instance is its own GPU; the GPU has no time slices to split"
 DCGM = ("DCGM profiles this GPU and nsys cannot sample its metrics at the same time "
@@ -134,8 +135,20 @@ class CtxswSampler:
         else:
             self._log.clear(f"ctxsw GPU {uuid}")
 
+    def _nvml_ready(self) -> list:
+        """The GPUs with NVML's telemetry of them (their processes and modes decide what is captured). At
+        start every sampler ticks at once: the first capture waits for NVML's first tick, not a period."""
+        deadline = time.monotonic() + NVML_WAIT_S
+        while True:
+            gpus = list(getattr(self._nvml, "gpus", ()))
+            telemetry = getattr(self._nvml, "telemetry", {})
+            if (gpus and all(g.uuid in telemetry for g in gpus)) or time.monotonic() > deadline:
+                return gpus
+            if self._stopping.wait(0.2):
+                return []
+
     def _tick(self) -> None:
-        gpus = list(getattr(self._nvml, "gpus", ()))
+        gpus = self._nvml_ready()
         for uuid in set(self.states) - {g.uuid for g in gpus}:  # GPUs that left
             self.states.pop(uuid, None)
             self.readings.pop(uuid, None)
