@@ -52,7 +52,16 @@ def build_engine(args):
     if kubelet is not None or slurm is not None:  # outside Kubernetes and Slurm no holder is known
         from exporter.workloads import WorkloadAccountant
 
-        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after)
+        ctxsw = None
+        if args.workload_ctxsw:
+            from exporter.samplers.ctxsw import CtxswSampler
+
+            ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
+                                 args.ctxsw_estimator, other_sources=spatial)
+        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, ctxsw=ctxsw)
+    elif args.workload_ctxsw:
+        log.warning("--workload-ctxsw: no holders are known here (no kubelet, no --hpc-job-mapping-dir): "
+                    "nothing to attribute to, so no capture runs")
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
                     disabled_reasons=disabled, interval=args.interval, kubelet=kubelet,
                     process_series=(args.process_series, args.process_series_limit),

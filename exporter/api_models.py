@@ -190,9 +190,11 @@ class WorkloadGpuSeconds(BaseModel):
     """The GPU-second counters of one holder (docs/metrics.md, Workloads), since it was first seen."""
 
     held: float
-    busy: float
+    busy: float = Field(description="GPU-seconds busy in time, every basis together")
     held_idle: float
-    sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, time_share)")
+    busy_basis: dict[str, float] = Field(default_factory=dict,
+                                         description="GPU-seconds busy in time, by the basis integrated (ctxsw, nvml)")
+    sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, ctxsw, time_share)")
     hidden_idle: dict[str, float] = Field(description="GPU-seconds busy while the SMs idled, by basis")
 
 
@@ -212,17 +214,32 @@ class Workload(BaseModel):
     pids: list[int]
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
     time_share_reason: str = Field(description="how the time share was obtained, or why there is none")
+    time_share_basis: Optional[Literal["ctxsw", "nvml"]] = Field(
+        None, description="ctxsw: resident time from the GPU's context switches; nvml: NVML per-process samples")
+    ctxsw_window: Optional[list[float]] = Field(
+        None, description="[start, end] wall time of the context-switch window behind basis ctxsw values")
     sm_active: Optional[float] = Field(None, description="GPU-equivalents of SM activity")
-    sm_active_basis: Optional[Literal["exact", "time_share"]] = None
+    sm_active_basis: Optional[Literal["exact", "ctxsw", "time_share"]] = None
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
+
+
+class CtxswGpu(BaseModel):
+    """The GPU context-switch source's state for one GPU (--workload-ctxsw)."""
+
+    gpu: int
+    uuid: str
+    state: Literal["active", "standby", "unsupported", "error", "disabled"]
+    reason: str
+    window: Optional[list[float]] = Field(None, description="[start, end] wall time of the last window captured")
 
 
 class Workloads(BaseModel):
     snapshot_version: int
     snapshot_time: float
     workloads: list[Workload]
+    ctxsw: Optional[list[CtxswGpu]] = Field(None, description="None: --workload-ctxsw is off")
 
 
 class Uploaded(BaseModel):

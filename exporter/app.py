@@ -88,6 +88,14 @@ def workload_json(record) -> dict:
     return record.to_json()
 
 
+def ctxsw_json(states) -> list[dict] | None:
+    """The context-switch source's per-GPU states (WorkloadAccountant.ctxsw_states), or None when off."""
+    if states is None:
+        return None
+    return [{"gpu": gpu.index, "uuid": gpu.uuid, "state": s.state, "reason": s.reason,
+             "window": None if s.window_end is None else [s.window_start, s.window_end]} for gpu, s in states]
+
+
 def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
     """/healthz: 503 when the samplers stopped, or when NVML was asked for and no GPU is known (a GPU
     node whose driver is missing is not healthy); 200 with status no_gpu where no GPU is what was asked
@@ -171,7 +179,8 @@ def api(engine, upload=None):
         """Holders of each GPU (Kubernetes containers, Slurm jobs) and what they do with it."""
         snapshot = engine.snapshot
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
-                "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())]}
+                "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],
+                "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None))}
 
     @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,
               responses={**upload_errors, 409: {"model": models.Error, "description": "the exporter runs --replay: "

@@ -256,6 +256,16 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--held-idle-after", type=_duration, default=1800.0,
                    help="a holder with no CUDA process on its GPU, or under 1% of its time, for this long is held "
                         "idle (gpu_workload_held_idle)")
+    g.add_argument("--workload-ctxsw", action="store_true",
+                   help="time shares and SM activity per holder from the GPUs' own context switches: runs `nsys "
+                        "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
+                        "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
+    g.add_argument("--ctxsw-window", type=_duration, default=10.0, help="length of one context-switch capture")
+    g.add_argument("--ctxsw-period", type=_duration, default=60.0,
+                   help="one capture starts every this long (the duty is window / period)")
+    g.add_argument("--ctxsw-frequency", type=int, default=1000, help="GPU metrics sampling frequency of the captures, Hz")
+    g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
+                   help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
     _apply_environment(p)
     return p
 
@@ -263,6 +273,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.workload_ctxsw and not 1.0 <= args.ctxsw_window < args.ctxsw_period:
+        parser.error(f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
+                     f"{args.ctxsw_period:g}s")
+    if args.workload_ctxsw and args.nsys_live:
+        parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
+                     "session at a time can do: choose one")
+    if args.workload_ctxsw and not 10 <= args.ctxsw_frequency <= 10000:
+        parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (1000 resolves ~2 ms slices; "
+                     "10 kHz already makes ~180 MB a second of raw stream)")
     if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
         parser.error("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "
                      "drop the upload token or --no-api")

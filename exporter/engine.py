@@ -71,6 +71,8 @@ class Engine:
             yield "slurm", self.slurm.tick, self.slurm.interval
         if self.spool is not None:
             yield "spool", self.spool.tick, self.spool.interval
+        for sampler in getattr(self.workloads, "samplers", ()):  # the workload view's own (ctxsw)
+            yield sampler.name, sampler.tick, sampler.interval
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
@@ -88,6 +90,8 @@ class Engine:
 
     def stop(self) -> None:
         self._stop.set()
+        for sampler in getattr(self.workloads, "samplers", ()):  # a capture in flight ends now, not after the join
+            sampler.close()
         for thread in self._threads:
             thread.join(timeout=5)
         closer = getattr(self.nvml.backend, "shutdown", None)
@@ -152,6 +156,8 @@ class Engine:
             health["slurm"] = self.slurm.health
         if self.spool is not None:
             health["spool"] = self.spool.health
+        for sampler in getattr(self.workloads, "samplers", ()):
+            health[sampler.name] = sampler.health
         for name, crashed in self._crashed.items():
             for collector in (name, "gpm") if name == "nvml" else (name,):  # GPM ticks in the NVML loop
                 if collector in health:

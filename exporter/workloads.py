@@ -7,12 +7,15 @@ GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads"
 
 What is exact and what is not (README, "Per-workload numbers"):
 - held share: what the scheduler allocated. Exact.
-- time share: the holder's processes' NVML per-process utilization, scaled so that all processes on
-  the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
+- time share: basis "ctxsw" where the live context-switch source (exporter/samplers/ctxsw.py) has a
+  fresh window of the GPU covering all the holder's processes: their resident time share, exact;
+  else basis "nvml": the holder's processes' NVML per-process utilization, scaled so that all processes
+  on the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
   MPS server for every client) nor on MIG devices (no per-process utilization there).
 - SM active: exact when the holder is the only one running on the GPU, or holds a MIG device whole
-  (GPM of that MIG GPU instance); on a time-sliced GPU the GPU's SM active split by time shares
-  (basis "time_share"); nothing when several MPS clients share a GPU.
+  (GPM of that MIG GPU instance); on a time-sliced GPU the SM activity of its own slices (basis
+  "ctxsw"), else the GPU's SM active split by time shares (basis "time_share"); nothing when several
+  MPS clients share a GPU.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from exporter.snapshot import GpuIdentity
 IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idle
 HELD_IDLE_AFTER_S = 1800.0
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
-EXACT, TIME_SHARE = "exact", "time_share"
+EXACT, TIME_SHARE, CTXSW, NVML = "exact", "time_share", "ctxsw", "nvml"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 
@@ -55,14 +58,18 @@ class WorkloadView:
     sm_active_basis: str | None
     idle_seconds: float | None
     held_idle: bool
-    counters: dict  # name -> GPU-seconds (sm_active and hidden_idle: basis -> GPU-seconds)
+    counters: dict  # name -> GPU-seconds (busy_basis, sm_active and hidden_idle: basis -> GPU-seconds)
     created: float
+    time_share_basis: str | None = None  # "ctxsw" or "nvml"
+    ctxsw_window: tuple[float, float] | None = None  # wall time of the context-switch window used
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
                 "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
                 "hpc_job": self.holder.hpc_job, "held_share": self.held_share, "processes": self.processes,
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
+                "time_share_basis": self.time_share_basis,
+                "ctxsw_window": None if self.ctxsw_window is None else list(self.ctxsw_window),
                 "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
                 "gpu_seconds": self.counters}
@@ -74,15 +81,19 @@ class _Account:
 
     created: float
     rates: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0,
+    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "busy_basis": {},
                                                     "sm_active": {}, "hidden_idle": {}})
     idle_since: float | None = None
 
     def integrate(self, dt: float) -> None:
         r = self.rates
-        for name in ("held", "busy", "held_idle"):
+        for name in ("held", "held_idle"):
             if r.get(name) is not None:
                 self.counters[name] += r[name] * dt
+        if r.get("busy") is not None:  # the total, and per basis (the best one available at each update)
+            basis, value = r["busy"]
+            self.counters["busy"] += value * dt
+            self.counters["busy_basis"][basis] = self.counters["busy_basis"].get(basis, 0.0) + value * dt
         for name in ("sm_active", "hidden_idle"):
             if r.get(name) is not None:
                 basis, value = r[name]
@@ -133,9 +144,10 @@ def mig_sm_active(view, kubelet, instances) -> dict[Holder, float | None]:
 
 
 def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder],
-               mig_sm: dict[Holder, float | None] | None = None) -> dict[Holder, dict]:
-    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis.
-    `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active)."""
+               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, dict]:
+    """Per holder of one GPU: its pids, time share (with its basis, how or why not), SM active with its
+    basis. `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
+    `ctxsw`: the GPU's fresh context-switch window (exporter.samplers.ctxsw.CtxswReading), or None."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
     mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
@@ -152,7 +164,7 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
     out = {}
     for holder in holders:
         entry = {"pids": pids[holder], "processes": None if compute is None else len(pids[holder]),
-                 "time_share": None, "sm_active": None, "basis": None}
+                 "time_share": None, "time_share_basis": None, "sm_active": None, "basis": None, "window": None}
         if compute is None:
             entry["reason"] = "NVML could not list the GPU's processes"
             out[holder] = entry
@@ -166,13 +178,26 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
         else:
             own = sum(raw.get(pid, 0.0) for pid in pids[holder])
             entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)
+            entry["time_share_basis"] = NVML
             entry["reason"] = ("NVML per-process utilization, scaled to the GPU's time utilization"
                                if scale is not None else "NVML per-process utilization (no GPU total to scale to)")
-        if sm is not None and not mig:
+            # every process of the holder ran (or held its context) during the window: its slices are its time
+            if ctxsw is not None and set(pids[holder]) <= ctxsw.listed | ctxsw.shares.keys():
+                own = [ctxsw.shares.get(pid, (0.0, 0.0)) for pid in pids[holder]]
+                entry["time_share"] = round(min(sum(t for t, _ in own), 1.0), 6)
+                entry["time_share_basis"], entry["window"] = CTXSW, (ctxsw.window_start, ctxsw.window_end)
+                entry["reason"] = "GPU context switches: the resident time of its processes' slices"
+                if all(sm is not None or t == 0 for t, sm in own):
+                    entry["ctxsw_sm"] = round(min(sum(sm or 0.0 for _, sm in own), 1.0), 6)
+        if not mig and sm is None and pids[holder] and entry.get("ctxsw_sm") is not None:
+            entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # no spatial source for the GPU itself
+        elif sm is not None and not mig:
             if not pids[holder]:
                 entry["sm_active"], entry["basis"] = 0.0, EXACT  # runs nothing on it
             elif len(running) == 1 and not strangers:
                 entry["sm_active"], entry["basis"] = sm, EXACT  # the only one running on it, MPS or not
+            elif entry.get("ctxsw_sm") is not None:
+                entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # the SM activity of its own slices
             elif entry["time_share"] is not None and gpu_time:
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
@@ -183,8 +208,17 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
 class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
-    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S):
+    @property
+    def samplers(self) -> tuple:
+        """The samplers of its own the engine runs (each with name, tick, interval, health, close)."""
+        return () if self.ctxsw is None else (self.ctxsw,)
+
+    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, ctxsw=None):
+        """`ctxsw`: exporter.samplers.ctxsw.CtxswSampler (--workload-ctxsw), or None."""
         self.held_idle_after = held_idle_after
+        self.ctxsw = ctxsw
+        # per GPU at the last update: (GpuIdentity, CtxswState); None without the source
+        self.ctxsw_states: tuple | None = None if ctxsw is None else ()
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self._last: float | None = None
         self._lock = threading.Lock()
@@ -204,13 +238,17 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = holders_of(view.identity.uuid, kubelet, slurm)
                 mig_sm = mig_sm_active(view, kubelet, mig_instances)
-                for holder, entry in gpu_shares(view, holders, owners, mig_sm).items():
+                reading = None if self.ctxsw is None else self.ctxsw.fresh(view.identity.uuid, now)
+                for holder, entry in gpu_shares(view, holders, owners, mig_sm, reading).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))
                     out.append(self._view(view.identity, holder, holders[holder], entry, account, now))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
+            if self.ctxsw is not None:
+                self.ctxsw_states = tuple((v.identity, self.ctxsw.state(v.identity.uuid, now)) for v in views
+                                          if v.telemetry is not None and not v.telemetry.lost)
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
 
     def _view(self, gpu, holder, share, entry, account: _Account, now: float) -> WorkloadView:
@@ -226,7 +264,7 @@ class WorkloadAccountant:
         sm, basis = entry["sm_active"], entry["basis"]
         account.rates = {
             "held": share,
-            "busy": time_share,
+            "busy": (entry["time_share_basis"], time_share) if time_share is not None else None,
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": (basis, sm) if sm is not None else None,
             "hidden_idle": (basis, max(0.0, time_share - sm)) if sm is not None and time_share is not None else None,
@@ -234,4 +272,4 @@ class WorkloadAccountant:
         counters = {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in account.counters.items()}
         return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
                             idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created)
+                            counters, account.created, entry["time_share_basis"], entry["window"])

@@ -3,7 +3,7 @@
     gpu-spatial exporter [flags]   the Prometheus exporter (same as gpu-spatial-exporter / python3 -m exporter)
     gpu-spatial top [flags]        time next to space in the terminal
     gpu-spatial report [flags]     who held, used and wasted GPUs, from a Prometheus-compatible API
-    gpu-spatial nsys CMD [flags]   the Nsight Systems tools (summary, diagnose, plot, openmetrics, scrub)
+    gpu-spatial nsys CMD [flags]   the Nsight Systems tools (summary, diagnose, workloads, plot, openmetrics, scrub)
 
 Each subcommand is imported only when asked for, so `top` costs no report dependencies and the other
 way round. Errors are one line; bad input exits 2 (README, "Exit codes"); `--version` works on every
@@ -21,7 +21,7 @@ SUBCOMMANDS = {
     "exporter": ("exporter.__main__", "the Prometheus exporter"),
     "top": ("gpu_spatial.top", "time next to space in the terminal"),
     "report": ("gpu_spatial.report", "who held, used and wasted GPUs (from Prometheus)"),
-    "nsys": ("nsys_ingest.__main__", "Nsight Systems exports: summary, diagnose, plot, openmetrics, scrub"),
+    "nsys": ("nsys_ingest.__main__", "Nsight Systems exports: summary, diagnose, workloads, plot, openmetrics, scrub"),
 }
 
 

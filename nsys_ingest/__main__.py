@@ -1,4 +1,5 @@
-"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports."""
+"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports,
+and split time-sliced GPUs per process from their context switches (workloads)."""
 from __future__ import annotations
 
 import argparse
@@ -8,6 +9,7 @@ import sys
 from datetime import datetime
 
 from nsys_ingest.commandline import add_version, prog_name, quiet_on_closed_pipe
+from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR, ESTIMATORS
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, progress_bar
 
 
@@ -66,6 +68,12 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "create-blocks-from openmetrics run.om DATA_DIR")
     p = command("diagnose", "per GPU: a verdict (what limits it, what to change) from the kernel trace and GPU metrics")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("workloads", "per GPU and process: resident time share and the SM activity (occupancy, tensor, DRAM, "
+                             "GR) of its own slices, from the GPU's context switches (nsys profile --gpuctxsw=true)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--estimator", choices=ESTIMATORS, default=DEFAULT_ESTIMATOR,
+                   help="how a GPU metrics sample is given to the slices: at (the slice at its timestamp), overlap "
+                        "(split by the time each slice covers of it), fit (least-squares density per process)")
     p = command("scrub", "copy without environment, command lines, paths and host names", window=False)
     p.add_argument("-o", "--output", required=True,
                    help="the scrubbed copy to write (.sqlite, overwritten; never the input)")
@@ -98,7 +106,7 @@ def run(args) -> int:
 
         print(describe(args.output, scrub(args.file, args.output)))
         return 0
-    with Export(args.file, require_metrics=args.command != "diagnose") as export:
+    with Export(args.file, require_metrics=args.command not in ("diagnose", "workloads")) as export:
         try:
             return _run_on(export, args)
         except sqlite3.DatabaseError as exc:  # part-way through a read: corruption, a limit, a type
@@ -134,6 +142,15 @@ def _run_on(export: Export, args) -> int:
                 print(json.dumps(result, indent=1))
             else:
                 print_diagnosis(result)
+        elif args.command == "workloads":
+            from nsys_ingest.ctxsw import attribute, print_workloads
+
+            result = attribute(export, start_ns, end_ns, args.estimator, args.chunk_rows)
+            close()
+            if args.json:
+                print(json.dumps(result, indent=1))
+            else:
+                print_workloads(result)
         elif args.command == "plot":
             from nsys_ingest.plot import plot
 

@@ -68,6 +68,8 @@ COLUMNS = {
     "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "globalPid", "gridX", "gridY", "gridZ"),
     "TARGET_INFO_CUDA_DEVICE": ("pid", "cudaId", "gpuId"),
     "PROCESSES": ("globalPid", "name"),
+    "GPU_CONTEXT_SWITCH_EVENTS": ("tag", "seqNo", "contextId", "timestamp", "globalPid", "gpuId"),
+    "ENUM_GPU_CTX_SWITCH": ("id", "name"),
 }
 
 

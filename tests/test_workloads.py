@@ -45,7 +45,7 @@ def test_time_sliced_holders_get_their_time_share_scaled_to_the_gpu_total_and_sm
     assert shares[TRAINER]["pids"] == (417, 418) and shares[TRAINER]["processes"] == 2
     # a holder with no process on the GPU: known to run nothing
     assert shares[IDLE] | {"reason": ""} == {"pids": (), "processes": 0, "time_share": 0.0, "sm_active": 0.0,
-                                             "basis": EXACT, "reason": ""}
+                                             "basis": EXACT, "reason": "", "time_share_basis": "nvml", "window": None}
 
 
 def test_the_only_holder_running_gets_the_gpus_own_sm_activity_exactly():

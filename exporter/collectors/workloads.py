@@ -25,16 +25,18 @@ class WorkloadCollector:
                      "PodResources or Slurm job mapping): 1 whole, k/N replicas, a MIG device's share of the SMs.")
         processes = gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
                           "pid to holder through its cgroup); works under MPS too.")
-        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's kernels ran (NVML "
-                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.")
+        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's contexts were "
+                           "resident (basis ctxsw: GPU context switches) or its kernels ran (basis nvml: NVML "
+                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.", ["basis"])
         sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
-                          "whole GPU's SMs; basis exact (alone on the GPU) or time_share (split by time shares).",
-                          ["basis"])
+                          "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
+                          "slices) or time_share (the GPU's split by time shares).", ["basis"])
         idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
                              "or a time share under 1%; 0 while it uses it.")
         held_idle = gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after.")
         c_held = counter("gpu_workload_held_gpu_seconds", "GPU-seconds held (held share x seconds).")
-        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds).")
+        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds), by the "
+                         "basis of the time share integrated (ctxsw where available, else nvml).", ["basis"])
         c_sm = counter("gpu_workload_sm_active_gpu_seconds", "SM-active GPU-seconds (SM active x seconds).", ["basis"])
         c_hidden = counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
                            "(max(0, time share - SM active) x seconds).", ["basis"])
@@ -48,9 +50,12 @@ class WorkloadCollector:
             if w.processes is not None:
                 processes.add_metric(labels, w.processes)
             if w.time_share is not None:
-                time_share.add_metric(labels, w.time_share)
-            if w.time_share is not None or w.counters["busy"]:
-                c_busy.add_metric(labels, w.counters["busy"], created=w.created)
+                time_share.add_metric(labels + [w.time_share_basis], w.time_share)
+            busy = dict(w.counters["busy_basis"])
+            if w.time_share is not None:
+                busy.setdefault(w.time_share_basis, 0.0)
+            for basis, value in sorted(busy.items()):
+                c_busy.add_metric(labels + [basis], value, created=w.created)
             if w.sm_active is not None:
                 sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
             for basis, value in sorted(w.counters["sm_active"].items()):
@@ -62,3 +67,25 @@ class WorkloadCollector:
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
         yield from (held, processes, time_share, sm_active, idle_seconds, held_idle,
                     c_held, c_busy, c_sm, c_hidden, c_idle)
+        yield from self._ctxsw_states()
+
+    def _ctxsw_states(self):
+        """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""
+        from exporter.samplers.ctxsw import ACTIVE, STATES
+
+        states = getattr(self._engine.workloads, "ctxsw_states", None)
+        if states is None:
+            return
+        state = GaugeMetricFamily("gpu_workload_ctxsw_state", "1 for the current state of the GPU context-switch "
+                                  "source of workload time shares (--workload-ctxsw): active, standby, unsupported, "
+                                  "error, disabled; /api/v1/workloads and the log say why.", labels=GPU_LABELS + ["state"])
+        stamp = GaugeMetricFamily("gpu_workload_ctxsw_sample_timestamp_seconds", "Wall time of the end of the "
+                                  "context-switch window the basis=\"ctxsw\" values describe.", labels=GPU_LABELS)
+        for gpu, current in states:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            for name in STATES:
+                state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
+            if current.state == ACTIVE and current.window_end is not None:
+                stamp.add_metric(labels, current.window_end)
+        yield state
+        yield stamp
