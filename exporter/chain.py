@@ -91,7 +91,14 @@ def build_view(
             time_util, time_window = spatial.time_utilization, (spatial.window_start, spatial.window_end)
     mode, diagnosis = diagnose(telemetry if live else None, spatial, busy if busy is not None else time_util, mps)
     return GpuView(identity, telemetry, time_util, memory_util, time_window, spatial, hidden, statuses,
-                   mode, diagnosis)
+                   mode, diagnosis, links(results.get("gpm"), telemetry) if live else None)
+
+
+def links(gpm: SourceResult | None, telemetry: DeviceTelemetry):
+    """PCIe and NVLink throughput: GPM's over its window where it measures them, else NVML's."""
+    if gpm is not None and gpm.links is not None:
+        return gpm.links
+    return telemetry.health.links if telemetry.health is not None else None
 
 
 def time_utilization_source(view: GpuView) -> str | None:
