@@ -30,9 +30,16 @@ PROCESS_BUFFER = 512  # per-process samples read in one call; more falls back to
 SM_CLOCK = 1  # NVML_CLOCK_SM
 MEM_CLOCK = 2  # NVML_CLOCK_MEM
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
-# nvmlDeviceGetViolationStatus policies (nvmlPerfPolicyType_t): time the clocks were held down, by reason.
-VIOLATION_POLICIES = {"power": 0, "thermal": 1, "sync_boost": 2, "board_limit": 3, "low_utilization": 4,
-                      "reliability": 5}
+# Field values (nvml.h NVML_FI_DEV_*), read many at a time with nvmlDeviceGetFieldValues. The perf policy
+# counters are what nvmlDeviceGetViolationStatus (deprecated for them) answers: time the clocks were held
+# down, by reason, in ns since the driver loaded.
+VIOLATION_FIELDS = {"power": 74, "thermal": 75, "sync_boost": 76, "board_limit": 77, "low_utilization": 78,
+                    "reliability": 79}
+FIELD_TOTAL_ENERGY_MJ = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since the driver loaded
+FIELD_PCIE_REPLAYS = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+ECC_FIELDS = {"corrected_volatile": 3, "uncorrected_volatile": 4, "corrected_aggregate": 5,
+              "uncorrected_aggregate": 6}  # NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL
+REMAPPED_ROW_FIELDS = {"correctable": 142, "uncorrectable": 143, "pending": 144, "failure": 145}  # NVML_FI_DEV_REMAPPED_*
 # nvmlDeviceGetCurrentClocksEventReasons bits (nvmlClocksEventReason*): why the clocks are below their maximum now.
 CLOCK_EVENT_REASONS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
                        "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
@@ -440,37 +447,51 @@ class Nvml:
                     raise
         return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", nv.nvmlDeviceGetCurrentClocksThrottleReasons, h))
 
+    def _fields(self, handle, fields: dict) -> dict:
+        """nvmlDeviceGetFieldValues: many values in one driver call. {key: value} of the fields that
+        answered; a field this GPU does not support is left out, another failure is named in "_errors"."""
+        nv = self._nv
+        answers = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle, list(fields.values()))
+        out: dict = {}
+        for key, field in zip(fields, answers):
+            if field.nvmlReturn == nv.NVML_SUCCESS:
+                out[key] = self._field_value(field)
+            elif field.nvmlReturn != nv.NVML_ERROR_NOT_SUPPORTED:
+                out.setdefault("_errors", []).append(
+                    f"nvmlDeviceGetFieldValues field {field.fieldId}: {nv.NVMLError(field.nvmlReturn)}")
+        return out
+
+    @staticmethod
+    def _field_value(field):
+        kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+        return getattr(field.value, kind.get(field.valueType, "ullVal"))
+
     def health_counters(self, index: int) -> dict:
-        """What changes slowly or only grows, read every few seconds: energy (joules since driver load),
-        throttle time by reason (seconds), encoder and decoder utilization (percent), memory temperature."""
+        """What changes slowly or only grows, read every few seconds: energy (joules since the driver
+        loaded), throttle time by reason (seconds), memory temperature (one field-values call), encoder
+        and decoder utilization (percent)."""
         nv, h = self._nv, self._handle(index)
-        calls = {"energy_mj": ("nvmlDeviceGetTotalEnergyConsumption", nv.nvmlDeviceGetTotalEnergyConsumption, h),
-                 "encoder": ("nvmlDeviceGetEncoderUtilization", nv.nvmlDeviceGetEncoderUtilization, h),
-                 "decoder": ("nvmlDeviceGetDecoderUtilization", nv.nvmlDeviceGetDecoderUtilization, h),
-                 "fields": ("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, h, [FIELD_MEMORY_TEMP])}
-        calls.update({f"violation_{reason}": ("nvmlDeviceGetViolationStatus", nv.nvmlDeviceGetViolationStatus, h, policy)
-                      for reason, policy in VIOLATION_POLICIES.items()})
-        raw = self._parts(calls)
+        fields = {"energy_mj": FIELD_TOTAL_ENERGY_MJ, "memory_temperature_celsius": FIELD_MEMORY_TEMP,
+                  **{f"violation_{reason}": field for reason, field in VIOLATION_FIELDS.items()}}
+        raw = self._parts({"fields": ("nvmlDeviceGetFieldValues", self._fields, h, fields),
+                           "encoder": ("nvmlDeviceGetEncoderUtilization", nv.nvmlDeviceGetEncoderUtilization, h),
+                           "decoder": ("nvmlDeviceGetDecoderUtilization", nv.nvmlDeviceGetDecoderUtilization, h)})
+        values = raw.get("fields", {})
         out: dict = {"throttle_seconds": {}}
-        if "_errors" in raw:
-            out["_errors"] = raw["_errors"]
-        if "energy_mj" in raw:
-            out["energy_joules"] = raw["energy_mj"] / 1000.0
+        errors = raw.get("_errors", []) + values.get("_errors", [])
+        if errors:
+            out["_errors"] = errors
+        if "energy_mj" in values:
+            out["energy_joules"] = values["energy_mj"] / 1000.0
+        if "memory_temperature_celsius" in values:
+            out["memory_temperature_celsius"] = float(values["memory_temperature_celsius"])
+        for reason in VIOLATION_FIELDS:
+            if f"violation_{reason}" in values:
+                out["throttle_seconds"][reason] = values[f"violation_{reason}"] / 1e9  # ns
         for engine in ("encoder", "decoder"):
             if engine in raw:
                 out[f"{engine}_percent"] = float(raw[engine][0])
-        for reason in VIOLATION_POLICIES:
-            violation = raw.get(f"violation_{reason}")
-            if violation is not None:
-                out["throttle_seconds"][reason] = violation.violationTime / 1e9  # ns
-        field = raw.get("fields", [None])[0]
-        if field is not None and field.nvmlReturn == nv.NVML_SUCCESS:
-            out["memory_temperature_celsius"] = float(self._field_value(field))
         return out
-
-    def _field_value(self, field):
-        kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}.get(field.valueType, "ullVal")
-        return getattr(field.value, kind)
 
     def nvml_throughput(self, index: int) -> dict:
         """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver
@@ -491,22 +512,21 @@ class Nvml:
         return out
 
     def memory_errors(self, index: int) -> dict:
-        """ECC error counts (corrected/uncorrected, volatile since driver load / aggregate over the GPU's
-        life), remapped rows and the PCIe replay counter: they change rarely, read every minute."""
-        nv, h = self._nv, self._handle(index)
-        calls = {"pcie_replays": ("nvmlDeviceGetPcieReplayCounter", nv.nvmlDeviceGetPcieReplayCounter, h),
-                 "remapped_rows": ("nvmlDeviceGetRemappedRows", nv.nvmlDeviceGetRemappedRows, h)}
-        for error, error_type in (("corrected", 0), ("uncorrected", 1)):  # NVML_MEMORY_ERROR_TYPE_*
-            for scope, counter in (("volatile", 0), ("aggregate", 1)):  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
-                calls[f"ecc_{error}_{scope}"] = ("nvmlDeviceGetTotalEccErrors", nv.nvmlDeviceGetTotalEccErrors, h,
-                                                 error_type, counter)
-        raw = self._parts(calls)
-        out = {k: v for k, v in raw.items() if k == "_errors" or k == "pcie_replays"}
-        out["ecc"] = {k[4:]: int(v) for k, v in raw.items() if k.startswith("ecc_")}
-        if "remapped_rows" in raw:
-            corrected, uncorrected, pending, failure = raw["remapped_rows"]
-            out["remapped_rows"] = {"correctable": int(corrected), "uncorrectable": int(uncorrected),
-                                    "pending": bool(pending), "failure": bool(failure)}
+        """ECC error counts (corrected/uncorrected, volatile since the driver loaded / aggregate over the
+        GPU's life), remapped rows and the PCIe replay counter, in one field-values call: they change
+        rarely and are read every minute."""
+        h = self._handle(index)
+        fields = {"pcie_replays": FIELD_PCIE_REPLAYS, **{f"ecc_{k}": v for k, v in ECC_FIELDS.items()},
+                  **{f"rows_{k}": v for k, v in REMAPPED_ROW_FIELDS.items()}}
+        values = self._fields(h, fields)
+        out = {k: v for k, v in values.items() if k == "_errors"}
+        if "pcie_replays" in values:
+            out["pcie_replays"] = int(values["pcie_replays"])
+        out["ecc"] = {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}
+        if all(f"rows_{k}" in values for k in REMAPPED_ROW_FIELDS):
+            rows = {k: values[f"rows_{k}"] for k in REMAPPED_ROW_FIELDS}
+            out["remapped_rows"] = {"correctable": int(rows["correctable"]), "uncorrectable": int(rows["uncorrectable"]),
+                                    "pending": bool(rows["pending"]), "failure": bool(rows["failure"])}
         return out
 
     # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
