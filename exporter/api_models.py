@@ -98,7 +98,7 @@ class MigDevice(BaseModel):
     sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
 
 
-class Links(BaseModel):
+class LinkThroughput(BaseModel):
     source: str = Field(description="gpm (over its window) or nvml")
     pcie_tx: Optional[float] = Field(None, description="bytes per second")
     pcie_rx: Optional[float] = None
@@ -106,7 +106,7 @@ class Links(BaseModel):
     nvlink_rx: Optional[float] = None
 
 
-class Health(BaseModel):
+class GpuHealth(BaseModel):
     """docs/metrics.md, GPU: health. None where NVML cannot say on this GPU."""
 
     driver_version: Optional[str] = None
@@ -124,7 +124,7 @@ class Health(BaseModel):
     remapped_rows: list[tuple[str, int]] = Field(description="(correctable|uncorrectable, rows)")
     row_remap_pending: Optional[bool] = None
     row_remap_failure: Optional[bool] = None
-    links: Optional[Links] = Field(None, description="NVML's PCIe/NVLink throughput (GPUs without GPM)")
+    links: Optional[LinkThroughput] = Field(None, description="NVML's PCIe/NVLink throughput (GPUs without GPM)")
 
 
 class Telemetry(BaseModel):
@@ -142,7 +142,7 @@ class Telemetry(BaseModel):
     memory_free_bytes: Optional[float] = None
     memory_reserved_bytes: Optional[float] = None
     memory_clock_hertz: Optional[float] = None
-    health: Optional[Health] = None
+    health: Optional[GpuHealth] = None
     xid_counts: dict[str, int] = Field(default_factory=dict, description="XID -> events since the exporter started")
     last_xid: Optional[int] = None
     errors: list[str]

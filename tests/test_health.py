@@ -50,6 +50,19 @@ def one_frame(tmp_path, edit=None, frame=1):
     return path
 
 
+def health_replay(tmp_path):
+    """The H200 recording's first frame with declared additions, so that every health family has a value
+    (the golden file, the stack test's dashboards): XID events 94 and 13, and NVLink throughput in the
+    GPM answer (the device's single-GPU VM has no NVLink: NVML answers Not Supported there)."""
+    def edit(data):
+        data["calls"]["xid_open"] = [{"value": XID_WATCHED}]
+        data["xid_events"] = [{"after_s": 0.2, "index": 0, "xid": 94}, {"after_s": 0.4, "index": 0, "xid": 13}]
+        for gpm in data["calls"]["gpm_metrics/0"]:
+            gpm["value"].update(nvlink_tx=1024.0, nvlink_rx=2048.0)  # MiB/s, declared
+
+    return one_frame(tmp_path, edit, frame=0)
+
+
 def answer(path, key):
     return json.loads(path.read_text())["calls"][key][0]["value"]
 
