@@ -15,6 +15,7 @@
 #   load.json / load.log     a bf16 matmul phase under the recording, if PyTorch is there (else idle)
 #   footprint_{base,new}_{1,2}.json, footprint.txt
 #                            CPU share of a core at --interval 1 and VmRSS, runs alternated base/new/base/new
+#   nvml_call_cost.json      bench/nvml_call_cost.py: CPU and wall time of every NVML call the exporter makes
 #   compare.txt              bench/telemetry_compare.py OUTDIR: each new series next to nvidia-smi's figure
 set -uo pipefail
 out=${1:?usage: telemetry_check.sh OUTDIR [BASELINE_DIR]}
@@ -60,7 +61,10 @@ wait $recorder; echo "recorder exit $?" >> "$out/record.log"
 wait $load; echo "load exit $?" >> "$out/load.log"
 kill "$exporter"; wait "$exporter" 2>/dev/null
 
-# 2. Footprint: today's exporter and this one, alternated (a drift of the machine hits both alike).
+# 2. What each NVML call costs on this GPU (CPU and wall, mean of 50 calls): the new ones next to the old.
+$py bench/nvml_call_cost.py --calls 50 --out "$out/nvml_call_cost.json" > /dev/null 2> "$out/nvml_call_cost.log"
+
+# 3. Footprint: today's exporter and this one, alternated (a drift of the machine hits both alike).
 if [[ -z $baseline ]] && git rev-parse --verify -q "$BASE_REV^{commit}" > /dev/null 2>&1; then
     baseline=$(mktemp -d)
     git archive "$BASE_REV" exporter nsys_ingest | tar -x -C "$baseline"

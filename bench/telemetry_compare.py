@@ -157,6 +157,19 @@ def main(argv=None) -> int:
     print("XIDs:", found.get("gpu_xid_errors_total", "none"), found.get("gpu_xid_last_code", ""))
     if (out / "nvml_h200_health.json").exists():
         print(energy_check(out / "nvml_h200_health.json"))
+    costs_path = out / "nvml_call_cost.json"
+    if costs_path.exists():
+        costs = json.loads(costs_path.read_text())
+        print(f"\n{'NVML call (mean of 50)':40} {'CPU ms':>8} {'wall ms':>8}")
+        for name, cost in costs.items():
+            shown = (f"{cost['cpu_ms']:>8.3f} {cost['wall_ms']:>8.3f}" if isinstance(cost, dict) else str(cost))
+            print(f"{name:40} {shown}")
+        # The new calls at the sampler's cadences (exporter/samplers/nvml.py), at --interval 1.
+        per_second = {"memory_clock_hz": 1.0, "clock_event_reasons": 1.0, "health_counters": 0.1,
+                      "memory_errors": 1 / 60}
+        known = {k: costs[k]["cpu_ms"] * n for k, n in per_second.items() if isinstance(costs.get(k), dict)}
+        print(f"new calls at their cadences: {sum(known.values()):.3f} ms of CPU per second = "
+              f"{sum(known.values()) / 10:.4f} % of a core ({', '.join(f'{k} {v:.3f}' for k, v in known.items())})")
     footprints = sorted(out.glob("footprint_*_*.json"))
     if footprints:
         print(f"\n{'run':14} {'CPU (share of a core)':>22} {'VmRSS MiB':>10} {'series':>7} {'threads':>8}")

@@ -13,6 +13,7 @@ Mutations made by hand, each failing the test named (then restored):
 - health_counters read every tick (health_every_s ignored): test_slow_values_stay_off_the_per_tick_path
 - GPM preferred even where it measured no throughput (chain.links): test_without_gpm_pcie_and_nvlink_come_from_nvml
 - XID series dropped with the rest of a lost GPU's: test_a_lost_gpu_keeps_its_xid_counts
+- the sum of the power and thermal counters' growth instead of the larger: test_throttle_share_exact
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from exporter.engine import Engine
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.nvml_replay import ReplayNvml, cut
 from exporter.samplers.gpm import GpmSource
-from exporter.samplers.nvml import ERRORS_EVERY_S, HEALTH_EVERY_S, NvmlSampler
+from exporter.samplers.nvml import ERRORS_EVERY_S, HEALTH_EVERY_S, NvmlSampler, throttle_share
 from tests.helpers import FIXTURES, Exporter, parse_metrics, sample_value, wait_for
 
 H200 = FIXTURES / "nvml_h200_health.json"
@@ -311,3 +312,15 @@ def test_a_lost_gpu_keeps_its_xid_counts(tmp_path):
     sampler.close()
     assert "gpu_power_watts" not in m and "gpu_energy_joules_total" not in m
     assert sample_value(m, "gpu_xid_errors_total", xid="79") == 1 and sample_value(m, "gpu_xid_last_code") == 79
+
+
+def test_throttle_share_exact():
+    """The larger growth of the power and thermal violation counters over the time between two reads:
+    power ran 4 of 10 s and thermal 3 (overlapping, as both limits may hold at once): 0.4, not 0.7."""
+    before = (100.0, {"power": 32.0, "thermal": 5.0, "low_utilization": 0.0})
+    share, after = throttle_share(before, {"power": 36.0, "thermal": 8.0, "low_utilization": 9.0}, 110.0)
+    assert share == 0.4 and after == (110.0, {"power": 36.0, "thermal": 8.0, "low_utilization": 9.0})
+    assert throttle_share(None, {"power": 1.0}, 5.0) == (None, (5.0, {"power": 1.0}))  # the first read
+    assert throttle_share(before, {"power": 20.0}, 110.0)[0] == 0.0  # counters restarted with the driver
+    assert throttle_share(before, {"power": 99.0}, 110.0)[0] == 1.0
+    assert throttle_share(before, {}, 110.0) == (None, None)  # not supported: no share, no baseline

@@ -329,8 +329,8 @@ class NvmlSampler:
             slow.gpm = bool(support and support.get("supported"))
         if self._due(slow, "health", self.health_every_s):
             slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
-            slow.throttle_share, slow.throttle_before = throttle_share(slow.throttle_before,
-                                                                       slow.health.get("throttle_seconds") or {})
+            slow.throttle_share, slow.throttle_before = throttle_share(
+                slow.throttle_before, slow.health.get("throttle_seconds") or {}, time.monotonic())
             if not slow.gpm:
                 slow.links, slow.nvlink_before = self._nvml_links(gpu, slow)
         if self._due(slow, "memory_errors", self.errors_every_s):
@@ -387,10 +387,9 @@ class NvmlSampler:
             history.popleft()
 
 
-def throttle_share(before: tuple | None, seconds: dict) -> tuple[float | None, tuple | None]:
+def throttle_share(before: tuple | None, seconds: dict, now: float) -> tuple[float | None, tuple | None]:
     """Share of the time since the last read during which power or thermal limits held the clocks down
     (the larger of the two violation counters' growth), and what to compare the next read with."""
-    now = time.monotonic()
     if not seconds:
         return None, None
     share = None
