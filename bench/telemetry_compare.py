@@ -26,8 +26,8 @@ def smi_q(path: Path) -> dict[str, str]:
             gpus += 1
             stack = []
             continue
-        if gpus != 1 or not line.strip():
-            continue
+        if gpus > 1 or not line.strip():
+            continue  # the first GPU, and the lines before it (driver version)
         indent = len(line) - len(line.lstrip())
         key, sep, value = line.strip().partition(":")
         while stack and stack[-1][0] >= indent:
@@ -77,7 +77,7 @@ def first(found, name, **labels):
 def smi(flat: dict, *suffixes: str):
     for suffix in suffixes:
         for key, value in flat.items():
-            if key.endswith(suffix):
+            if key == suffix or key.endswith("/" + suffix):  # "Clocks/SM" is not "Max Clocks/SM"
                 return value
     return None
 
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         shown = "absent" if value is None else f"{value / unit:.3f}"
         print(f"{name:52} {shown:>14} {str(q):>18} {str(d if d is not None else '-'):>10}")
     driver = [labels.get("driver_version") for labels, _ in found.get("gpu_driver_info", [])]
-    print(f"driver: exporter {driver} nvidia-smi {flat.get('Driver Version') or smi(flat, 'Driver Version')}")
+    print(f"driver: exporter {driver} nvidia-smi {smi(flat, 'Driver Version')}")
     reasons = {labels["reason"]: value for labels, value in found.get("gpu_clock_event_reason_active", [])}
     smi_reasons = {k.rsplit("/", 1)[-1]: v for k, v in flat.items() if "Clocks Event Reasons/" in k
                    or "Clocks Throttle Reasons/" in k}

@@ -42,8 +42,9 @@ STREAM_METHODS = (
     "nvml_throughput",
     "memory_errors",
 )
-# Stream methods the sampler calls only on some ticks even while recording (see aligned_calls).
-CONDITIONAL_METHODS = ("process_utilization", "gpm_mig_metrics")
+# Stream methods the sampler calls only on some ticks even while recording (see aligned_calls): per-process
+# utilization while processes run, MIG instances, the instant rate before NVML has its first samples.
+CONDITIONAL_METHODS = ("process_utilization", "gpm_mig_metrics", "utilization_rates")
 FORMAT = "gpu-exporter-nvml-recording/1"
 
 

@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.collectors.gpu import GpuCollector
 from exporter.engine import Engine
 from exporter.nvml import CLOCK_EVENT_REASONS
-from exporter.nvml_replay import ReplayNvml, cut
+from exporter.nvml_replay import RecordingNvml, ReplayNvml, cut
 from exporter.samplers.gpm import GpmSource
 from exporter.samplers.nvml import ERRORS_EVERY_S, HEALTH_EVERY_S, NvmlSampler, throttle_share
 from tests.helpers import FIXTURES, Exporter, parse_metrics, sample_value, wait_for
@@ -324,3 +324,13 @@ def test_throttle_share_exact():
     assert throttle_share(before, {"power": 20.0}, 110.0)[0] == 0.0  # counters restarted with the driver
     assert throttle_share(before, {"power": 99.0}, 110.0)[0] == 1.0
     assert throttle_share(before, {}, 110.0) == (None, None)  # not supported: no share, no baseline
+
+
+def test_a_call_made_on_some_ticks_only_does_not_cut_the_recording():
+    """Streams are aligned on the calls made every tick (GPM answers from its second tick on); the
+    instant rate, read once before NVML has samples, must not cut a recording down to one tick."""
+    recorder = RecordingNvml(live=None)
+    recorder.calls = {"memory/0": [1, 2, 3, 4], "gpm_metrics/0": [2, 3, 4], "utilization_rates/0": [1],
+                      "process_utilization/0": [3], "identity/0": ["GPU-x"], "driver_version": ["580"]}
+    assert recorder.aligned_calls() == {"memory/0": [2, 3, 4], "gpm_metrics/0": [2, 3, 4], "utilization_rates/0": [1],
+                                        "process_utilization/0": [3], "identity/0": ["GPU-x"], "driver_version": ["580"]}
