@@ -23,6 +23,7 @@ GPM_METRICS = {
     "nvlink_rx": 60,  # NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
     "nvlink_tx": 61,  # NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
 }
+SPATIAL_GPM_METRICS = ("graphics_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
 GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 MEMORY_UTILIZATION_SAMPLES = 2  # NVML_MEMORY_UTILIZATION_SAMPLES
 SAMPLE_BUFFER = 256  # utilization samples read in one call (NVML keeps about 100 per kind)
@@ -85,6 +86,7 @@ class Nvml:
         self._last_sample_us: dict[tuple[int, int], int] = {}
         self._xid_lock = threading.Lock()  # held while waiting: the set is never freed under a waiter
         self._xid_set = None
+        self._gpm_wanted = tuple(GPM_METRICS)  # SPATIAL_GPM_METRICS once a driver refused the others
         self._call("nvmlInit", pynvml.nvmlInit)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -385,22 +387,35 @@ class Nvml:
             return None
         old, old_taken = previous
         try:
-            request = nv.c_nvmlGpmMetricsGet_t()
-            request.version = nv.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_METRICS)
-            request.sample1 = old
-            request.sample2 = sample
-            for slot, metric_id in enumerate(GPM_METRICS.values()):
-                request.metrics[slot].metricId = metric_id
-            self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
+            try:
+                names, request = self._gpm_get(old, sample, self._gpm_wanted)
+            except NvmlError as exc:
+                # NVML answers an unsupported metric in its own slot; should a driver refuse the whole
+                # request instead, the interconnect metrics go and the spatial ones stay.
+                if exc.gpu_lost or self._gpm_wanted == SPATIAL_GPM_METRICS:
+                    raise
+                self._gpm_wanted = SPATIAL_GPM_METRICS
+                names, request = self._gpm_get(old, sample, self._gpm_wanted)
         finally:
             with self._lock:
                 self._gpm_spare[key] = old
         values: dict = {"window_s": round(taken - old_taken, 6)}
-        for slot, name in enumerate(GPM_METRICS):
+        for slot, name in enumerate(names):
             metric = request.metrics[slot]
             values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
         return values
+
+    def _gpm_get(self, old, sample, names: tuple):
+        nv = self._nv
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(names)
+        request.sample1 = old
+        request.sample2 = sample
+        for slot, name in enumerate(names):
+            request.metrics[slot].metricId = GPM_METRICS[name]
+        self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
+        return names, request
 
     # -- health: what dcgm-exporter's default set shows, read at the sampler's slower cadences -----
     def _parts(self, calls: dict) -> dict:
