@@ -33,7 +33,8 @@ from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.nvml_replay import RecordingNvml, ReplayNvml, cut
 from exporter.samplers.gpm import GpmSource
 from exporter.samplers.nvml import ERRORS_EVERY_S, HEALTH_EVERY_S, NvmlSampler, throttle_share
-from tests.helpers import FIXTURES, Exporter, parse_metrics, sample_value, wait_for
+from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value, wait_for
+from tests.test_api import validate
 
 H200 = FIXTURES / "nvml_h200_health.json"
 MIB = 2**20
@@ -140,7 +141,8 @@ def test_xid_events_from_the_replay_are_counted_per_xid_and_logged_once_per_chan
         data["calls"]["xid_open"] = [{"value": XID_WATCHED}]
         data["xid_events"] = events
 
-    with Exporter("--nvml-replay", str(one_frame(tmp_path, edit)), "--no-mps", "--interval", "0.2") as running:
+    path = one_frame(tmp_path, edit)
+    with Exporter("--nvml-replay", str(path), "--no-mps", "--interval", "0.2") as running:
         def all_three():
             m = parse_metrics(running.metrics())
             return m if sample_value(m, "gpu_xid_errors_total", xid="63") == 2 else None
@@ -148,8 +150,10 @@ def test_xid_events_from_the_replay_are_counted_per_xid_and_logged_once_per_chan
         m = wait_for(all_three, 20, what="three XID events")
         assert sample_value(m, "gpu_xid_errors_total", xid="94") == 1
         assert sample_value(m, "gpu_xid_last_code") == 63
-        telemetry = running.gpus()["gpus"][0]["telemetry"]
+        status, body = http_get(running.url + "/api/v1/gpus")
+        telemetry = validate("/api/v1/gpus", status, body)["gpus"][0]["telemetry"]  # against docs/openapi.json
         assert telemetry["xid_counts"] == {"63": 2, "94": 1} and telemetry["last_xid"] == 63
+        assert telemetry["health"]["driver_version"] == answer(path, "driver_version")
         log = running.log()
     assert sum("XID 94" in line for line in log.splitlines()) == 1
     assert sum("XID 63" in line for line in log.splitlines()) == 1  # two events, one change
