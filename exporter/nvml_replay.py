@@ -128,10 +128,25 @@ class ReplayNvml:
         self._lock = threading.Lock()
         self._streams = {key: itertools.cycle(answers) for key, answers in data["calls"].items() if answers}
         self._static = {key: answers[0] for key, answers in data["calls"].items() if answers}
-        self._xid_events = sorted(data.get("xid_events", ()), key=lambda e: e["after_s"])
+        self._xid_events = sorted(self._checked_events(path, data.get("xid_events", [])), key=lambda e: e["after_s"])
         self._xid_next = 0
         self._xid_started = None
         self._xid_closed = threading.Event()
+
+    @staticmethod
+    def _checked_events(path: Path, events) -> list[dict]:
+        """xid_events as {"after_s": seconds >= 0, "index": GPU index, "xid": XID}, or one line saying which is wrong."""
+        def number(value, kind):
+            return isinstance(value, kind) and not isinstance(value, bool) and value >= 0
+
+        if not isinstance(events, list):
+            raise NvmlError("replay", f"{path}: xid_events must be a list of events")
+        for n, event in enumerate(events):
+            if not (isinstance(event, dict) and number(event.get("after_s"), (int, float))
+                    and number(event.get("index"), int) and number(event.get("xid"), int)):
+                raise NvmlError("replay", f"{path}: xid_events[{n}] must be {{\"after_s\": seconds, \"index\": GPU "
+                                          f"index, \"xid\": XID}} with numbers >= 0, not {event!r:.80}")
+        return list(events)
 
     def xid_wait(self, timeout_ms: int):
         """The next recorded XID event once its offset from the first wait has passed; None meanwhile."""

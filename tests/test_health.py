@@ -21,6 +21,7 @@ import json
 import logging
 import shutil
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -33,7 +34,7 @@ from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.nvml_replay import RecordingNvml, ReplayNvml, cut
 from exporter.samplers.gpm import GpmSource
 from exporter.samplers.nvml import ERRORS_EVERY_S, HEALTH_EVERY_S, NvmlSampler, throttle_share
-from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value, wait_for
+from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, sample_value, wait_for
 from tests.test_api import validate
 
 H200 = FIXTURES / "nvml_h200_health.json"
@@ -338,3 +339,13 @@ def test_a_call_made_on_some_ticks_only_does_not_cut_the_recording():
                       "process_utilization/0": [3], "identity/0": ["GPU-x"], "driver_version": ["580"]}
     assert recorder.aligned_calls() == {"memory/0": [2, 3, 4], "gpm_metrics/0": [2, 3, 4], "utilization_rates/0": [1],
                                         "process_utilization/0": [3], "identity/0": ["GPU-x"], "driver_version": ["580"]}
+
+
+@pytest.mark.parametrize("events", [{"after_s": 1}, [{"after_s": "soon", "index": 0, "xid": 79}],
+                                    [{"after_s": 1.0, "index": -1, "xid": 79}], [{"after_s": 1.0, "index": 0}]])
+def test_a_replay_with_broken_xid_events_is_one_line_and_exit_2(tmp_path, events):
+    path = one_frame(tmp_path, lambda data: data.update(xid_events=events))
+    done = subprocess.run([sys.executable, "-m", "exporter", "--nvml-replay", str(path), "--port", "0"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "xid_events" in done.stderr
