@@ -90,9 +90,53 @@ def build() -> Dashboard:
                                {"id": "organize", "options": {"excludeByName": {
                                    "Time": True, "Value #A": True, "Value #B": True, "__name__": True, "job": True}}}]),
     ]
+    health = [
+        timeseries("Clocks held down: share of time, by reason",
+                   [(f"rate(gpu_clock_throttle_seconds_total{{{SEL}}}[5m])", "{{instance}} GPU {{gpu}} {{reason}}")],
+                   (8, 12, 0, 48),
+                   description="Share of time NVML's counters say the clocks were held down, per reason (power, "
+                               "thermal, sync boost, board limit, low utilization, reliability). Power or thermal "
+                               "while busy: the live verdict reads throttled."),
+        timeseries("SM clock against its maximum",
+                   [(f"gpu_sm_clock_hertz{{{SEL}}} / gpu_sm_clock_max_hertz{{{SEL}}}", "{{instance}} GPU {{gpu}}"),
+                    (f"gpu_clock_event_reason_active{{{SEL}}} == 1", "{{instance}} GPU {{gpu}} reason {{reason}}")],
+                   (8, 12, 12, 48),
+                   description="The SM clock as a share of its maximum, with the reasons NVML gives now for clocks "
+                               "below it (1 while active; gpu_idle is no limit)."),
+        timeseries("XID events",
+                   [(f"increase(gpu_xid_errors_total{{{SEL}}}[5m])", "{{instance}} GPU {{gpu}} XID {{xid}}")],
+                   (8, 8, 0, 56), unit="none", ratio=False,
+                   description="XIDs NVML reported, per 5 minutes (counted since the exporter started). "
+                               "48, 63, 64, 74, 79, 94 and 95 raise GPUXidNeedsAttention (runbook)."),
+        timeseries("Memory errors: ECC and remapped rows",
+                   [(f"increase(gpu_ecc_errors_total{{{SEL}}}[1h])", "{{instance}} GPU {{gpu}} ECC {{error}} ({{scope}}) /h"),
+                    (f"gpu_remapped_rows_total{{{SEL}}}", "{{instance}} GPU {{gpu}} rows remapped ({{error}})"),
+                    (f"gpu_row_remap_pending{{{SEL}}}", "{{instance}} GPU {{gpu}} remap pending (reset)"),
+                    (f"gpu_row_remap_failure{{{SEL}}}", "{{instance}} GPU {{gpu}} remap failed (service)")],
+                   (8, 8, 8, 56), unit="none", ratio=False,
+                   description="ECC errors per hour and the rows remapped over the GPU's life; read every minute."),
+        timeseries("PCIe and NVLink throughput",
+                   [(f"gpu_pcie_throughput_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} PCIe {{direction}} ({{source}})"),
+                    (f"gpu_nvlink_throughput_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} NVLink {{direction}} ({{source}})")],
+                   (8, 8, 16, 56), unit="Bps", ratio=False,
+                   description="GPM over its window (Hopper and newer), NVML otherwise. No NVLink series on a GPU "
+                               "without NVLink."),
+        timeseries("Energy: power from the energy counter",
+                   [(f"rate(gpu_energy_joules_total{{{SEL}}}[5m])", "{{instance}} GPU {{gpu}} (energy counter)"),
+                    (f"gpu_power_watts{{{SEL}}}", "{{instance}} GPU {{gpu}} (power reading)")],
+                   (8, 12, 0, 64), unit="watt", ratio=False,
+                   description="Joules per second from the driver's energy counter (exact over any range, whatever "
+                               "the scrape gaps) next to the instant power reading; increase(...[1h]) / 3.6e6 is kWh."),
+        timeseries("Memory temperature and PCIe replays",
+                   [(f"gpu_memory_temperature_celsius{{{SEL}}}", "{{instance}} GPU {{gpu}} memory (C)"),
+                    (f"gpu_temperature_celsius{{{SEL}}}", "{{instance}} GPU {{gpu}} GPU (C)"),
+                    (f"increase(gpu_pcie_replays_total{{{SEL}}}[1h])", "{{instance}} GPU {{gpu}} PCIe replays /h")],
+                   (8, 12, 12, 64), unit="none", ratio=False),
+    ]
     return Dashboard(
         title="GPU utilization: time vs spatial", uid=UID, tags=["gpu", "utilization"], refresh="10s",
         time=Time("now-1h", "now"), templating=Templating(host_and_gpu_variables()), inputs=INPUTS,
         panels=[RowPanel(title="Per GPU", gridPos=GridPos(h=1, w=24, x=0, y=0)), *per_gpu,
-                RowPanel(title="Fleet", gridPos=GridPos(h=1, w=24, x=0, y=16)), *fleet],
+                RowPanel(title="Fleet", gridPos=GridPos(h=1, w=24, x=0, y=16)), *fleet,
+                RowPanel(title="GPU health", gridPos=GridPos(h=1, w=24, x=0, y=47)), *health],
     ).auto_panel_ids()

@@ -58,6 +58,10 @@ class Evidence(BaseModel):
     kernel_trace: Optional[bool] = Field(None, description="True: judged from an export's CUDA trace")
     kernel_busy_share: Ratio = None
     copy_busy_share: Ratio = None
+    sm_clock_hertz: Optional[float] = None
+    sm_clock_max_hertz: Optional[float] = None
+    clock_event_reasons: Optional[list[str]] = Field(None, description="why the clocks are below their maximum now (NVML)")
+    throttle_share: Ratio = None
 
 
 class Diagnosis(BaseModel):
@@ -94,6 +98,35 @@ class MigDevice(BaseModel):
     sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
 
 
+class LinkThroughput(BaseModel):
+    source: str = Field(description="gpm (over its window) or nvml")
+    pcie_tx: Optional[float] = Field(None, description="bytes per second")
+    pcie_rx: Optional[float] = None
+    nvlink_tx: Optional[float] = None
+    nvlink_rx: Optional[float] = None
+
+
+class GpuHealth(BaseModel):
+    """docs/metrics.md, GPU: health. None where NVML cannot say on this GPU."""
+
+    driver_version: Optional[str] = None
+    sm_clock_max_hertz: Optional[float] = None
+    memory_clock_max_hertz: Optional[float] = None
+    clock_event_reasons: Optional[int] = Field(None, description="NVML clocks event reasons bitmask")
+    memory_temperature_celsius: Optional[float] = None
+    energy_joules: Optional[float] = None
+    encoder_utilization: Ratio = None
+    decoder_utilization: Ratio = None
+    throttle_seconds: list[tuple[str, float]] = Field(description="(reason, seconds since the driver loaded)")
+    throttle_share: Ratio = Field(None, description="share of the last window held down by power or thermal limits")
+    pcie_replays: Optional[int] = None
+    ecc_errors: list[tuple[str, str, int]] = Field(description="(corrected|uncorrected, volatile|aggregate, count)")
+    remapped_rows: list[tuple[str, int]] = Field(description="(correctable|uncorrectable, rows)")
+    row_remap_pending: Optional[bool] = None
+    row_remap_failure: Optional[bool] = None
+    links: Optional[LinkThroughput] = Field(None, description="NVML's PCIe/NVLink throughput (GPUs without GPM)")
+
+
 class Telemetry(BaseModel):
     lost: bool = Field(description="the GPU fell off the bus (NVML GPU_IS_LOST)")
     memory_used_bytes: Optional[float] = None
@@ -106,6 +139,12 @@ class Telemetry(BaseModel):
     mig_enabled: Optional[bool] = None
     mig_devices: list[MigDevice]
     mig_sm_count: Optional[int] = Field(None, description="SMs of the whole GPU in MIG mode")
+    memory_free_bytes: Optional[float] = None
+    memory_reserved_bytes: Optional[float] = None
+    memory_clock_hertz: Optional[float] = None
+    health: Optional[GpuHealth] = None
+    xid_counts: dict[str, int] = Field(default_factory=dict, description="XID -> events since the exporter started")
+    last_xid: Optional[int] = None
     errors: list[str]
 
 

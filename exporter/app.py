@@ -64,6 +64,12 @@ def gpu_json(view, kubelet) -> dict:
             "mig_enabled": tel.mig_enabled,
             "mig_devices": [dataclasses.asdict(m) for m in tel.mig_devices],
             "mig_sm_count": tel.mig_sm_count,
+            "memory_free_bytes": tel.memory_free_bytes,
+            "memory_reserved_bytes": tel.memory_reserved_bytes,
+            "memory_clock_hertz": tel.memory_clock_hertz,
+            "health": None if tel.health is None else dataclasses.asdict(tel.health),
+            "xid_counts": {str(xid): count for xid, count in tel.xid_counts},
+            "last_xid": tel.last_xid,
             "errors": list(tel.errors),
         },
     }

@@ -94,6 +94,8 @@ class Engine:
             sampler.close()
         for thread in self._threads:
             thread.join(timeout=5)
+        if hasattr(self.nvml, "close"):
+            self.nvml.close()  # its XID watcher, before NVML shuts down
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
