@@ -197,7 +197,8 @@ class WorkloadGpuSeconds(BaseModel):
 
 
 class Workload(BaseModel):
-    """One holder (a Kubernetes container or a Slurm job) of one GPU: docs/metrics.md, Workloads."""
+    """One holder (a Kubernetes container, with its DRA claim where it holds the GPU through one, a Slurm
+    job or a Unix user) of one GPU: docs/metrics.md, Workloads."""
 
     gpu: int
     uuid: str
@@ -206,8 +207,14 @@ class Workload(BaseModel):
     pod: str = ""
     container: str = ""
     hpc_job: str = ""
+    claim: str = Field("", description="the DRA ResourceClaim the container holds the GPU through")
+    user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
+    held_share_basis: Literal["whole", "mig", "replicas", "capacity", "even_split"] = Field(
+        description="why held_share is what it is: a whole GPU, a MIG device's share of the SMs, k of N replicas, "
+                    "a DRA claim's consumed capacity over the device's (API server), or an even split among the "
+                    "device's allocations, jobs or users (an estimate)")
     processes: Optional[int] = Field(description="the holder's CUDA processes on the GPU; None: NVML could not say")
     pids: list[int]
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")

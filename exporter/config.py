@@ -21,6 +21,20 @@ def _source_list(text: str) -> tuple[str, ...]:
     return names
 
 
+HOLDER_KINDS = ("kubelet", "slurm", "users")
+
+
+def _holder_kinds(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if names in (("auto",), ("none",)):
+        return names
+    unknown = [n for n in names if n not in HOLDER_KINDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want auto, none or a list of distinct kinds from {','.join(HOLDER_KINDS)}, "
+                                         f"got {text!r}")
+    return names
+
+
 def _interval(text: str) -> float:
     value = float(text)
     if not 0.1 <= value <= 60:
@@ -241,6 +255,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--process-series-limit", type=int, default=20,
                    help="at most this many per-process series per GPU; the rest are summed as command=\"other\"")
     g = p.add_argument_group("workloads")
+    g.add_argument("--holders", type=_holder_kinds, default=("auto",),
+                   help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
+                        "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
+                        "kubelet, slurm, users")
+    g.add_argument("--passwd", metavar="FILE", default=None,
+                   help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
+                        "where unreadable, users are labelled by uid)")
     g.add_argument("--hpc-job-mapping-dir", default=None,
                    help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
                         "listing the job IDs holding it; processes are mapped to jobs through their cgroup")

@@ -142,11 +142,20 @@ class Snapshot:
     created: float
     gpus: tuple[GpuView, ...] = ()
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
-    kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
+    holders: dict = field(default_factory=dict)  # holder sampler name -> its snapshot (exporter/holders.py)
     spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
-    slurm: object = None  # exporter.samplers.slurm.SlurmSnapshot; None: no job mapping
     workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
+
+    @property
+    def kubelet(self):
+        """exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off."""
+        return self.holders.get("kubelet")
+
+    @property
+    def slurm(self):
+        """exporter.samplers.slurm.SlurmSnapshot; None: no job mapping."""
+        return self.holders.get("slurm")
 
 
 class LogOnce:

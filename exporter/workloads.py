@@ -1,7 +1,8 @@
 """Workloads: who holds each GPU, how much of it they use, and which ones hold it idle.
 
-One place joins the holders (kubelet PodResources: containers; the Slurm job mapping: jobs) with the
-process owners (cgroups) and NVML's per-process samples into one view per (holder, GPU), and keeps
+One place joins the holders of every kind (exporter/holders.py: containers and DRA claims from the
+kubelet, Slurm jobs, Unix users), their processes and NVML's per-process samples into one view per
+(holder, GPU), without knowing where the holders came from, and keeps
 the GPU-second counters that make accounting exact over any range. Every quantity is in
 GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads", is the contract.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from exporter.holders import WHOLE, Held, Holder, join_gpu, join_owners
 from exporter.snapshot import GpuIdentity
 
 IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idle
@@ -27,19 +29,6 @@ MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not 
 EXACT, TIME_SHARE = "exact", "time_share"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
-
-
-@dataclass(frozen=True, order=True)
-class Holder:
-    """A Kubernetes container or a Slurm job; the fields that do not apply are empty."""
-
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-
-    def labels(self) -> list[str]:
-        return [self.namespace, self.pod, self.container, self.hpc_job]
 
 
 @dataclass(frozen=True)
@@ -57,11 +46,13 @@ class WorkloadView:
     held_idle: bool
     counters: dict  # name -> GPU-seconds (sm_active and hidden_idle: basis -> GPU-seconds)
     created: float
+    held_share_basis: str = WHOLE  # exporter.holders.HELD_SHARE_BASES
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
                 "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
-                "hpc_job": self.holder.hpc_job, "held_share": self.held_share, "processes": self.processes,
+                "hpc_job": self.holder.hpc_job, "claim": self.holder.claim, "user": self.holder.user,
+                "held_share": self.held_share, "held_share_basis": self.held_share_basis, "processes": self.processes,
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
                 "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
@@ -89,52 +80,33 @@ class _Account:
                 self.counters[name][basis] = self.counters[name].get(basis, 0.0) + value * dt
 
 
-def holders_of(uuid: str, kubelet, slurm) -> dict[Holder, float | None]:
-    """The holders of one GPU and the share each holds."""
-    out: dict[Holder, float | None] = {}
-    if kubelet is not None and not kubelet.error:
-        for (namespace, pod, container), share in kubelet.shares.get(uuid, {}).items():
-            out[Holder(namespace, pod, container)] = share
-    if slurm is not None and not slurm.error:
-        jobs = slurm.jobs.get(uuid, ())
-        for job in jobs:
-            out[Holder(hpc_job=job)] = round(1.0 / len(jobs), 9)  # jobs listed for one GPU share it evenly
-    return out
-
-
-def process_owners(kubelet, slurm) -> dict[int, Holder]:
-    owners: dict[int, Holder] = {}
-    if kubelet is not None and not kubelet.error:
-        owners.update({pid: Holder(r.namespace, r.pod, r.container) for pid, r in kubelet.owners.items()})
-    if slurm is not None and not slurm.error:
-        owners.update({pid: Holder(hpc_job=job) for pid, job in slurm.owners.items()})
-    return owners
-
-
-def mig_sm_active(view, kubelet, instances) -> dict[Holder, float | None]:
+def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, float | None]:
     """Per holder of whole MIG devices of one GPU: the SM activity of its instances (GPM per MIG GPU
     instance) times each device's share of the GPU's SMs; None where an instance was not read."""
     tel = view.telemetry
-    if not tel.mig_enabled or kubelet is None or kubelet.error or not instances:
+    if not tel.mig_enabled or not instances:
         return {}
     devices = {m.uuid: m for m in tel.mig_devices}
     out = {}
-    for (namespace, pod, container), held in kubelet.mig.get(view.identity.uuid, {}).items():
+    for holder, held in holders.items():
+        if not held.mig:
+            continue
         total = 0.0
-        for mig_uuid in held:
+        for mig_uuid in held.mig:
             device = devices.get(mig_uuid)
             reading = instances.get((view.identity.uuid, device.gpu_instance)) if device else None
             if reading is None or reading.sm_active is None or not device.sm_count or not tel.mig_sm_count:
                 total = None
                 break
             total += reading.sm_active * device.sm_count / tel.mig_sm_count
-        out[Holder(namespace, pod, container)] = None if total is None else round(min(total, 1.0), 6)
+        out[holder] = None if total is None else round(min(total, 1.0), 6)
     return out
 
 
-def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder],
+def gpu_shares(view, holders, owners: dict[int, Holder],
                mig_sm: dict[Holder, float | None] | None = None) -> dict[Holder, dict]:
-    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis.
+    """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with how or
+    why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active)."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
@@ -145,10 +117,11 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
     gpu_time = view.time_utilization
     scale = gpu_time / total_raw if gpu_time is not None and total_raw > 0 else None
     sm = view.spatial.sm_active if view.spatial is not None else None
-    pids = {h: tuple(sorted(p.pid for p in compute if owners.get(p.pid) == h)) for h in holders} if compute is not None \
-        else {h: () for h in holders}
+    pids = {h: tuple(sorted(p.pid for p in compute if owners.get(p.pid) == h.owner())) for h in holders} \
+        if compute is not None else {h: () for h in holders}
     running = [h for h in holders if pids[h]]
-    strangers = compute is not None and any(owners.get(p.pid) not in holders for p in compute)
+    owning = {h.owner() for h in holders}
+    strangers = compute is not None and any(owners.get(p.pid) not in owning for p in compute)
     out = {}
     for holder in holders:
         entry = {"pids": pids[holder], "processes": None if compute is None else len(pids[holder]),
@@ -189,21 +162,22 @@ class WorkloadAccountant:
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, kubelet=None, slurm=None, mig_instances=None) -> tuple[WorkloadView, ...]:
-        """`mig_instances`: GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
+    def update(self, now: float, views, holdings=(), mig_instances=None) -> tuple[WorkloadView, ...]:
+        """`holdings`: the exporter.holders.Holdings of every holder sampler; `mig_instances`:
+        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
-            owners = process_owners(kubelet, slurm)
+            owners = join_owners(holdings)
             out, seen = [], set()
             for view in views:
                 tel = view.telemetry
                 if tel is None or tel.lost:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
-                holders = holders_of(view.identity.uuid, kubelet, slurm)
-                mig_sm = mig_sm_active(view, kubelet, mig_instances)
+                holders = join_gpu(view.identity.uuid, holdings)
+                mig_sm = mig_sm_active(view, holders, mig_instances)
                 for holder, entry in gpu_shares(view, holders, owners, mig_sm).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
@@ -213,7 +187,8 @@ class WorkloadAccountant:
                 del self._accounts[key]
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
 
-    def _view(self, gpu, holder, share, entry, account: _Account, now: float) -> WorkloadView:
+    def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float) -> WorkloadView:
+        share = held.share
         processes, time_share = entry["processes"], entry["time_share"]
         if processes is not None:  # unknown process lists leave the idle clock as it was
             idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
@@ -234,4 +209,4 @@ class WorkloadAccountant:
         counters = {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in account.counters.items()}
         return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
                             idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created)
+                            counters, account.created, held.basis)

@@ -11,6 +11,7 @@ import pytest
 from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, PodRef
 from exporter.samplers.slurm import cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
+from exporter.holders import REPLICAS, Held, Holdings
 from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
@@ -158,10 +159,12 @@ def test_held_shares_of_replicas_whole_gpus_and_mig_devices():
 def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed():
     acc = WorkloadAccountant(held_idle_after=10.0)
 
-    class Kubelet:
-        error = ""
-        shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5, ("team-c", "idle", "c"): 0.25}}
-        owners = {417: PodRef("team-a", "train-0", "trainer"), 418: PodRef("team-a", "train-0", "trainer")}
+    def kubelet(shares, owners):
+        return [Holdings(gpus={"GPU-aaaa": {h: Held(share, REPLICAS) for h, share in shares.items()}}, owners=owners)]
+
+    shares = {TRAINER: 0.5, IDLE: 0.25}
+    owners = {417: TRAINER, 418: TRAINER}
+    Kubelet = lambda: kubelet(shares, owners)  # noqa: E731
 
     busy = view(**TIME_SLICED)  # trainer: time 0.396, SM 0.02; idle holder: nothing
     first = {w.holder: w for w in acc.update(100.0, (busy,), Kubelet())}
@@ -180,16 +183,16 @@ def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed(
     assert at.idle_seconds == pytest.approx(10.0) and at.held_idle  # at the threshold
 
     # The idle holder starts a process: its idle clock stops at once; a stalled gap is not integrated.
-    Kubelet.owners = {**Kubelet.owners, 419: PodRef("team-c", "idle", "c")}
+    owners[419] = IDLE
     woke = {w.holder: w for w in acc.update(111.0, (busy,), Kubelet())}[IDLE]
     assert woke.idle_seconds == 0.0 and not woke.held_idle
     stalled = {w.holder: w for w in acc.update(1111.0, (busy,), Kubelet())}[TRAINER]
     assert stalled.counters["held"] == pytest.approx(0.5 * (11.0 + 30.0), abs=1e-6)  # MAX_STEP_S, not 1000 s
 
     # The trainer leaves: its series go; back again, it starts from zero.
-    Kubelet.shares = {"GPU-aaaa": {("team-c", "idle", "c"): 0.25}}
+    shares = {IDLE: 0.25}
     assert [w.holder for w in acc.update(1112.0, (busy,), Kubelet())] == [IDLE]
-    Kubelet.shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5}}
+    shares = {TRAINER: 0.5}
     again = acc.update(1113.0, (busy,), Kubelet())[0]
     assert again.holder == TRAINER and again.counters["held"] == 0.0 and again.created == 1113.0
 
@@ -264,7 +267,7 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         assert set(by_pod("gpu_workload_sm_active_ratio", basis="time_share")) == {"train-0", "notebook"}
         labels = next(l for l, _ in samples["gpu_workload_held_share_ratio"] if l["pod"] == "idle")
         assert labels == {"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3", "namespace": "team-c",
-                          "pod": "idle", "container": "c", "hpc_job": ""}  # empty: Prometheus stores no such label
+                          "pod": "idle", "container": "c", "hpc_job": "", "claim": "", "user": ""}  # empty: never stored
 
         # Pods come and go: the idle pod leaves and takes its series along; no holder, no series.
         server.service.pods = server.service.pods[:2]

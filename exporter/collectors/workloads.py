@@ -4,8 +4,9 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
+from exporter.holders import Holder
 
-HOLDER_LABELS = ["namespace", "pod", "container", "hpc_job"]
+HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
 
 
@@ -17,12 +18,16 @@ class WorkloadCollector:
         return []
 
     def collect(self):
-        if self._engine.workloads is None:  # outside Kubernetes and Slurm no holder is known: no families
+        if self._engine.workloads is None:  # no holder kind configured (--holders none): no families
             return
         gauge = lambda name, doc, extra=(): GaugeMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
         counter = lambda name, doc, extra=(): CounterMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
         held = gauge("gpu_workload_held_share_ratio", "Share of the GPU the holder was allocated (kubelet "
-                     "PodResources or Slurm job mapping): 1 whole, k/N replicas, a MIG device's share of the SMs.")
+                     "PodResources, DRA claims, Slurm job mapping, Unix users): 1 whole, k/N replicas, a MIG device's "
+                     "share of the SMs, a claim's consumed capacity, or an even split (basis: "
+                     "gpu_workload_held_share_basis_info).")
+        held_basis = gauge("gpu_workload_held_share_basis_info", "1 for why the held share is what it is: whole, mig, "
+                           "replicas, capacity (consumed over device capacity) or even_split (an estimate).", ["basis"])
         processes = gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
                           "pid to holder through its cgroup); works under MPS too.")
         time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's kernels ran (NVML "
@@ -43,6 +48,7 @@ class WorkloadCollector:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
             if w.held_share is not None:
                 held.add_metric(labels, w.held_share)
+                held_basis.add_metric(labels + [w.held_share_basis], 1.0)
                 c_held.add_metric(labels, w.counters["held"], created=w.created)
                 c_idle.add_metric(labels, w.counters["held_idle"], created=w.created)
             if w.processes is not None:
@@ -60,5 +66,5 @@ class WorkloadCollector:
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
-        yield from (held, processes, time_share, sm_active, idle_seconds, held_idle,
+        yield from (held, held_basis, processes, time_share, sm_active, idle_seconds, held_idle,
                     c_held, c_busy, c_sm, c_hidden, c_idle)

@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, Holdings, weakest_basis
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -49,11 +50,6 @@ class PodRef:
 class KubeletSnapshot:
     pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)  # GPU UUID -> holders
     owners: dict[int, PodRef] = field(default_factory=dict)  # host pid -> container (resource "")
-    # GPU UUID -> (namespace, pod, container) -> share of the GPU held; None where it cannot be known
-    # (a replica ID while the kubelet does not answer GetAllocatableResources).
-    shares: dict[str, dict[tuple[str, str, str], float | None]] = field(default_factory=dict)
-    # GPU UUID -> (namespace, pod, container) -> the MIG devices (UUIDs) it holds whole, not as replicas
-    mig: dict[str, dict[tuple[str, str, str], tuple[str, ...]]] = field(default_factory=dict)
     error: str = ""
 
     def to_json(self) -> dict:
@@ -142,6 +138,24 @@ def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str
     return out
 
 
+def id_basis(device_id: str, devices: DeviceMap, offered: Counter | None) -> str:
+    """Why one device ID stands for its share: a whole GPU, a MIG device, or k of N replicas."""
+    if replicas_of(device_id, offered) != 1:
+        return REPLICAS
+    return MIG if replica_base(device_id) in devices.mig_share else WHOLE
+
+
+def device_plugin_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[Holder, Held]]:
+    """GPU UUID -> container -> what its device-plugin IDs hold of the GPU."""
+    shares = held_shares(claims, devices, offered)
+    mig = mig_holdings(claims, devices, offered)
+    bases: dict[tuple[str, tuple], set[str]] = {}
+    for device_id, uuid, ref in claims:
+        bases.setdefault((uuid, (ref.namespace, ref.pod, ref.container)), set()).add(id_basis(device_id, devices, offered))
+    return {uuid: {Holder(*key): Held(share, weakest_basis(bases[(uuid, key)]), mig.get(uuid, {}).get(key, ()))
+                   for key, share in holders.items()} for uuid, holders in shares.items()}
+
+
 def mig_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[tuple, tuple[str, ...]]]:
     """GPU UUID -> holder -> the MIG devices it holds whole (one replica offered, or an ID without
     replica suffix): those whose instance's SM activity is the holder's alone."""
@@ -218,6 +232,7 @@ class KubeletSampler:
         self.interval = interval
         self.timeout = timeout
         self.snapshot = KubeletSnapshot()
+        self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._channel = None
         self._list = None
@@ -309,6 +324,7 @@ class KubeletSampler:
             self._log.problem("kubelet", str(exc), kind=exc.kind)  # details vary from call to call
             # Gone, not frozen: pods that may have left are never shown as still there.
             self.snapshot = KubeletSnapshot(error=str(exc))
+            self.holdings = Holdings(error=str(exc))
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
             return
         self._log.clear("kubelet")
@@ -317,14 +333,14 @@ class KubeletSampler:
             why = "NVML knows no GPU on this node: nothing to attribute pods to"
             self._log.problem("kubelet", why)
             self.snapshot = KubeletSnapshot(error=why)
+            self.holdings = Holdings(error=why)
             self.health = CollectorHealth(False, time.perf_counter() - started, why)
             return
         devices = DeviceMap(gpus, self.nvml.telemetry)
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
         offered = offered_replicas(self.allocatable_devices())
-        shares = held_shares(claims, devices, offered)
-        mig = mig_holdings(claims, devices, offered)
+        held = device_plugin_holdings(claims, devices, offered)
         if not any(pods.values()):
             self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
                                               f"({len(pod_resources)} pods listed)", logging.INFO)
@@ -336,8 +352,27 @@ class KubeletSampler:
             self._log.problem("kubelet attribution", "; ".join(problems))
         else:
             self._log.clear("kubelet attribution")
-        self.snapshot = KubeletSnapshot(pods=pods, owners=owners, shares=shares, mig=mig)
+        self.snapshot = KubeletSnapshot(pods=pods, owners=owners)
+        self.holdings = Holdings(gpus=held, owners={pid: Holder(r.namespace, r.pod, r.container)
+                                                    for pid, r in owners.items()})
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+
+
+def build(args, nvml, explicit: bool = False):
+    """The kubelet sampler, or None. Without --kubelet-socket it runs where the default socket exists
+    (a Kubernetes node) or where --holders names kubelet; a socket named explicitly is watched even
+    while it is missing."""
+    socket = args.kubelet_socket
+    if socket is None:
+        if not explicit and not os.path.exists(DEFAULT_SOCKET):
+            return None
+        socket = DEFAULT_SOCKET
+    if socket.lower() == "none":
+        return None
+    logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
+    log.info("pod attribution from the kubelet at %s", socket)
+    return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
+                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval))
 
 
 class KubeletError(Exception):
