@@ -92,6 +92,9 @@ class MigDevice(BaseModel):
     gpu_instance: int
     compute_instance: int
     sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
+    profile_id: Optional[int] = Field(None, description="its GPU instance's profile ID (nvidia-smi mig -lgip)")
+    placement_start: Optional[int] = Field(None, description="its GPU instance's first memory slice")
+    placement_size: Optional[int] = Field(None, description="its GPU instance's memory slices")
 
 
 class Telemetry(BaseModel):
@@ -112,6 +115,7 @@ class Telemetry(BaseModel):
 class Gpu(BaseModel):
     index: int = Field(description="NVML index (the `gpu` label)")
     uuid: str
+    minor: Optional[int] = Field(None, description="/dev/nvidia<minor>: DRA drivers name the GPU gpu-<minor>")
     model: str
     time_utilization: Ratio = Field(description="share of time a kernel ran, over time_window")
     time_utilization_source: Optional[str] = Field(

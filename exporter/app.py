@@ -39,6 +39,7 @@ def gpu_json(view, kubelet) -> dict:
     return {
         "index": view.identity.index,
         "uuid": view.identity.uuid,
+        "minor": view.identity.minor,
         "model": view.identity.model,
         "time_utilization": view.time_utilization,
         "time_utilization_source": time_utilization_source(view),

@@ -35,6 +35,12 @@ def _holder_kinds(text: str) -> tuple[str, ...]:
     return names
 
 
+def _api_server(text: str) -> str:
+    if text in ("auto", "off") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"want auto, off or an http(s):// URL, got {text!r}")
+
+
 def _interval(text: str) -> float:
     value = float(text)
     if not 0.1 <= value <= 60:
@@ -249,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--kubelet-container-logs", default="/var/log/containers",
                    help="the kubelet's container log links, whose names map a process's container ID to its pod "
                         "(only names are read); 'none' to label processes by command only")
+    g.add_argument("--kubernetes-api", type=_api_server, default="auto",
+                   help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
+                        "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
+                        "http://127.0.0.1:8001); needs get and list on resourceclaims and resourceslices")
     g.add_argument("--process-series", choices=["container", "pid", "off"], default="container",
                    help="per-process utilization series: summed per container (pod) or command, per pid "
                         "(a new series per process), or none")

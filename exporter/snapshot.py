@@ -27,6 +27,7 @@ class GpuIdentity:
     index: int
     uuid: str
     model: str
+    minor: int | None = field(default=None, compare=False)  # /dev/nvidia<minor>; None: NVML could not say
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class MigDevice:
     gpu_instance: int
     compute_instance: int
     sm_count: int | None = None  # None: NVML could not say
+    # Its GPU instance's profile ID and placement (memory slices): what DRA drivers name it by; None: unknown
+    profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 @dataclass(frozen=True)

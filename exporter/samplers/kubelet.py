@@ -8,6 +8,8 @@ Device IDs the NVIDIA device plugin hands out, all mapped to the physical GPU's 
   MIG-GPU-<uuid>/<gi>/<ci>   a MIG device, older plugins
   <index>, <index>::<n>, <index>:<mig>   the same with deviceIDStrategy=index
 A device ID that is none of these GPUs is logged once and attributed to nobody.
+Devices allocated through DRA claims (`dynamic_resources`) are resolved in exporter/samplers/dra.py,
+with the API server's ResourceSlices and ResourceClaims where it can be read (exporter/kubernetes_api.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, Holdings, weakest_basis
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
+from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -225,8 +228,10 @@ class KubeletSampler:
     name = "kubelet"
 
     def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,
-                 interval: float = 5.0, timeout: float = 2.0):
+                 interval: float = 5.0, timeout: float = 2.0, api=None):
         self.socket_path = socket_path
+        self.api = api  # exporter.kubernetes_api.KubernetesApi, or None (--kubernetes-api off, or no cluster)
+        self._api_view = ApiView()
         self.nvml = nvml
         self.container_logs = Path(container_logs) if container_logs else None
         self.interval = interval
@@ -268,6 +273,26 @@ class KubeletSampler:
 
     def close(self) -> None:
         self._disconnect()
+
+    def more_health(self) -> dict:
+        return {} if self.api is None else {self.api.name: self.api.health}
+
+    def _claims(self, pod_resources, problems: list[str]):
+        """The DRA claim holders of this List answer, with what the API server knows of their devices."""
+        gpus, telemetry = self.nvml.gpus, self.nvml.telemetry
+        found = attribute_claims(pod_resources, DraDevices(gpus, telemetry, self._api_view))
+        if self.api is not None and (found.devices or found.shared):
+            view = self.api.view(found.devices, found.shared)
+            if view != self._api_view:  # news from the API server: resolve again with it
+                self._api_view = view
+                found = attribute_claims(pod_resources, DraDevices(gpus, telemetry, view))
+        if found.other_drivers:
+            self._log.problem("kubelet dra drivers", f"DRA devices of {', '.join(sorted(found.other_drivers))} are "
+                              f"no GPUs of {NVIDIA_DRIVER}: ignored", logging.INFO)
+        else:
+            self._log.clear("kubelet dra drivers", f"only {NVIDIA_DRIVER} devices listed again")
+        problems.extend(found.problems)
+        return found
 
     def list_pods(self):
         grpc = import_grpc()
@@ -340,12 +365,15 @@ class KubeletSampler:
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
         offered = offered_replicas(self.allocatable_devices())
-        held = device_plugin_holdings(claims, devices, offered)
+        found = self._claims(pod_resources, problems)
+        held = merge(device_plugin_holdings(claims, devices, offered), found)
+        for uuid, owners in found.pods.items():
+            pods[uuid] = tuple(sorted({*pods.get(uuid, ()), *(PodRef(*o, NVIDIA_DRIVER) for o in owners)}))
         if not any(pods.values()):
-            self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
+            self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device or claim "
                                               f"({len(pod_resources)} pods listed)", logging.INFO)
         else:
-            self._log.clear("kubelet pods", "containers holding NVIDIA devices listed again")
+            self._log.clear("kubelet pods", "containers holding NVIDIA devices or claims listed again")
         listed = {(r.namespace, r.pod, r.container) for refs in pods.values() for r in refs}
         owners = self._owners(listed, problems)
         if problems:  # one line whenever the set of problems changes, not one per tick
@@ -371,8 +399,11 @@ def build(args, nvml, explicit: bool = False):
         return None
     logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
     log.info("pod attribution from the kubelet at %s", socket)
+    from exporter import kubernetes_api
+
     return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
-                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval))
+                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval),
+                          api=kubernetes_api.build(args))
 
 
 class KubeletError(Exception):
