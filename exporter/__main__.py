@@ -46,7 +46,7 @@ def build_engine(args):
     if holders:  # with no holder kind, no holder is known: no workload families
         from exporter.workloads import WorkloadAccountant
 
-        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after)
+        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, series_limit=args.holder_series_limit)
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
                     disabled_reasons=disabled, interval=args.interval, holders=holders,
                     process_series=(args.process_series, args.process_series_limit),

@@ -228,6 +228,8 @@ class Workload(BaseModel):
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
+    folded: int = Field(0, description="the holder pod=\"other\": how many holders of the GPU beyond "
+                                       "--holder-series-limit it sums (their counters integrate into its own)")
 
 
 class Workloads(BaseModel):

@@ -269,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
                         "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
                         "kubelet, slurm, users")
+    g.add_argument("--holder-series-limit", type=_at_least(int, 1, "a limit"), default=64,
+                   help="at most this many holders published per GPU (workload series and gpu_pod_info); the least "
+                        "busy of the rest are summed as one holder pod=\"other\", counters included")
     g.add_argument("--passwd", metavar="FILE", default=None,
                    help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
                         "where unreadable, users are labelled by uid)")

@@ -17,14 +17,19 @@ What is exact and what is not (README, "Per-workload numbers"):
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from dataclasses import dataclass, field
 
-from exporter.holders import WHOLE, Held, Holder, join_gpu, join_owners
-from exporter.snapshot import GpuIdentity
+from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
+from exporter.snapshot import GpuIdentity, LogOnce
+
+log = logging.getLogger(__name__)
 
 IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idle
 HELD_IDLE_AFTER_S = 1800.0
+HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
 EXACT, TIME_SHARE = "exact", "time_share"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
@@ -47,6 +52,7 @@ class WorkloadView:
     counters: dict  # name -> GPU-seconds (sm_active and hidden_idle: basis -> GPU-seconds)
     created: float
     held_share_basis: str = WHOLE  # exporter.holders.HELD_SHARE_BASES
+    folded: int = 0  # the holder OTHER: how many holders of the GPU it sums
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
@@ -56,7 +62,7 @@ class WorkloadView:
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
                 "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
-                "gpu_seconds": self.counters}
+                "gpu_seconds": self.counters, "folded": self.folded}
 
 
 @dataclass
@@ -68,16 +74,45 @@ class _Account:
     counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0,
                                                     "sm_active": {}, "hidden_idle": {}})
     idle_since: float | None = None
+    folded: bool = False  # its rates go to OTHER's counters, not its own
+    step: dict = field(default_factory=dict)  # what the last integrate added: OTHER takes it over on folding
 
     def integrate(self, dt: float) -> None:
         r = self.rates
-        for name in ("held", "busy", "held_idle"):
-            if r.get(name) is not None:
-                self.counters[name] += r[name] * dt
-        for name in ("sm_active", "hidden_idle"):
-            if r.get(name) is not None:
-                basis, value = r[name]
-                self.counters[name][basis] = self.counters[name].get(basis, 0.0) + value * dt
+        self.step = {name: r[name] * dt for name in ("held", "busy", "held_idle") if r.get(name) is not None}
+        self.step.update({name: {basis: v * dt for basis, v in r[name].items()} for name in ("sm_active", "hidden_idle")
+                          if r.get(name)})
+        self.add(self.step)
+
+    def add(self, amounts: dict) -> None:
+        for name, value in amounts.items():
+            if isinstance(value, dict):
+                for basis, v in value.items():
+                    self.counters[name][basis] = self.counters[name].get(basis, 0.0) + v
+            else:
+                self.counters[name] += value
+
+    def published_counters(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in self.counters.items()}
+
+
+def _sum(values):
+    known = [v for v in values if v is not None]
+    return round(sum(known), 9) if known else None
+
+
+def _sum_by_basis(rates) -> dict:
+    out: dict[str, float] = {}
+    for by_basis in rates:
+        for basis, value in (by_basis or {}).items():
+            out[basis] = out.get(basis, 0.0) + value
+    return out
+
+
+def busiest_first(view: WorkloadView):
+    """Which holders of a GPU stay published: the busiest in time, then the largest held shares, then
+    those running processes; ties by name, so the same ones stay from tick to tick."""
+    return (-(view.time_share or 0.0), -(view.held_share or 0.0), -(view.processes or 0), view.holder)
 
 
 def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, float | None]:
@@ -156,8 +191,10 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
 class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
-    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S):
+    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, series_limit: int = HOLDER_SERIES_LIMIT):
         self.held_idle_after = held_idle_after
+        self.series_limit = max(1, series_limit)
+        self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self._last: float | None = None
         self._lock = threading.Lock()
@@ -178,14 +215,55 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
+                gpu_views = []
                 for holder, entry in gpu_shares(view, holders, owners, mig_sm).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))
-                    out.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+                    gpu_views.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+                out.extend(self._bounded(view.identity, gpu_views, now, seen))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
+
+    def _bounded(self, gpu, views: list[WorkloadView], now: float, seen: set) -> list[WorkloadView]:
+        """At most series_limit holders of one GPU, the rest summed into OTHER, whose counters integrate
+        the folded holders' rates: every second of every holder counts once, in its own series or in
+        OTHER's. A holder that comes back out of OTHER starts its counters again (a counter reset)."""
+        key = f"workloads fold {gpu.uuid}"
+        views.sort(key=busiest_first)
+        kept, folded = views[:self.series_limit], views[self.series_limit:]
+        for i, w in enumerate(kept):
+            account = self._accounts[(gpu.uuid, w.holder)]
+            if account.folded:
+                account.folded = False
+                account.counters, account.created = _Account(now).counters, now
+                kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=now)
+        if not folded:
+            self._log.clear(key, f"GPU {gpu.index}: every holder published again")
+            return kept
+        self._log.problem(key, f"GPU {gpu.index}: {len(views)} holders, more than --holder-series-limit "
+                          f"{self.series_limit}: the {len(folded)} least busy are published summed as pod=\"other\" "
+                          "(gpu_workload_folded_holders)", kind="folded")
+        parts = [self._accounts[(gpu.uuid, w.holder)] for w in folded]
+        seen.add((gpu.uuid, OTHER))
+        other = self._accounts.setdefault((gpu.uuid, OTHER), _Account(created=now))
+        for account in parts:
+            if not account.folded:  # published until the last update: its last step goes to OTHER
+                account.folded = True
+                other.add(account.step)
+        rates = [a.rates for a in parts]
+        other.rates = {name: _sum(r.get(name) for r in rates) for name in ("held", "busy", "held_idle")}
+        other.rates.update({name: _sum_by_basis(r.get(name) for r in rates) for name in ("sm_active", "hidden_idle")})
+        sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
+        processes = [w.processes for w in folded]
+        kept.append(WorkloadView(
+            OTHER, gpu, _sum(w.held_share for w in folded), None if None in processes else sum(processes),
+            tuple(sorted(p for w in folded for p in w.pids)), _sum(w.time_share for w in folded),
+            f"the sum of {len(folded)} holders beyond --holder-series-limit", _sum(w.sm_active for w in folded),
+            TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
+            other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded)))
+        return kept
 
     def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float) -> WorkloadView:
         share = held.share
@@ -203,10 +281,10 @@ class WorkloadAccountant:
             "held": share,
             "busy": time_share,
             "held_idle": share if share is not None and account.idle_since is not None else None,
-            "sm_active": (basis, sm) if sm is not None else None,
-            "hidden_idle": (basis, max(0.0, time_share - sm)) if sm is not None and time_share is not None else None,
+            "sm_active": {basis: sm} if sm is not None else None,
+            "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
         }
-        counters = {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in account.counters.items()}
+        counters = account.published_counters()
         return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
                             idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
                             counters, account.created, held.basis)

@@ -11,7 +11,7 @@ import pytest
 from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, PodRef
 from exporter.samplers.slurm import cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
-from exporter.holders import REPLICAS, Held, Holdings
+from exporter.holders import OTHER, REPLICAS, Held, Holdings
 from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
@@ -378,3 +378,75 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
                 assert found[key] == pytest.approx(rate, rel=0.01, abs=1e-4), key
         finally:
             prom.stop()
+
+
+# -- bounded holders per GPU ---------------------------------------------------------------------------
+def test_holders_beyond_the_limit_fold_into_other_and_every_second_counts_once():
+    """Limit 2, four holders of 0.25: trainer and notebook run (time 0.396 each), two hold idle. Held
+    GPU-seconds over all published series always add up to 1 GPU x elapsed time, through a holder
+    moving out of and into the fold."""
+    acc = WorkloadAccountant(series_limit=2)
+    spare = Holder("team-d", "spare", "c")
+    shares = {TRAINER: 0.25, NOTEBOOK: 0.25, IDLE: 0.25, spare: 0.25}
+    owners = dict(OWNERS)
+    holdings = lambda: [Holdings(gpus={"GPU-aaaa": {h: Held(v, REPLICAS) for h, v in shares.items()}},  # noqa: E731
+                                 owners=owners)]
+    busy = view(**TIME_SLICED)
+
+    def held_total(views):
+        return {w.holder: w.counters["held"] for w in views}
+
+    acc.update(100.0, (busy,), holdings())
+    views = acc.update(110.0, (busy,), holdings())
+    assert [w.holder for w in views] == [OTHER, TRAINER, NOTEBOOK]  # sorted by labels; idle and spare folded
+    other = next(w for w in views if w.holder == OTHER)
+    assert (other.folded, other.held_share, other.processes, other.time_share) == (2, 0.5, 0, 0.0)
+    assert other.held_share_basis == REPLICAS and other.idle_seconds is None
+    assert held_total(views) == pytest.approx({OTHER: 5.0, NOTEBOOK: 2.5, TRAINER: 2.5})
+
+    owners[419] = spare  # the notebook's process now runs in spare's container: spare is busier
+    views = acc.update(120.0, (busy,), holdings())
+    got = held_total(views)
+    assert set(got) == {OTHER, spare, TRAINER}
+    assert got[spare] == 0.0 and next(w for w in views if w.holder == spare).created == 120.0  # starts again
+    # other: 5 + idle and spare's 110-120 (5) + the notebook's 110-120, published no more in its own series (2.5)
+    assert got[OTHER] == pytest.approx(12.5) and got[TRAINER] == pytest.approx(5.0)
+    # the published increases add up: trainer 5, notebook 2.5 (last seen), spare 0, other 12.5 = 1 GPU x 20 s
+    assert got[OTHER] + got[TRAINER] + got[spare] + 2.5 == pytest.approx(20.0)
+
+    views = acc.update(130.0, (busy,), holdings())
+    got = held_total(views)
+    assert got[spare] == pytest.approx(2.5) and got[OTHER] == pytest.approx(17.5)
+    shares.pop(IDLE), shares.pop(NOTEBOOK)  # back under the limit: no other
+    assert OTHER not in {w.holder for w in acc.update(131.0, (busy,), holdings())}
+
+
+def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+    server, args = node
+    count = 10_000
+    server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(count)])]
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]})] + [
+        pod(f"ns-{n % 50}", f"replica-{n}", {"c": [(GPU, [f"{UUID}::{n}"])]}) for n in range(1, count)]
+    server.start()
+    with Exporter(*args, "--kubelet-interval", "2", "--holder-series-limit", "20") as exporter:
+        def folded():
+            samples = parse_metrics(exporter.metrics())
+            return samples.get("gpu_workload_folded_holders") and samples
+        samples = wait_for(folded, 60, 0.5, "holders folded")
+        assert samples["gpu_workload_folded_holders"][0][1] == count - 20
+        assert len(samples["gpu_workload_held_share_ratio"]) == 21
+        other = next(v for l, v in samples["gpu_workload_held_share_ratio"] if l["pod"] == "other")
+        assert sum(v for _, v in samples["gpu_workload_held_share_ratio"]) == pytest.approx(1.0, abs=1e-6)
+        assert other == pytest.approx((count - 20) / count, abs=1e-6)
+        assert any(l["pod"] == "train-0" for l, _ in samples["gpu_workload_held_share_ratio"])  # the busy one stays
+        pod_info = samples["gpu_pod_info"]
+        assert len(pod_info) == 21 and {l["pod"]: v for l, v in pod_info}["other"] == count - 20
+        assert samples["gpu_pods"][0][1] == count
+        body = exporter.metrics()
+        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound; ~96 KB with 21 holders
+        started = time.monotonic()
+        for _ in range(20):
+            exporter.metrics()
+        print(f"10,000 pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
+        assert exporter.log().count("more than --holder-series-limit 20") == 1
+        assert "Traceback" not in exporter.log()

@@ -35,6 +35,8 @@ class WorkloadCollector:
         sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
                           "whole GPU's SMs; basis exact (alone on the GPU) or time_share (split by time shares).",
                           ["basis"])
+        folded = GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
+                                   "published summed as the holder pod=\"other\".", labels=GPU_LABELS)
         idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
                              "or a time share under 1%; 0 while it uses it.")
         held_idle = gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after.")
@@ -46,6 +48,8 @@ class WorkloadCollector:
         c_idle = counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle seconds).")
         for w in self._engine.snapshot.workloads:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
+            if w.folded:
+                folded.add_metric(labels[:len(GPU_LABELS)], w.folded)
             if w.held_share is not None:
                 held.add_metric(labels, w.held_share)
                 held_basis.add_metric(labels + [w.held_share_basis], 1.0)
@@ -66,5 +70,5 @@ class WorkloadCollector:
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
-        yield from (held, held_basis, processes, time_share, sm_active, idle_seconds, held_idle,
+        yield from (held, held_basis, processes, time_share, sm_active, folded, idle_seconds, held_idle,
                     c_held, c_busy, c_sm, c_hidden, c_idle)
