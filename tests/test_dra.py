@@ -15,6 +15,7 @@ from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, kubernetes_node, pod
 from tests.kubernetes_api_server import FakeApiServer, claim, device, resource_slice
+from tests.test_kubelet import node  # noqa: F401 - the fixture: a Kubernetes node with a real PodResources server
 
 A, B, C = "GPU-aaaa", "GPU-bbbb", "GPU-cccc"
 
@@ -222,13 +223,6 @@ def test_the_reader_refuses_a_gone_budget(api_server):
 
 
 # -- end to end over HTTP --------------------------------------------------------------------------
-@pytest.fixture()
-def node(tmp_path):
-    server, args = kubernetes_node(tmp_path)
-    yield server, args
-    server.stop()
-
-
 def workloads(exporter):
     status, body = http_get(exporter.url + "/api/v1/workloads")
     assert status == 200
