@@ -126,7 +126,7 @@ class Engine:
             health["mps"] = self.mps.health
         for holder in self.holders:
             health[holder.name] = holder.health
-            health.update(holder.more_health() if hasattr(holder, "more_health") else {})
+            health.update(holder.more_health())
         if self.spool is not None:
             health["spool"] = self.spool.health
         for name, crashed in self._crashed.items():

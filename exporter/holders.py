@@ -75,7 +75,7 @@ class Holdings:
 
 
 class HolderSampler:
-    """The interface (documentation and defaults; samplers need not inherit it).
+    """The interface every holder sampler implements (and inherits its defaults from).
 
     name: the collector name (gpu_exporter_collector_success{collector}); interval: seconds between
     ticks; health: CollectorHealth of the last tick; holdings: Holdings of the last tick; snapshot:

@@ -38,13 +38,16 @@ def claim(namespace: str, name: str, results: list[tuple[str, str, str | None, d
 
 
 class FakeApiServer:
-    def __init__(self):
+    """Plain HTTP, or HTTPS with `tls` = (certificate file, key file)."""
+
+    def __init__(self, tls: tuple[str, str] | None = None):
         self.slices: list[dict] = []
         self.claims: dict[tuple[str, str], dict] = {}
         self.delay = 0.0
         self.status = 200
         self.body: bytes | None = None  # answered instead of the objects when set
         self.requests: list[str] = []
+        self.authorizations: list[str | None] = []
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -53,6 +56,7 @@ class FakeApiServer:
 
             def do_GET(self):  # noqa: N802 - http.server's name
                 server.requests.append(self.path)
+                server.authorizations.append(self.headers.get("Authorization"))
                 time.sleep(server.delay)
                 body, status = server.answer(self.path, self.headers.get("Authorization"))
                 self.send_response(status)
@@ -66,7 +70,16 @@ class FakeApiServer:
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._http.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
+        scheme = "http"
+        if tls:
+            import ssl
+
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._http.socket = context.wrap_socket(self._http.socket, server_side=True)
+            scheme = "https"
+        self.port = self._http.server_address[1]
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
 
     def answer(self, path: str, auth) -> tuple[bytes, int]:

@@ -3,6 +3,8 @@ and without the API server), and end to end with a real PodResources gRPC server
 dynamic_resources, a small Kubernetes API server on 127.0.0.1, and the real exporter over HTTP
 replaying NVML answers recorded on the H100 (minor number 0)."""
 import json
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -214,6 +216,38 @@ def test_a_hostile_api_server_costs_a_bounded_time_one_line_and_leaves_an_even_s
     assert len(lines) == 1, [r.getMessage() for r in lines]
     if attack == "403":
         assert "RBAC" in lines[0].getMessage()
+
+
+def self_signed(folder, name):
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(folder / f"{name}.key"),
+                    "-out", str(folder / f"{name}.crt")], check=True, capture_output=True, timeout=60)
+    return str(folder / f"{name}.crt"), str(folder / f"{name}.key")
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_in_a_pod_the_service_account_token_and_ca_are_used(tmp_path):
+    """--kubernetes-api auto in a pod: HTTPS to KUBERNETES_SERVICE_HOST/PORT, verified against the
+    service account's CA, the token as a bearer; a server the CA did not sign is refused (one line)."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    cert, key = self_signed(tmp_path, "apiserver")
+    shutil.copyfile(cert, account / "ca.crt")
+    (account / "token").write_text("the-token\n")
+    server = FakeApiServer(tls=(cert, key)).start()
+    shared_gpu(server)
+    try:
+        env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(server.port)}
+        reader = KubernetesApi(endpoint("auto", env, str(account)), node_name="node-a")
+        assert reader.view({("node-a", "gpu-0")}, SHARED).uuids == {("node-a", "gpu-0"): UUID}
+        assert set(server.authorizations) == {"Bearer the-token"}
+        other_ca, _ = self_signed(tmp_path, "other")
+        shutil.copyfile(other_ca, account / "ca.crt")
+        stranger = KubernetesApi(endpoint("auto", env, str(account)))
+        assert stranger.view({("node-a", "gpu-0")}, SHARED) == ApiView()
+        assert "SSL" in stranger.health.error or "certificate" in stranger.health.error
+    finally:
+        server.stop()
 
 
 def test_the_reader_refuses_a_gone_budget(api_server):

@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, Holdings, weakest_basis
+from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
 from exporter.snapshot import CollectorHealth, LogOnce
@@ -224,7 +224,7 @@ def cgroup_container_id(text: str) -> str | None:
     return found[-1] if found else None
 
 
-class KubeletSampler:
+class KubeletSampler(HolderSampler):
     name = "kubelet"
 
     def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from exporter.holders import EVEN_SPLIT, Held, Holder, Holdings
+from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
 from exporter.snapshot import CollectorHealth, LogOnce
@@ -84,7 +84,7 @@ def read_mapping(folder: Path, devices: DeviceMap, problems: list[str]) -> dict[
     return {uuid: tuple(sorted(ids)) for uuid, ids in jobs.items() if ids}
 
 
-class SlurmSampler:
+class SlurmSampler(HolderSampler):
     name = "slurm"
 
     def __init__(self, mapping_dir: str, nvml, proc_root="/proc", interval: float = 5.0):

@@ -18,7 +18,7 @@ import stat
 import time
 from pathlib import Path
 
-from exporter.holders import EVEN_SPLIT, Held, Holder, Holdings
+from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,8 @@ def context_pids(telemetry) -> dict[str, set[int]]:
             for uuid, tel in telemetry.items() if not tel.lost}
 
 
-class UsersSampler:
+class UsersSampler(HolderSampler):
     name = "users"
-    snapshot = None  # the workloads API says everything there is
 
     def __init__(self, nvml, proc_root="/proc", passwd: str | None = None, interval: float = 5.0):
         self.nvml = nvml
