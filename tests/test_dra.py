@@ -133,6 +133,10 @@ def test_a_million_claims_cost_a_bounded_pass():
     assert time.process_time() - started < 30  # bounded work, not a timing claim: MAX_CLAIM_DEVICES read
     assert len(found.held[A]) == MAX_CLAIM_DEVICES
     assert any(f"only the first {MAX_CLAIM_DEVICES}" in p for p in found.problems)
+    # as many claims of devices this node lacks: ten named, the rest counted, so the log line stays short
+    ghosts = [claim_pod("ns", f"g{i}", {"c": [(f"g{i}", [(f"gpu-{100 + i}", None)])]}) for i in range(5000)]
+    problems = attribute_claims(ghosts, node_gpus()).problems
+    assert len(problems) == 11 and problems[-1] == "and 4990 more DRA devices that are no GPU here"
 
 
 @pytest.mark.parametrize("text, value", [("80Gi", 80 * 2**30), ("4", 4.0), ("500m", 0.5), ("1e3", 1000.0),

@@ -22,6 +22,7 @@ from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, WHOLE, Held, Holder, wea
 NVIDIA_DRIVER = "gpu.nvidia.com"
 MAX_DEVICE_NAME = 128  # DRA device names are DNS labels (63): longer is no device name
 MAX_CLAIM_DEVICES = 20_000  # allocated devices read per List answer; a node has a few dozen
+MAX_PROBLEMS = 10  # named in the log line; the rest are counted
 
 
 class NvidiaDeviceNames:
@@ -169,6 +170,8 @@ def attribute_claims(pod_resources, devices: DraDevices) -> ClaimAttribution:
                     alloc = per_device.setdefault(key, {}).setdefault(
                         (claim.claim_namespace, claim.claim_name, share_id), _Allocation())
                     alloc.containers.add((pod.namespace, pod.name, container.name))
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"and {len(problems) - MAX_PROBLEMS} more DRA devices that are no GPU here"]
     if seen > MAX_CLAIM_DEVICES:
         problems.append(f"the kubelet lists {seen} DRA devices: only the first {MAX_CLAIM_DEVICES} are read")
     held: dict[str, dict[tuple, list]] = {}
