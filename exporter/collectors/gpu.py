@@ -95,7 +95,7 @@ class GpuCollector:
         pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources: "
                           "device plugins' resources, DRA claims' driver); join on uuid. Beyond --holder-series-limit, "
                           "pod=\"other\" counts the rest.", ["namespace", "pod", "container", "resource"])
-        holder_limit = getattr(self._engine.workloads, "series_limit", None)
+        holder_limit = getattr(getattr(self._engine, "workloads", None), "series_limit", None)  # None: no holders
         published: dict[str, set] = {}
         for w in snapshot.workloads:
             published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
