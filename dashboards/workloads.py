@@ -48,9 +48,9 @@ def build() -> Dashboard:
                "no pod held a GPU in the range (outside Kubernetes no pod is known)."),
         timeseries("Per workload: time share vs SM active",
                    [(f"gpu_workload_time_share_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}} time"),
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time"),
                     (f"gpu_workload_sm_active_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}} SM active ({{basis}})")],
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})")],
                    (9, 12, 0, 17),
                    description="Shares of the whole GPU. basis=exact: alone on the GPU; basis=time_share: the GPU's SM "
                                "activity split by time shares.",
@@ -77,7 +77,7 @@ def build() -> Dashboard:
               gridPos=GridPos(h=7, w=24, x=0, y=26), unit="s",
               description="Holders idle for --held-idle-after or longer (alert GPUHeldIdle), with how long.",
               targets=[target(f"gpu_workload_idle_seconds{{{HOST}}} and on (instance, uuid, namespace, pod, container, "
-                              f"hpc_job) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
+                              f"hpc_job, claim, user) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
                                                               "renameByName": {"Value": "idle for"}}}]),
     ]

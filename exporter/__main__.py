@@ -41,15 +41,11 @@ def build_engine(args):
     if not args.no_mps:
         mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                          interval=max(args.interval, 1.0))
-    kubelet = build_kubelet(args, nvml)
-    slurm = None
-    if args.hpc_job_mapping_dir:
-        from exporter.samplers.slurm import SlurmSampler
+    from exporter.holders import build_holders
 
-        slurm = SlurmSampler(args.hpc_job_mapping_dir, nvml, proc_root=args.proc_root,
-                             interval=max(args.interval, 1.0))
+    holders = build_holders(args, nvml)
     workloads = None
-    if kubelet is not None or slurm is not None:  # outside Kubernetes and Slurm no holder is known
+    if holders:  # with no holder kind, no holder is known: no workload families
         from exporter.workloads import WorkloadAccountant
 
         ctxsw = None
@@ -58,33 +54,16 @@ def build_engine(args):
 
             ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
                                  args.ctxsw_estimator, other_sources=spatial)
-        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, ctxsw=ctxsw)
+        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, series_limit=args.holder_series_limit,
+                                       ctxsw=ctxsw)
     elif args.workload_ctxsw:
-        log.warning("--workload-ctxsw: no holders are known here (no kubelet, no --hpc-job-mapping-dir): "
-                    "nothing to attribute to, so no capture runs")
+        log.warning("--workload-ctxsw: no holders are known here (--holders none): nothing to attribute to, "
+                    "so no capture runs")
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
-                    disabled_reasons=disabled, interval=args.interval, kubelet=kubelet,
+                    disabled_reasons=disabled, interval=args.interval, holders=holders,
                     process_series=(args.process_series, args.process_series_limit),
-                    spool=upload.retention if upload is not None else None, slurm=slurm, workloads=workloads)
+                    spool=upload.retention if upload is not None else None, workloads=workloads)
     return engine, upload
-
-
-def build_kubelet(args, nvml):
-    """The kubelet sampler, or None. Without --kubelet-socket it runs where the default socket exists
-    (a Kubernetes node); a socket named explicitly is watched even while it is missing."""
-    from exporter.samplers.kubelet import DEFAULT_SOCKET, KubeletSampler
-
-    socket = args.kubelet_socket
-    if socket is None:
-        if not os.path.exists(DEFAULT_SOCKET):
-            return None
-        socket = DEFAULT_SOCKET
-    if socket.lower() == "none":
-        return None
-    logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
-    log.info("pod attribution from the kubelet at %s", socket)
-    return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
-                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:

@@ -96,6 +96,9 @@ class MigDevice(BaseModel):
     gpu_instance: int
     compute_instance: int
     sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
+    profile_id: Optional[int] = Field(None, description="its GPU instance's profile ID (nvidia-smi mig -lgip)")
+    placement_start: Optional[int] = Field(None, description="its GPU instance's first memory slice")
+    placement_size: Optional[int] = Field(None, description="its GPU instance's memory slices")
 
 
 class LinkThroughput(BaseModel):
@@ -151,6 +154,7 @@ class Telemetry(BaseModel):
 class Gpu(BaseModel):
     index: int = Field(description="NVML index (the `gpu` label)")
     uuid: str
+    minor: Optional[int] = Field(None, description="/dev/nvidia<minor>: DRA drivers name the GPU gpu-<minor>")
     model: str
     time_utilization: Ratio = Field(description="share of time a kernel ran, over time_window")
     time_utilization_source: Optional[str] = Field(
@@ -238,7 +242,8 @@ class WorkloadGpuSeconds(BaseModel):
 
 
 class Workload(BaseModel):
-    """One holder (a Kubernetes container or a Slurm job) of one GPU: docs/metrics.md, Workloads."""
+    """One holder (a Kubernetes container, with its DRA claim where it holds the GPU through one, a Slurm
+    job or a Unix user) of one GPU: docs/metrics.md, Workloads."""
 
     gpu: int
     uuid: str
@@ -247,8 +252,14 @@ class Workload(BaseModel):
     pod: str = ""
     container: str = ""
     hpc_job: str = ""
+    claim: str = Field("", description="the DRA ResourceClaim the container holds the GPU through")
+    user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
+    held_share_basis: Literal["whole", "mig", "replicas", "capacity", "even_split"] = Field(
+        description="why held_share is what it is: a whole GPU, a MIG device's share of the SMs, k of N replicas, "
+                    "a DRA claim's consumed capacity over the device's (API server), or an even split among the "
+                    "device's allocations, jobs or users (an estimate)")
     processes: Optional[int] = Field(description="the holder's CUDA processes on the GPU; None: NVML could not say")
     pids: list[int]
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
@@ -262,6 +273,8 @@ class Workload(BaseModel):
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
+    folded: int = Field(0, description="the holder pod=\"other\": how many holders of the GPU beyond "
+                                       "--holder-series-limit it sums (their counters integrate into its own)")
 
 
 class CtxswGpu(BaseModel):

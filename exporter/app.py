@@ -40,6 +40,7 @@ def gpu_json(view, kubelet) -> dict:
     return {
         "index": view.identity.index,
         "uuid": view.identity.uuid,
+        "minor": view.identity.minor,
         "model": view.identity.model,
         "time_utilization": view.time_utilization,
         "time_utilization_source": time_utilization_source(view),
@@ -182,7 +183,7 @@ def api(engine, upload=None):
 
     @app.get("/api/v1/workloads", response_model=models.Workloads)
     async def workloads():
-        """Holders of each GPU (Kubernetes containers, Slurm jobs) and what they do with it."""
+        """Holders of each GPU (Kubernetes containers and DRA claims, Slurm jobs, Unix users) and what they do with it."""
         snapshot = engine.snapshot
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],

@@ -23,6 +23,26 @@ def _source_list(text: str) -> tuple[str, ...]:
     return names
 
 
+HOLDER_KINDS = ("kubelet", "slurm", "users")
+
+
+def _holder_kinds(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if names in (("auto",), ("none",)):
+        return names
+    unknown = [n for n in names if n not in HOLDER_KINDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want auto, none or a list of distinct kinds from {','.join(HOLDER_KINDS)}, "
+                                         f"got {text!r}")
+    return names
+
+
+def _api_server(text: str) -> str:
+    if text in ("auto", "off") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"want auto, off or an http(s):// URL, got {text!r}")
+
+
 def _scaled(text: str, units: dict, what: str) -> float:
     text = str(text).strip()
     factor = units.get(text[-1:].lower(), None)
@@ -244,12 +264,26 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--kubelet-container-logs", default="/var/log/containers",
                    help="the kubelet's container log links, whose names map a process's container ID to its pod "
                         "(only names are read); 'none' to label processes by command only")
+    g.add_argument("--kubernetes-api", type=_api_server, default="auto",
+                   help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
+                        "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
+                        "http://127.0.0.1:8001); needs get and list on resourceclaims and resourceslices")
     g.add_argument("--process-series", choices=["container", "pid", "off"], default="container",
                    help="per-process utilization series: summed per container (pod) or command, per pid "
                         "(a new series per process), or none")
     g.add_argument("--process-series-limit", type=int, default=20,
                    help="at most this many per-process series per GPU; the rest are summed as command=\"other\"")
     g = p.add_argument_group("workloads")
+    g.add_argument("--holders", type=_holder_kinds, default=("auto",),
+                   help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
+                        "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
+                        "kubelet, slurm, users")
+    g.add_argument("--holder-series-limit", type=_at_least(int, 1, "a limit"), default=64,
+                   help="at most this many holders published per GPU (workload series and gpu_pod_info); the least "
+                        "busy of the rest are summed as one holder pod=\"other\", counters included")
+    g.add_argument("--passwd", metavar="FILE", default=None,
+                   help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
+                        "where unreadable, users are labelled by uid)")
     g.add_argument("--hpc-job-mapping-dir", default=None,
                    help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
                         "listing the job IDs holding it; processes are mapped to jobs through their cgroup")

@@ -21,12 +21,13 @@ class Engine:
     """Owns the samplers. Scrapes and API calls only read `snapshot`: no device call on their path.
 
     nvml: NvmlSampler; gpm: GpmSource (ticked in the NVML thread, same window as time utilization);
-    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None.
+    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None;
+    holders: holder samplers of every kind (exporter/holders.py), each in its own thread.
     """
 
     def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
-                 disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20),
-                 spool=None, slurm=None, workloads=None):
+                 disabled_reasons=None, interval: float = 1.0, holders=(), process_series=("container", 20),
+                 spool=None, workloads=None):
         self.nvml = nvml
         self.gpm = gpm
         self.spatial = dict(spatial or {})
@@ -34,8 +35,7 @@ class Engine:
         self.order = tuple(order)
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
-        self.kubelet = kubelet
-        self.slurm = slurm  # exporter.samplers.slurm.SlurmSampler, or None
+        self.holders = tuple(holders)
         # exporter.workloads.WorkloadAccountant: per-holder views and counters, or None (no holders known)
         self.workloads = workloads
         self.spool = spool  # exporter.spool.SpoolRetention of the upload spool, or None
@@ -65,10 +65,8 @@ class Engine:
             yield source.name, source.tick, getattr(source, "interval", self.interval)
         if self.mps is not None:
             yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
-        if self.kubelet is not None:
-            yield "kubelet", self.kubelet.tick, self.kubelet.interval
-        if self.slurm is not None:
-            yield "slurm", self.slurm.tick, self.slurm.interval
+        for holder in self.holders:
+            yield holder.name, holder.tick, holder.interval
         if self.spool is not None:
             yield "spool", self.spool.tick, self.spool.interval
         for sampler in getattr(self.workloads, "samplers", ()):  # the workload view's own (ctxsw)
@@ -99,7 +97,7 @@ class Engine:
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
-        for source in (*self.spatial.values(), self.kubelet):
+        for source in (*self.spatial.values(), *self.holders):
             if hasattr(source, "close"):
                 source.close()
 
@@ -128,18 +126,16 @@ class Engine:
             self._version += 1
             now = time.time()
             views = self._views()
-            kubelet = getattr(self.kubelet, "snapshot", None)
-            slurm = getattr(self.slurm, "snapshot", None)
             self.snapshot = Snapshot(
                 version=self._version,
                 created=now,
                 gpus=views,
                 mps=getattr(self.mps, "snapshot", None),
-                kubelet=kubelet,
+                holders={h.name: h.snapshot for h in self.holders if h.snapshot is not None},
                 spool=getattr(self.spool, "stats", None),
-                slurm=slurm,
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, kubelet, slurm, getattr(self.gpm, "instances", None)),
+                self.workloads.update(now, views, [h.holdings for h in self.holders],
+                                      getattr(self.gpm, "instances", None)),
                 health=self._health(),
             )
             return self.snapshot
@@ -152,10 +148,9 @@ class Engine:
             health[name] = source.health
         if self.mps is not None:
             health["mps"] = self.mps.health
-        if self.kubelet is not None:
-            health["kubelet"] = self.kubelet.health
-        if self.slurm is not None:
-            health["slurm"] = self.slurm.health
+        for holder in self.holders:
+            health[holder.name] = holder.health
+            health.update(holder.more_health())
         if self.spool is not None:
             health["spool"] = self.spool.health
         for sampler in getattr(self.workloads, "samplers", ()):

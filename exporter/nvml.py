@@ -157,7 +157,16 @@ class Nvml:
         return {
             "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
             "model": self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)),
+            "minor": self._minor(h),
         }
+
+    def _minor(self, handle) -> int | None:
+        """The /dev/nvidia<minor> number: what DRA drivers name a GPU by (gpu-<minor>); None where NVML
+        cannot say (not on Windows, nor for MIG devices)."""
+        try:
+            return int(self._nv.nvmlDeviceGetMinorNumber(handle))
+        except Exception:  # noqa: BLE001 - N/A, not a failure: DRA names then resolve through the API server
+            return None
 
     def gpm_support(self, index: int) -> dict:
         """Whether GPM serves this GPU, with the reason when not (GPM exists from Hopper on)."""
@@ -320,14 +329,26 @@ class Nvml:
                     mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
                 except nv.NVMLError:  # an empty slot
                     continue
+                gpu_instance = int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig))
                 devices.append({
                     "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
-                    "gpu_instance": int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)),
+                    "gpu_instance": gpu_instance,
                     "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
                                                        nv.nvmlDeviceGetComputeInstanceId, mig)),
                     "sm_count": self._sm_count(mig),
+                    **self._gpu_instance_placement(h, gpu_instance),
                 })
         return {"enabled": enabled, "devices": devices, "sm_count": self._full_gpu_instance_sms(h) if enabled else None}
+
+    def _gpu_instance_placement(self, handle, gpu_instance: int) -> dict:
+        """The GPU instance's profile ID and placement (start, size in memory slices): with the parent's
+        minor, the name DRA drivers give a MIG device. Empty where NVML cannot say."""
+        try:
+            info = self._nv.nvmlGpuInstanceGetInfo(self._nv.nvmlDeviceGetGpuInstanceById(handle, gpu_instance))
+            return {"profile_id": int(info.profileId), "placement_start": int(info.placement.start),
+                    "placement_size": int(info.placement.size)}
+        except Exception:  # noqa: BLE001 - N/A (an unprivileged reader): MIG claims then resolve by UUID only
+            return {}
 
     def _sm_count(self, handle) -> int | None:
         """SMs of a MIG device (NVML device attributes); None where NVML cannot say (a whole GPU

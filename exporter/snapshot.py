@@ -27,6 +27,7 @@ class GpuIdentity:
     index: int
     uuid: str
     model: str
+    minor: int | None = field(default=None, compare=False)  # /dev/nvidia<minor>; None: NVML could not say
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class MigDevice:
     gpu_instance: int
     compute_instance: int
     sm_count: int | None = None  # None: NVML could not say
+    # Its GPU instance's profile ID and placement (memory slices): what DRA drivers name it by; None: unknown
+    profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -187,11 +192,20 @@ class Snapshot:
     created: float
     gpus: tuple[GpuView, ...] = ()
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
-    kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
+    holders: dict = field(default_factory=dict)  # holder sampler name -> its snapshot (exporter/holders.py)
     spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
-    slurm: object = None  # exporter.samplers.slurm.SlurmSnapshot; None: no job mapping
     workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
+
+    @property
+    def kubelet(self):
+        """exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off."""
+        return self.holders.get("kubelet")
+
+    @property
+    def slurm(self):
+        """exporter.samplers.slurm.SlurmSnapshot; None: no job mapping."""
+        return self.holders.get("slurm")
 
 
 class LogOnce:

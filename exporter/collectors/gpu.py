@@ -65,6 +65,15 @@ def process_groups(processes, owners, limit: int) -> list[tuple[list[str], float
     return out
 
 
+def bounded_pods(refs, published: set, limit: int | None) -> tuple[list, int]:
+    """At most `limit` of a GPU's containers: those published as holders first, then by name; and how
+    many more there are (one gpu_pod_info series pod="other" with that count)."""
+    if limit is None or len(refs) <= limit:
+        return list(refs), 0
+    ranked = sorted(refs, key=lambda r: ((r.namespace, r.pod, r.container) not in published, r))
+    return ranked[:limit], len(ranked) - limit
+
+
 def gpu_labels(view) -> list[str]:
     ident = view.identity
     return [str(ident.index), ident.uuid, ident.model]
@@ -168,8 +177,13 @@ class GpuCollector:
         owners = kubelet.owners if kubelet is not None else {}
         compute = _gauge("gpu_compute_processes", "Processes with a compute context on the GPU, by kind: mps "
                          "(MPS clients) or time_sliced (own context); the MPS server is not counted (NVML).", ["kind"])
-        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources); "
-                          "join on uuid.", ["namespace", "pod", "container", "resource"])
+        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources: "
+                          "device plugins' resources, DRA claims' driver); join on uuid. Beyond --holder-series-limit, "
+                          "pod=\"other\" counts the rest.", ["namespace", "pod", "container", "resource"])
+        holder_limit = getattr(getattr(self._engine, "workloads", None), "series_limit", None)  # None: no holders
+        published: dict[str, set] = {}
+        for w in snapshot.workloads:
+            published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
         pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
         time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
         time_source = _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes from: "
@@ -223,8 +237,11 @@ class GpuCollector:
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
             if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
                 refs = kubelet.pods[view.identity.uuid]
-                for ref in refs:
+                shown, rest = bounded_pods(refs, published.get(view.identity.uuid, set()), holder_limit)
+                for ref in shown:
                     pod_info.add_metric(labels + [ref.namespace, ref.pod, ref.container, ref.resource], 1.0)
+                if rest:
+                    pod_info.add_metric(labels + ["", OTHER, "", ""], float(rest))
                 pod_count.add_metric(labels, len({(r.namespace, r.pod) for r in refs}))
             if view.spatial is not None:
                 source = view.spatial.source

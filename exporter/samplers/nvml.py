@@ -123,7 +123,7 @@ class NvmlSampler:
         gpus = []
         for index in range(self.backend.device_count()):
             ident = self.backend.identity(index)
-            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"]))
+            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"], ident.get("minor")))
         if not gpus:
             self._log.problem("nvml", "NVML found no GPU on this host")
         self.gpus = tuple(gpus)
@@ -250,7 +250,8 @@ class NvmlSampler:
             read("mig", b.mig_devices)
             mig = values["mig"]
             mig_enabled = None if mig is None else bool(mig["enabled"])
-            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"))
+            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"),
+                                          d.get("profile_id"), d.get("placement_start"), d.get("placement_size"))
                                 for d in (mig or {}).get("devices", ()))
             mig_sms = (mig or {}).get("sm_count")
         if gpu.index in self._lost:
