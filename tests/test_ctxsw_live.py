@@ -302,7 +302,7 @@ def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(
     for estimator in ESTIMATORS:
         assert parse_args(["--ctxsw-estimator", estimator]).ctxsw_estimator == estimator
     args = parse_args(["--workload-ctxsw"])
-    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 60.0, 1000, "fit")
+    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 120.0, 1000, "fit")
     with pytest.raises(SystemExit):
         parse_args(["--workload-ctxsw", "--ctxsw-window", "1m", "--ctxsw-period", "1m"])
     assert "--ctxsw-window 60s must be at least 1 s and shorter than --ctxsw-period 60s" in capsys.readouterr().err

@@ -1,6 +1,6 @@
 """Live per-process time and SM shares of time-sliced GPUs, from the GPU's own context switches.
 
-Opt-in (`--workload-ctxsw`): every `--ctxsw-period` (60 s) it runs, in its own thread and never on the
+Opt-in (`--workload-ctxsw`): every `--ctxsw-period` (120 s) it runs, in its own thread and never on the
 scrape path,
 
     nsys profile --gpuctxsw=true --trace=none --gpu-metrics-devices=I,J --gpu-metrics-frequency=1000 \\
@@ -80,7 +80,7 @@ class CaptureError(Exception):
 class CtxswSampler:
     name = "ctxsw"
 
-    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 60.0,
+    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 120.0,
                  frequency: int = 1000, estimator: str | None = None, other_sources=None):
         from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
 
