@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -149,8 +150,28 @@ class Snapshot:
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 
 
+MAX_LOGGED_CHARS = 2000  # of one logged message: what it quotes (a path, a kubelet's device IDs) may be huge
+# Characters that would end or rewrite a log line (newlines, escapes, Unicode line separators).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def loggable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """`text` as one log line: control characters escaped (a path holding a newline cannot forge a
+    line), cut at `limit` characters and saying so (the same words whatever was cut: two messages alike
+    up to the cut read the same)."""
+    text = str(text)
+    cut = text[:limit + 1]
+    escaped = _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                                  else f"\\u{ord(m.group()):04x}"), cut)
+    if len(text) <= limit and len(escaped) <= limit:
+        return escaped
+    return f"{escaped[:limit]}... (cut at {limit} characters)"
+
+
 class LogOnce:
-    """Logs a condition when it starts or changes, and when it clears: never once per tick."""
+    """Logs a condition when it starts or changes, and when it clears: never once per tick. Every
+    line is loggable(): escaped and capped, and two messages alike up to the cap are one problem."""
 
     def __init__(self, logger: logging.Logger):
         self._logger = logger
@@ -159,6 +180,7 @@ class LogOnce:
 
     def problem(self, key: str, message: str, level: int = logging.WARNING, kind: str | None = None) -> None:
         """`kind`: what makes two messages the same problem when their details vary (an error code)."""
+        key, message = loggable(key, 200), loggable(message)
         with self._lock:
             if self._current.get(key) == (kind or message):
                 return
@@ -166,7 +188,8 @@ class LogOnce:
         self._logger.log(level, "%s: %s", key, message)
 
     def clear(self, key: str, message: str = "recovered") -> None:
+        key = loggable(key, 200)
         with self._lock:
             if self._current.pop(key, None) is None:
                 return
-        self._logger.info("%s: %s", key, message)
+        self._logger.info("%s: %s", key, loggable(message))
