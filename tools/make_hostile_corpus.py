@@ -3,6 +3,7 @@ Systems exports (issue 17). tests/test_hostile.py runs every one through the upl
 watched directory, --replay and every nsys_ingest command.
 
     python3 tools/make_hostile_corpus.py [OUT_DIR]
+    python3 tools/make_hostile_corpus.py --generated OUT_DIR   # GENERATED: 4 MB and 300 MB more
 
 The files are built from scratch (a minimal export of the 2023.4+ schema: one H100, 10 s of GPU
 metrics at 10 Hz), so the corpus is deterministic and a few KB per case; CASES says, per file, the
@@ -254,10 +255,10 @@ def kernels_on_20000_devices(con):
     kernel_trace(con, 20_000, device_of=lambda i: i)
 
 
-def enum_of_100000_kinds(con):
-    """A copy-kind table of 100,000 rows (nsys writes about ten), one of them a 1 MB label."""
+def enum_of_10000_kinds(con):
+    """A copy-kind table of 10,000 rows (nsys writes about ten), one of them a 1 MB label."""
     kernel_trace(con)
-    con.executemany("insert into ENUM_CUDA_MEMCPY_OPER values (?, 'K', ?)", ((i, f"kind {i}") for i in range(2, 100_000)))
+    con.executemany("insert into ENUM_CUDA_MEMCPY_OPER values (?, 'K', ?)", ((i, f"kind {i}") for i in range(2, 10_000)))
     con.execute("update ENUM_CUDA_MEMCPY_OPER set label = ? where id = 7", ("L" * (1 << 20),))
 
 
@@ -354,12 +355,24 @@ def rows_at_one_timestamp(path: Path, rows: int = 10_000_000) -> None:
     con.close()
 
 
-# Built on demand into a temporary directory (too large to keep in the repository): name -> (builder of
-# a path, words of the refusal or None, the bound on the CLI's peak RSS in MB this case is asserted under).
+# Built on demand into a temporary directory (too large, or too many rows, to keep in the repository):
+# name -> (builder of a path, words of the refusal or None). bench/hostile_cases.py runs them at full size.
 GENERATED = {
-    "values_on_a_self_linked_overflow_page": (values_on_a_self_linked_overflow_page, "GPU_METRICS.value holds a blob"),
+    "values_on_a_self_linked_overflow_page": (values_on_a_self_linked_overflow_page,
+                                              "GPU_METRICS.value holds 'blob of 999264 bytes'"),
     "rows_at_one_timestamp": (rows_at_one_timestamp, None),
 }
+
+
+def build_generated(out: Path, rows_at_one_timestamp_rows: int = 10_000_000) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, (builder, _) in GENERATED.items():
+        path = out / f"{name}.sqlite"
+        path.unlink(missing_ok=True)
+        builder(path, rows_at_one_timestamp_rows) if builder is rows_at_one_timestamp else builder(path)
+        paths.append(path)
+    return paths
 
 # name -> (builder, words of the refusal, or None: a correct answer is expected)
 CASES = {
@@ -387,17 +400,30 @@ CASES = {
     "trigger_on_update": (trigger_on_update, None),
     "kernel_trace_with_text": (kernel_trace_with_text, None),
     "wal_mode": (wal_mode, None),
-    "generated_column_in_memcpy": (generated_column_in_memcpy, "CUPTI_ACTIVITY_KIND_MEMCPY.pad is a generated column"),
-    "generated_column_in_memcpy_enum": (generated_column_in_memcpy_enum, None),  # never read: pad is not
-    "generated_label_in_memcpy_enum": (generated_label_in_memcpy_enum, "ENUM_CUDA_MEMCPY_OPER.label is a generated column"),
-    "kernels_of_20000_processes": (kernels_of_20000_processes, "processes"),
-    "kernels_on_20000_devices": (kernels_on_20000_devices, "device"),
-    "enum_of_100000_kinds": (enum_of_100000_kinds, "copy kinds"),
+    # the CUDA trace: only diagnose reads it (DIAGNOSE_REFUSES)
+    "generated_column_in_memcpy": (generated_column_in_memcpy, None),
+    "generated_column_in_memcpy_enum": (generated_column_in_memcpy_enum, None),
+    "generated_label_in_memcpy_enum": (generated_label_in_memcpy_enum, None),
+    "kernels_of_20000_processes": (kernels_of_20000_processes, None),
+    "kernels_on_20000_devices": (kernels_on_20000_devices, None),
+    "enum_of_10000_kinds": (enum_of_10000_kinds, None),
     "process_names_of_1mb": (process_names_of_1mb, None),
     # not databases at all (written below, not built)
     "truncated": (None, "truncated or corrupt"),
     "zero_bytes": (None, "not a SQLite file"),
     "not_sqlite": (None, "not a SQLite file"),
+}
+
+
+# Cases only diagnose (the CLI's and POST /api/v1/diagnose) refuses: it alone reads the CUDA trace.
+DIAGNOSE_REFUSES = {
+    "kernel_trace_with_text": "CUPTI_ACTIVITY_KIND_KERNEL holds a start",
+    "generated_column_in_memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY.pad is a generated column",
+    "generated_column_in_memcpy_enum": "ENUM_CUDA_MEMCPY_OPER.pad is a generated column",
+    "generated_label_in_memcpy_enum": "ENUM_CUDA_MEMCPY_OPER.label is a generated column",
+    "kernels_of_20000_processes": "kernels of more than 1024 processes in one export",
+    "kernels_on_20000_devices": "deviceId holds 256, not a GPU index",
+    "enum_of_10000_kinds": "ENUM_CUDA_MEMCPY_OPER lists more than 256 copy kinds",
 }
 
 
@@ -425,6 +451,10 @@ def build(out: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
-    paths = build(target)
+    if sys.argv[1:2] == ["--generated"]:
+        target = Path(sys.argv[2])
+        paths = build_generated(target)
+    else:
+        target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+        paths = build(target)
     print(f"wrote {len(paths)} files to {target} ({sum(p.stat().st_size for p in paths) / 1e6:.1f} MB)")
