@@ -592,10 +592,14 @@ class Export:
             parts = []
             frame = pd.DataFrame.from_records(rows, columns=["timestamp", "typeId", "data"])
             for type_id, group in frame.groupby("typeId", sort=False):
-                decoded = pd.DataFrame.from_records([_event(d) for d in group["data"]])
-                for m in by_type[int(type_id)]:
-                    if m.name in decoded:
-                        values = pd.to_numeric(decoded[m.name], errors="coerce").to_numpy(dtype=np.float64)
+                wanted = by_type[int(type_id)]
+                events = [_event(d) for d in group["data"]]
+                # Only the metrics asked for: an event's other keys (any number, up to its size) are never tabled.
+                decoded = pd.DataFrame([[event.get(m.name) for m in wanted] for event in events],
+                                       columns=range(len(wanted)), dtype=object)
+                for i, m in enumerate(wanted):
+                    if decoded[i].notna().any():
+                        values = pd.to_numeric(decoded[i], errors="coerce").to_numpy(dtype=np.float64)
                         stamps = _column(group["timestamp"], slice(None), np.int64, "GENERIC_EVENTS.timestamp")
                         parts.append(pd.DataFrame({"timestamp": stamps,
                                                    "gpu": m.gpu, "code": m.code, "value": values * m.scale}))

@@ -132,10 +132,9 @@ def test_exports_that_expand_stay_within_the_bound(case, generated, tmp_path):
             assert result["code"] == 2 and words in result["stderr"], (command, result["stderr"])
         else:
             assert result["code"] == 0, (command, result["stderr"])
-    if case == "rows_at_one_timestamp":  # all those rows are one sample: GR active 90 %... as written
+    if case == "rows_at_one_timestamp":  # all those rows (50 %) are one sample, beside 100 samples at 90 %
         gpu = json.loads(results["diagnose"]["stdout"])["gpus"][0]
-        assert gpu["gpu_metrics"]["gr_active"] == pytest.approx((90 * 100 + 50 * (ONE_TIMESTAMP_ROWS // 6 + 1)) / (
-            100 + ONE_TIMESTAMP_ROWS // 6 + 1) / 100, abs=1e-6)
+        assert gpu["gpu_metrics"]["gr_active"] == round((100 * 0.9 + 0.5) / 101, 6)
 
 
 def test_generated_exports_uploaded_cost_the_exporter_a_bounded_amount(generated, tmp_path):
