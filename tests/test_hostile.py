@@ -77,14 +77,20 @@ print(json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
-    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(CORPUS / f"{case}.sqlite"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
+def every_command(path: Path, out: Path, timeout: float) -> dict:
+    """CHILD on one export in a fresh process: each command's result, its peak RSS asserted (from outside
+    the commands: the process's own ru_maxrss after all five)."""
+    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(path), str(out)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert results.pop("peak_rss_mb") < CASE_RSS_MB
+    return results
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
+    results = every_command(CORPUS / f"{case}.sqlite", tmp_path, 120)
     for command, result in results.items():
         err = result["stderr"]
         assert "Traceback" not in err and result["code"] != "raised", (command, err)
@@ -119,12 +125,7 @@ def test_exports_that_expand_stay_within_the_bound(case, generated, tmp_path):
     """A 4 MB file whose values claim 1 MB each through one self-linked overflow page (400 MB if they
     were read), and millions of rows at one timestamp: the CLI stays under CASE_RSS_MB, measured
     from outside (the child's peak RSS), with one line or the right answer."""
-    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(generated / f"{case}.sqlite"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
-    assert done.returncode == 0, done.stderr
-    results = json.loads(done.stdout)
-    assert results.pop("peak_rss_mb") < CASE_RSS_MB
+    results = every_command(generated / f"{case}.sqlite", tmp_path, 600)
     words = GENERATED[case][1]
     for command, result in results.items():
         assert "Traceback" not in result["stderr"] and result["code"] != "raised", (command, result["stderr"])
