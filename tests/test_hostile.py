@@ -175,6 +175,34 @@ def test_every_table_read_is_checked_whichever_module_reads_it(tmp_path):
         assert export.con.execute("select count(*) from GPU_METRICS").fetchone()[0] > 0  # plain tables read on
 
 
+@pytest.mark.parametrize("over", [False, True])
+def test_the_process_and_copy_kind_caps_at_their_boundaries(over, tmp_path):
+    from make_hostile_corpus import kernel_trace
+
+    from nsys_ingest.diagnose import diagnose
+    from nsys_ingest.kernels import MAX_COPY_KINDS, MAX_PROCESSES
+    from nsys_ingest.reader import Export, IngestError
+
+    for name, build, words in (
+            ("processes", lambda con: kernel_trace(con, MAX_PROCESSES + over, pid_of=lambda i: (1000 + i) << 24),
+             f"kernels of more than {MAX_PROCESSES} processes"),
+            ("kinds", lambda con: (kernel_trace(con), con.executemany(
+                "insert into ENUM_CUDA_MEMCPY_OPER values (?, 'K', 'kind')", ((i,) for i in range(2, MAX_COPY_KINDS + 1 + over)))),
+             f"more than {MAX_COPY_KINDS} copy kinds")):
+        path = tmp_path / f"{name}.sqlite"
+        con = sqlite3.connect(path)
+        build(con)
+        con.commit()
+        con.close()
+        with Export(path, require_metrics=False) as export:
+            if over:
+                with pytest.raises(IngestError, match=words):
+                    diagnose(export)
+            else:
+                gpu = diagnose(export)["gpus"][0]
+                assert len(gpu["processes"]) == (MAX_PROCESSES if name == "processes" else 1)
+
+
 def test_the_200k_type_ids_file_is_refused_at_once():
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "nsys_ingest", "summary", str(CORPUS / "typeids_200k.sqlite")],
