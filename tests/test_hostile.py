@@ -53,7 +53,7 @@ def test_the_corpus_is_what_the_script_makes(tmp_path):
 
 # -- every nsys_ingest command, each case in a fresh process (its time and peak RSS) ------------------
 CHILD = """
-import contextlib, io, json, resource, sys, time, traceback
+import contextlib, io, json, re, sys, time, traceback
 sys.path.insert(0, {root!r})
 from nsys_ingest.__main__ import main
 path, out = sys.argv[1], sys.argv[2]
@@ -72,7 +72,8 @@ for name, args in commands.items():
             code = "raised"
     results[name] = {{"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
                      "seconds": time.perf_counter() - started}}
-results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak since exec (ru_maxrss would start from the parent's RSS at fork).
+results["peak_rss_mb"] = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
 print(json.dumps(results))
 """
 
