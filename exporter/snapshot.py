@@ -158,15 +158,23 @@ _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def loggable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
     """`text` as one log line: control characters escaped (a path holding a newline cannot forge a
-    line), cut at `limit` characters and saying so (the same words whatever was cut: two messages alike
-    up to the cut read the same)."""
+    line), and at most about `limit` characters: a longer one keeps its start and its end (where a
+    message usually says what is wrong) around a fixed note, so two messages alike but for the middle
+    read the same."""
     text = str(text)
-    cut = text[:limit + 1]
-    escaped = _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
-                                                  else f"\\u{ord(m.group()):04x}"), cut)
-    if len(text) <= limit and len(escaped) <= limit:
-        return escaped
-    return f"{escaped[:limit]}... (cut at {limit} characters)"
+    if len(text) <= limit:
+        escaped = _escaped(text)
+        if len(escaped) <= limit:
+            return escaped
+    tail = limit // 4
+    head = _escaped(text[:limit])[:limit - tail]
+    end = _escaped(text[-tail:])[-tail:]
+    return f"{head} [... cut to {limit} characters ...] {end}"
+
+
+def _escaped(text: str) -> str:
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                                else f"\\u{ord(m.group()):04x}"), text)
 
 
 class LogOnce:

@@ -200,11 +200,41 @@ def test_log_once_escapes_caps_and_treats_alike_past_the_cap_as_one_problem(capl
     caplog.set_level(logging.INFO, logger="test.logonce")
     once = LogOnce(logger)
     once.problem("kubelet\nattribution", "IDs " + "a" * 1_000_000 + "\x1b[2J")
-    once.problem("kubelet\nattribution", "IDs " + "a" * 1_000_000 + "b")  # differs only past the cap: same line
+    once.problem("kubelet\nattribution", "IDs " + "a" * 500_000 + "b" + "a" * 500_000 + "\x1b[2J")  # differs in the cut
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1, [len(line) for line in lines]
     assert "\n" not in lines[0] and "\x1b" not in lines[0] and len(lines[0]) < MAX_LOGGED_CHARS + 300
-    assert lines[0].endswith(f"aaa... (cut at {MAX_LOGGED_CHARS} characters)")
+    assert f"aaa [... cut to {MAX_LOGGED_CHARS} characters ...] aaa" in lines[0] and lines[0].endswith("a\\x1b[2J")
     assert lines[0].startswith("kubelet\\nattribution: IDs aaa")
     once.problem("x", "a" * MAX_LOGGED_CHARS)  # at the cap: whole, no note
     assert caplog.records[-1].getMessage() == "x: " + "a" * MAX_LOGGED_CHARS
+
+
+def test_a_kubelet_answering_1_mb_device_ids_writes_short_log_lines(tmp_path):
+    """Each List answers a new 1 MB device ID (before: one 15 MB line per change): every line stays under
+    the cap, and the exporter keeps serving."""
+    from tests.kubelet_server import GPU, kubernetes_node, pod
+
+    server, args = kubernetes_node(tmp_path)
+    calls = []
+
+    def huge_ids(request, context):
+        calls.append(1)
+        return pb.ListPodResourcesResponse(pod_resources=[
+            pod("team-a", "p", {"c": [(GPU, [f"{len(calls):08d}" + "x" * (1 << 20)])]})])
+
+    from exporter.kubelet import podresources_pb2 as pb
+
+    server.service.List = huge_ids
+    server.start()
+    try:
+        with Exporter(*args, "--no-mps") as exporter, Scraper(exporter):
+            wait_for(lambda: len(calls) >= 4 and exporter.log().count("kubelet attribution") >= 2, 30, 0.2,
+                     "answers with new IDs logged")
+            log = exporter.log()
+    finally:
+        server.stop()
+    lines = [line for line in log.splitlines() if "kubelet attribution" in line]
+    assert all(line.endswith("is no GPU on this node") for line in lines)  # the end of the message is kept
+    assert lines and max(map(len, lines)) < 2500, (log[:3000], [len(line) for line in lines])
+    assert len(log) < 100_000 and "Traceback" not in log
