@@ -112,16 +112,32 @@ class Budget:
             raise IngestError(self.stopped)
 
 
-def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True) -> sqlite3.Connection:
+class UntrustedConnection(sqlite3.Connection):
+    """What connect_untrusted returns: `guard` is the TableGuard every read passes (None for scrub's copy)."""
+
+    guard = None
+
+
+def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True) -> UntrustedConnection:
     """A connection to an export that nothing in the file can abuse: read-only and immutable (no
     lock, no -wal/-shm sidecars, no journal replayed), the schema's functions untrusted, lengths and
-    expression depths bounded, and every statement stopped when `budget` is spent.
-    `readonly=False` is for scrub's private copy."""
+    expression depths bounded, every statement stopped when `budget` is spent, and every table read,
+    by whichever module, passing TableGuard. `readonly=False` is for scrub's private copy (it checks
+    every table itself: it rewrites them all)."""
     if readonly:
         uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro&immutable=1"  # '?', '#', '%' in names
-        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=UntrustedConnection)
     else:
-        con = sqlite3.connect(path, check_same_thread=False)
+        con = sqlite3.connect(path, check_same_thread=False, factory=UntrustedConnection)
+    try:
+        _harden(con, budget, readonly)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _harden(con: UntrustedConnection, budget: Budget | None, readonly: bool) -> None:
     for limit, value in SQLITE_LIMITS.items():
         con.setlimit(limit, value)
     if not readonly:
@@ -135,7 +151,9 @@ def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True)
         con.execute("pragma query_only = on")
     if budget is not None:
         con.set_progress_handler(budget.spent, PROGRESS_EVERY)
-    return con
+    if readonly:
+        con.guard = TableGuard(con, schema_objects(con))
+        con.set_authorizer(con.guard)
 
 
 def check_tables(con, tables: dict[str, str], wanted=COLUMNS) -> None:
@@ -302,7 +320,7 @@ class Export:
         self.require_metrics = require_metrics
         self.budget = budget or Budget()
         self.source_path = Path(path)
-        self.path, self.con = self.source_path, None
+        self.path, self.con, self.guard = self.source_path, None, None
         if not self.source_path.exists():
             raise IngestError(f"{path}: no such file")
         if self.source_path.is_dir():
@@ -319,10 +337,9 @@ class Export:
                               "(nsys export --type sqlite REPORT.nsys-rep)")
         try:
             self.con = connect_untrusted(self.path, self.budget)
-            objects = schema_objects(self.con)
+            self.guard = self.con.guard  # kept past close(): explain() names what it refused
+            objects = self.guard.objects
             check_tables(self.con, {name: kind for name, kind in objects.items() if kind == "table"})
-            self.guard = TableGuard(self.con, objects)
-            self.con.set_authorizer(self.guard)
             # Views and virtual tables too: a read of one is refused by the guard, naming it.
             self.tables = set(objects)
             self._load()
@@ -339,7 +356,7 @@ class Export:
             raise KeyboardInterrupt
         if self.budget.stopped:
             return IngestError(self.budget.stopped)
-        if getattr(self, "guard", None) is not None and self.guard.refused:
+        if self.guard is not None and self.guard.refused:
             return IngestError(self.guard.refused)
         text = str(exc)
         if "too big" in text:
