@@ -228,9 +228,10 @@ def test_a_kubelet_answering_1_mb_device_ids_writes_short_log_lines(tmp_path):
     server.service.List = huge_ids
     server.start()
     try:
-        with Exporter(*args, "--no-mps") as exporter, Scraper(exporter):
+        with Exporter(*args, "--no-mps") as exporter, Scraper(exporter) as scraper:
             wait_for(lambda: len(calls) >= 4 and exporter.log().count("kubelet attribution") >= 2, 30, 0.2,
                      "answers with new IDs logged")
+            wait_for(lambda: scraper.count > 20, 30, 0.1, "scrapes meanwhile")
             log = exporter.log()
     finally:
         server.stop()
