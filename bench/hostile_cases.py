@@ -8,8 +8,9 @@ full size (a 4 MB file of values on a self-linked overflow page, 10 M rows at on
 a temporary directory). Per case: the five nsys_ingest commands in one fresh process (the slowest
 command's seconds, the process's peak RSS, the exit codes), and an upload to a real exporter (seconds
 to its answer, the status, the exporter's peak RSS (VmHWM) after it, which only grows, so a case's
-cost is its step over the previous one, and what it holds after it (VmRSS)). `--code DIR` measures another source tree (e.g. a `git worktree`
-of an older commit) on the same files, so two runs back to back compare code, not inputs.
+cost is its step over the previous one, and what it holds after it (VmRSS)). `--code DIR` measures
+another source tree (e.g. a `git worktree` of an older commit) on the same files, so two runs back to
+back compare code, not inputs.
 """
 from __future__ import annotations
 
@@ -72,7 +73,8 @@ def main() -> int:
             started_rss = peak_rss_mb(exporter.proc.pid)
             for case, path in sorted(files.items()):
                 try:
-                    status, _, seconds = post(exporter.url + "/api/v1/nsys", path.read_bytes(), timeout=UPLOAD_TIMEOUT_S)
+                    status, _, seconds = post(exporter.url + "/api/v1/nsys", path.read_bytes(),
+                                              timeout=UPLOAD_TIMEOUT_S)
                 except OSError as exc:  # the exporter died or did not answer
                     status, seconds = repr(exc)[:80], None
                 cases[case].update(upload_status=status, upload_s=None if seconds is None else round(seconds, 3),

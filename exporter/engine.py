@@ -147,7 +147,8 @@ class Engine:
                 spool=self._fresh("spool", getattr(self.spool, "stats", None)),
                 slurm=slurm,
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, kubelet, slurm, self._fresh("gpm", getattr(self.gpm, "instances", None))),
+                self.workloads.update(now, views, kubelet, slurm,
+                                      self._fresh("gpm", getattr(self.gpm, "instances", None))),
                 health=self._health(),
             )
             return self.snapshot

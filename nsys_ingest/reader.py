@@ -230,7 +230,8 @@ _DESCRIBED = "typeof({c}) || ' of ' || length({c}) || iif(typeof({c}) = 'text', 
 def number(column: str, null: str = "null") -> str:
     """SQL for a column that holds numbers: the number, `null` for NULL, a text of up to 40 characters
     as stored (to name it in the error), else its description ('blob of 999264 bytes')."""
-    return (f"(case when typeof({column}) in ('integer', 'real') then {column} when typeof({column}) = 'null' then {null} "
+    return (f"(case when typeof({column}) in ('integer', 'real') then {column} "
+            f"when typeof({column}) = 'null' then {null} "
             f"when typeof({column}) = 'text' and length({column}) <= 40 then {column} "
             f"else {_DESCRIBED.format(c=column)} end)")
 

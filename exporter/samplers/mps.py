@@ -150,7 +150,8 @@ class MpsSampler:
         if key not in self._roles:
             role = None
             if stat["comm"].startswith(COMM_PREFIX):
-                argv0 = read_capped(self.proc_root / str(pid) / "cmdline", MAX_ARGV0_BYTES, truncate=True).split(b"\0", 1)[0]
+                cmdline = read_capped(self.proc_root / str(pid) / "cmdline", MAX_ARGV0_BYTES, truncate=True)
+                argv0 = cmdline.split(b"\0", 1)[0]
                 role = ROLES.get(os.path.basename(argv0.decode(errors="replace")))
             self._roles[key] = role
         return self._roles[key]

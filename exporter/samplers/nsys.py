@@ -23,8 +23,8 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
-from exporter.snapshot import (ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading,
-                               as_ratio, loggable)
+from exporter.snapshot import (ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult,
+                               SpatialReading, as_ratio, loggable)
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # a watched file must be this old before it is read: nsys may still be writing it
