@@ -135,6 +135,12 @@ class MpsSampler:
         self._control_error = ""
         self._log = LogOnce(log)
 
+    @property
+    def max_tick_seconds(self) -> float:
+        """The engine's deadline for a tick: the control queries of a tick (servers, their clients, the
+        thread percentage) may each take `timeout`."""
+        return 4 * self.timeout + 5
+
     # -- /proc ----------------------------------------------------------------------------------
     def _boot_time(self) -> float:
         if self._btime is not None:
