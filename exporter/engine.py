@@ -94,6 +94,7 @@ class Engine:
             started = time.monotonic()
             while not done.wait(0.2):  # a stuck tick returns when it returns; then a fresh one starts
                 if self._stop.is_set():
+                    done.wait(5)  # a tick in flight ends before stop() shuts NVML down (a stuck one is left)
                     return
                 if name not in self._withdrawn and time.monotonic() - started > deadline:
                     self._stuck(name, deadline)
