@@ -1,6 +1,6 @@
 """CPU cost of each NVML call the exporter makes, on this host's GPU 0.
 
-    python3 bench/nvml_call_cost.py --calls 200
+    python3 bench/nvml_call_cost.py --calls 200 [--out FILE]
 """
 import argparse
 import json
@@ -15,6 +15,7 @@ from exporter.nvml import Nvml, NvmlError  # noqa: E402
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--out", type=Path)
     args = p.parse_args()
     nvml = Nvml()
     calls = {
@@ -29,7 +30,18 @@ def main() -> int:
         "process_utilization(pynvml, two calls)": lambda: nvml._nv.nvmlDeviceGetProcessUtilization(nvml._handle(0), 0),
         "compute_processes": lambda: nvml.compute_processes(0),
         "gpm_metrics": lambda: nvml.gpm_metrics(0),
+        # issue 30: per tick the first two, every 10 s health_counters, every 60 s memory_errors, once the rest;
+        # nvml_throughput only on GPUs without GPM
+        "memory_clock_hz": lambda: nvml.memory_clock_hz(0),
+        "clock_event_reasons": lambda: nvml.clock_event_reasons(0),
+        "health_counters": lambda: nvml.health_counters(0),
+        "memory_errors": lambda: nvml.memory_errors(0),
+        "nvml_throughput": lambda: nvml.nvml_throughput(0),
+        "max_clocks": lambda: nvml.max_clocks(0),
+        "driver_version": lambda: nvml.driver_version(),
+        "xid_wait(0 ms)": lambda: nvml.xid_wait(0),
     }
+    nvml.xid_open()
     out = {}
     for name, call in calls.items():
         try:
@@ -45,6 +57,9 @@ def main() -> int:
         out[name] = {"cpu_ms": round(1000 * (time.process_time() - cpu0) / args.calls, 3),
                      "wall_ms": round(1000 * (time.perf_counter() - wall0) / args.calls, 3)}
     print(json.dumps(out, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
+    nvml.shutdown()
     return 0
 
 

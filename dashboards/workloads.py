@@ -2,9 +2,9 @@
 
 Per-workload series (docs/metrics.md, Workloads): each holder's own share, never the GPU total copied
 onto every pod. GPU-hours come from the GPU-second counters, exact over the dashboard's range."""
-from grafanalib.core import Dashboard, GridPos, Table, Templating, Time
+from grafanalib.core import Dashboard, GridPos, Templating, Time
 
-from dashboards.common import DATASOURCE, target, timeseries, variable
+from dashboards.common import INPUTS, datasource_variable, table, target, timeseries, variable
 
 UID = "gpu-workloads"
 HOST = 'instance=~"$host"'
@@ -16,11 +16,11 @@ def hours(counter: str, by: str, where: str = "") -> str:
     return f"sort_desc(sum by ({by}) (increase(gpu_workload_{counter}_gpu_seconds_total{{{selector}}}[$__range])) / 3600)"
 
 
-def ranked(title: str, by: str, where: str, pos, description: str) -> Table:
+def ranked(title: str, by: str, where: str, pos, description: str, empty: str):
     """A table of holders (`by`) with GPU-hours held, busy, SM-active, hidden-idle and held-idle."""
     columns = (("held", "held"), ("busy", "busy (time)"), ("sm_active", "SM-active"),
                ("hidden_idle", "hidden idle"), ("held_idle", "held idle"))
-    return Table(title=title, dataSource=DATASOURCE, description=description, unit="h",
+    return table(title, empty, description, unit="h",
                  targets=[target(hours(q, by, where), ref=chr(ord("A") + i), instant=True, table=True)
                           for i, (q, _) in enumerate(columns)],
                  gridPos=GridPos(h=pos[0], w=pos[1], x=pos[2], y=pos[3]),
@@ -37,20 +37,28 @@ def build() -> Dashboard:
         ranked("Namespaces: GPU-hours over the range", "namespace", 'namespace!=""', (8, 12, 0, 0),
                "Held: what the scheduler allocated. Busy: the time share of the namespace's processes (absent under "
                "MPS). SM-active: its share of the SMs (exact when alone on a GPU, else split by time share). Hidden "
-               "idle: busy while the SMs idled. Held idle: held with no CUDA process or under 1% of the time."),
+               "idle: busy while the SMs idled. Held idle: held with no CUDA process or under 1% of the time.",
+               "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources socket) no pod is known."
+               " Busy, SM-active and hidden idle stay empty under MPS (no per-client time) and busy on MIG."),
         ranked("Slurm jobs: GPU-hours over the range", "hpc_job", 'hpc_job!=""', (8, 12, 12, 0),
-               "Jobs from the job mapping directory (--hpc-job-mapping-dir), processes mapped through their cgroups."),
+               "Jobs from the job mapping directory (--hpc-job-mapping-dir), processes mapped through their cgroups.",
+               "the exporter runs without --hpc-job-mapping-dir, or no mapping file named a job in the range."),
         ranked("Pods: GPU-hours over the range, most held idle first", "namespace, pod", 'pod!=""', (9, 24, 0, 8),
-               "Each pod's own numbers, from its own processes: never its GPU's total."),
+               "Each pod's own numbers, from its own processes: never its GPU's total.",
+               "no pod held a GPU in the range (outside Kubernetes no pod is known)."),
         timeseries("Per workload: time share vs SM active",
                    [(f"gpu_workload_time_share_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}} time"),
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time"),
                     (f"gpu_workload_sm_active_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}} SM active ({{basis}})")],
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})")],
                    (9, 12, 0, 17),
                    description="Shares of the whole GPU. basis=exact: alone on the GPU; basis=time_share: the GPU's SM "
-                               "activity split by time shares. Neither exists per client under MPS."),
-        Table(title="Shared GPUs: each holder's own share", dataSource=DATASOURCE, gridPos=GridPos(h=9, w=12, x=12, y=17),
+                               "activity split by time shares.",
+                   empty="no holder runs CUDA work with a time share: under MPS NVML has no per-client time (it "
+                         "charges the MPS server), MIG devices have no per-process utilization, and outside "
+                         "Kubernetes and Slurm no holder is known."),
+        table("Shared GPUs: each holder's own share", "no GPU has two or more holders now (each is held whole, or "
+              "no holder is known).", gridPos=GridPos(h=9, w=12, x=12, y=17),
               description="GPUs with two or more holders (time-slicing or MPS replicas, Slurm sharing): held share, "
                           "time share and processes of each holder side by side.",
               targets=[target(f"gpu_workload_held_share_ratio{{{HOST}}} and on (instance, uuid) "
@@ -65,15 +73,18 @@ def build() -> Dashboard:
                                    "excludeByName": {"Time": True, "job": True, "__name__": True},
                                    "renameByName": {"Value #A": "held share", "Value #B": "time share",
                                                     "Value #C": "processes"}}}]),
-        Table(title="Held idle now", dataSource=DATASOURCE, gridPos=GridPos(h=7, w=24, x=0, y=26), unit="s",
+        table("Held idle now", "no holder has been idle for --held-idle-after (30 m by default): good news.",
+              gridPos=GridPos(h=7, w=24, x=0, y=26), unit="s",
               description="Holders idle for --held-idle-after or longer (alert GPUHeldIdle), with how long.",
               targets=[target(f"gpu_workload_idle_seconds{{{HOST}}} and on (instance, uuid, namespace, pod, container, "
-                              f"hpc_job) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
+                              f"hpc_job, claim, user) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
                                                               "renameByName": {"Value": "idle for"}}}]),
     ]
     return Dashboard(
         title="GPU workloads: held, used, wasted", uid=UID, tags=["gpu", "workloads"], refresh="30s",
-        time=Time("now-24h", "now"), templating=Templating([variable("host", "Host", "label_values(gpu_workload_held_share_ratio, instance)")]),
+        time=Time("now-24h", "now"), inputs=INPUTS,
+        templating=Templating([datasource_variable(),
+                               variable("host", "Host", "label_values(gpu_workload_held_share_ratio, instance)")]),
         panels=panels,
     ).auto_panel_ids()

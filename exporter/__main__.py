@@ -1,10 +1,12 @@
 """python -m exporter: bind the port, build the samplers from the flags, serve them (exporter/server.py).
 
-Exit codes: 0 after SIGTERM/SIGINT, 2 for bad input (a flag, a file, a port in use), one line on stderr."""
+Exit codes: 0 after SIGTERM/SIGINT (one log line, no traceback), 2 for bad input (a flag, a file, a port
+in use), one line on stderr."""
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from exporter.config import parse_args
@@ -39,41 +41,29 @@ def build_engine(args):
     if not args.no_mps:
         mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                          interval=max(args.interval, 1.0))
-    kubelet = build_kubelet(args, nvml)
-    slurm = None
-    if args.hpc_job_mapping_dir:
-        from exporter.samplers.slurm import SlurmSampler
+    from exporter.holders import build_holders
 
-        slurm = SlurmSampler(args.hpc_job_mapping_dir, nvml, proc_root=args.proc_root,
-                             interval=max(args.interval, 1.0))
+    holders = build_holders(args, nvml)
     workloads = None
-    if kubelet is not None or slurm is not None:  # outside Kubernetes and Slurm no holder is known
+    if holders:  # with no holder kind, no holder is known: no workload families
         from exporter.workloads import WorkloadAccountant
 
-        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after)
+        ctxsw = None
+        if args.workload_ctxsw:
+            from exporter.samplers.ctxsw import CtxswSampler
+
+            ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
+                                 args.ctxsw_estimator, other_sources=spatial)
+        workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, series_limit=args.holder_series_limit,
+                                       ctxsw=ctxsw)
+    elif args.workload_ctxsw:
+        log.warning("--workload-ctxsw: no holders are known here (--holders none): nothing to attribute to, "
+                    "so no capture runs")
     engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
-                    disabled_reasons=disabled, interval=args.interval, kubelet=kubelet,
+                    disabled_reasons=disabled, interval=args.interval, holders=holders,
                     process_series=(args.process_series, args.process_series_limit),
-                    spool=upload.retention if upload is not None else None, slurm=slurm, workloads=workloads)
+                    spool=upload.retention if upload is not None else None, workloads=workloads)
     return engine, upload
-
-
-def build_kubelet(args, nvml):
-    """The kubelet sampler, or None. Without --kubelet-socket it runs where the default socket exists
-    (a Kubernetes node); a socket named explicitly is watched even while it is missing."""
-    from exporter.samplers.kubelet import DEFAULT_SOCKET, KubeletSampler
-
-    socket = args.kubelet_socket
-    if socket is None:
-        if not os.path.exists(DEFAULT_SOCKET):
-            return None
-        socket = DEFAULT_SOCKET
-    if socket.lower() == "none":
-        return None
-    logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
-    log.info("pod attribution from the kubelet at %s", socket)
-    return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
-                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval))
 
 
 def limit_malloc_arenas(arenas: int = 2) -> None:
@@ -88,15 +78,32 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
-def main(argv=None) -> int:
+class Stopped(Exception):
+    """SIGTERM before the server took the signals over."""
+
+
+def _stop_on_sigterm(signum, _frame):
+    raise Stopped(signal.Signals(signum).name)
+
+
+def main(argv=None, prog: str | None = None) -> int:
     limit_malloc_arenas()
-    args = parse_args(argv)
+    # Until the server handles the signals itself: a stop while starting is a normal stop too.
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    args = parse_args(argv, prog)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from exporter.server import BindError, Limits, bind, serve
 
     try:
         sock = bind(args.listen_address, args.port)  # first: a port in use is the one thing said
         engine, upload = build_engine(args)
+        from exporter.app import create_app
+
+        app = create_app(engine, upload, api_on=not args.no_api)
+        port = sock.getsockname()[1]  # the port bound, also where --port 0 chose one
+        log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s%s)", args.listen_address,
+                 port, args.interval, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
+        serve(app, sock, Limits.from_args(args))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -105,13 +112,8 @@ def main(argv=None) -> int:
             print(exc.code, file=sys.stderr)
             return 2
         raise
-
-    from exporter.app import create_app
-
-    app = create_app(engine, upload)
-    log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s)",
-             args.listen_address, args.port, args.interval, ",".join(args.spatial_sources))
-    serve(app, sock, Limits.from_args(args))
+    except (KeyboardInterrupt, Stopped) as exc:
+        log.info("stopped by %s while starting", exc.args[0] if exc.args else "SIGINT")
     return 0
 
 

@@ -58,6 +58,10 @@ class Evidence(BaseModel):
     kernel_trace: Optional[bool] = Field(None, description="True: judged from an export's CUDA trace")
     kernel_busy_share: Ratio = None
     copy_busy_share: Ratio = None
+    sm_clock_hertz: Optional[float] = None
+    sm_clock_max_hertz: Optional[float] = None
+    clock_event_reasons: Optional[list[str]] = Field(None, description="why the clocks are below their maximum now (NVML)")
+    throttle_share: Ratio = None
 
 
 class Diagnosis(BaseModel):
@@ -92,6 +96,38 @@ class MigDevice(BaseModel):
     gpu_instance: int
     compute_instance: int
     sm_count: Optional[int] = Field(None, description="SMs of the MIG device (NVML device attributes)")
+    profile_id: Optional[int] = Field(None, description="its GPU instance's profile ID (nvidia-smi mig -lgip)")
+    placement_start: Optional[int] = Field(None, description="its GPU instance's first memory slice")
+    placement_size: Optional[int] = Field(None, description="its GPU instance's memory slices")
+
+
+class LinkThroughput(BaseModel):
+    source: str = Field(description="gpm (over its window) or nvml")
+    pcie_tx: Optional[float] = Field(None, description="bytes per second")
+    pcie_rx: Optional[float] = None
+    nvlink_tx: Optional[float] = None
+    nvlink_rx: Optional[float] = None
+
+
+class GpuHealth(BaseModel):
+    """docs/metrics.md, GPU: health. None where NVML cannot say on this GPU."""
+
+    driver_version: Optional[str] = None
+    sm_clock_max_hertz: Optional[float] = None
+    memory_clock_max_hertz: Optional[float] = None
+    clock_event_reasons: Optional[int] = Field(None, description="NVML clocks event reasons bitmask")
+    memory_temperature_celsius: Optional[float] = None
+    energy_joules: Optional[float] = None
+    encoder_utilization: Ratio = None
+    decoder_utilization: Ratio = None
+    throttle_seconds: list[tuple[str, float]] = Field(description="(reason, seconds since the driver loaded)")
+    throttle_share: Ratio = Field(None, description="share of the last window held down by power or thermal limits")
+    pcie_replays: Optional[int] = None
+    ecc_errors: list[tuple[str, str, int]] = Field(description="(corrected|uncorrected, volatile|aggregate, count)")
+    remapped_rows: list[tuple[str, int]] = Field(description="(correctable|uncorrectable, rows)")
+    row_remap_pending: Optional[bool] = None
+    row_remap_failure: Optional[bool] = None
+    links: Optional[LinkThroughput] = Field(None, description="NVML's PCIe/NVLink throughput (GPUs without GPM)")
 
 
 class Telemetry(BaseModel):
@@ -106,12 +142,19 @@ class Telemetry(BaseModel):
     mig_enabled: Optional[bool] = None
     mig_devices: list[MigDevice]
     mig_sm_count: Optional[int] = Field(None, description="SMs of the whole GPU in MIG mode")
+    memory_free_bytes: Optional[float] = None
+    memory_reserved_bytes: Optional[float] = None
+    memory_clock_hertz: Optional[float] = None
+    health: Optional[GpuHealth] = None
+    xid_counts: dict[str, int] = Field(default_factory=dict, description="XID -> events since the exporter started")
+    last_xid: Optional[int] = None
     errors: list[str]
 
 
 class Gpu(BaseModel):
     index: int = Field(description="NVML index (the `gpu` label)")
     uuid: str
+    minor: Optional[int] = Field(None, description="/dev/nvidia<minor>: DRA drivers name the GPU gpu-<minor>")
     model: str
     time_utilization: Ratio = Field(description="share of time a kernel ran, over time_window")
     time_utilization_source: Optional[str] = Field(
@@ -190,14 +233,17 @@ class WorkloadGpuSeconds(BaseModel):
     """The GPU-second counters of one holder (docs/metrics.md, Workloads), since it was first seen."""
 
     held: float
-    busy: float
+    busy: float = Field(description="GPU-seconds busy in time, every basis together")
     held_idle: float
-    sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, time_share)")
+    busy_basis: dict[str, float] = Field(default_factory=dict,
+                                         description="GPU-seconds busy in time, by the basis integrated (ctxsw, nvml)")
+    sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, ctxsw, time_share)")
     hidden_idle: dict[str, float] = Field(description="GPU-seconds busy while the SMs idled, by basis")
 
 
 class Workload(BaseModel):
-    """One holder (a Kubernetes container or a Slurm job) of one GPU: docs/metrics.md, Workloads."""
+    """One holder (a Kubernetes container, with its DRA claim where it holds the GPU through one, a Slurm
+    job or a Unix user) of one GPU: docs/metrics.md, Workloads."""
 
     gpu: int
     uuid: str
@@ -206,23 +252,46 @@ class Workload(BaseModel):
     pod: str = ""
     container: str = ""
     hpc_job: str = ""
+    claim: str = Field("", description="the DRA ResourceClaim the container holds the GPU through")
+    user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
+    held_share_basis: Literal["whole", "mig", "replicas", "capacity", "even_split"] = Field(
+        description="why held_share is what it is: a whole GPU, a MIG device's share of the SMs, k of N replicas, "
+                    "a DRA claim's consumed capacity over the device's (API server), or an even split among the "
+                    "device's allocations, jobs or users (an estimate)")
     processes: Optional[int] = Field(description="the holder's CUDA processes on the GPU; None: NVML could not say")
     pids: list[int]
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
     time_share_reason: str = Field(description="how the time share was obtained, or why there is none")
+    time_share_basis: Optional[Literal["ctxsw", "nvml"]] = Field(
+        None, description="ctxsw: resident time from the GPU's context switches; nvml: NVML per-process samples")
+    ctxsw_window: Optional[list[float]] = Field(
+        None, description="[start, end] wall time of the context-switch window behind basis ctxsw values")
     sm_active: Optional[float] = Field(None, description="GPU-equivalents of SM activity")
-    sm_active_basis: Optional[Literal["exact", "time_share"]] = None
+    sm_active_basis: Optional[Literal["exact", "ctxsw", "time_share"]] = None
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
+    folded: int = Field(0, description="the holder pod=\"other\": how many holders of the GPU beyond "
+                                       "--holder-series-limit it sums (their counters integrate into its own)")
+
+
+class CtxswGpu(BaseModel):
+    """The GPU context-switch source's state for one GPU (--workload-ctxsw)."""
+
+    gpu: int
+    uuid: str
+    state: Literal["active", "standby", "unsupported", "error", "disabled"]
+    reason: str
+    window: Optional[list[float]] = Field(None, description="[start, end] wall time of the last window captured")
 
 
 class Workloads(BaseModel):
     snapshot_version: int
     snapshot_time: float
     workloads: list[Workload]
+    ctxsw: Optional[list[CtxswGpu]] = Field(None, description="None: --workload-ctxsw is off")
 
 
 class Uploaded(BaseModel):
@@ -232,6 +301,18 @@ class Uploaded(BaseModel):
     schema_: Optional[str] = Field(None, alias="schema", description="gpu_metrics or generic_events")
 
     model_config = ConfigDict(populate_by_name=True)
+
+
+class DiagnosedPhase(BaseModel):
+    """A phase of the capture: where the activity changes, judged on its own window."""
+
+    model_config = ConfigDict(extra="allow")
+
+    window_s: list[float] = Field(description="[start, end] in seconds from the capture start")
+    activity: str = Field(description="the verdict the phase's GPU-metric buckets reach alone")
+    verdict: Optional[Diagnosis] = None
+    gpu_metrics: Optional[dict[str, float]] = None
+    kernels: Optional[int] = Field(None, description="kernels in the phase; null without a kernel trace")
 
 
 class DiagnosedGpu(BaseModel):
@@ -244,6 +325,12 @@ class DiagnosedGpu(BaseModel):
     uuid: Optional[str] = None
     sm_count: Optional[int] = None
     verdict: Optional[Diagnosis] = None
+    phases: list[DiagnosedPhase] = Field([], description="per phase where the activity changes; [] where it does not")
+
+
+class Coverage(BaseModel):
+    capture_s: list[float] = Field(description="[first, last] GPU-metric sample, seconds from the capture start")
+    kernel_trace_s: list[float] = Field(description="[first, last] kernel or copy of the trace")
 
 
 class Diagnosed(BaseModel):
@@ -253,5 +340,7 @@ class Diagnosed(BaseModel):
 
     file: str
     window_s: list[Optional[float]]
+    coverage: Optional[Coverage] = Field(None, description="what the kernel trace covers of the capture (whole-capture "
+                                                           "runs with a trace and GPU metrics; null otherwise)")
     notes: list[str]
     gpus: list[DiagnosedGpu]

@@ -1,10 +1,11 @@
 """The ASGI app: /metrics, /healthz and /api/v1 all read the engine's latest snapshot.
 
 The JSON API is a FastAPI app whose responses are typed by exporter/api_models.py (OpenAPI at
-/openapi.json, docs at /docs, committed as docs/openapi.json). In front of it, at the ASGI level: the
-/metrics fast path, and LazyApi, which answers /healthz and the lifespan itself and imports FastAPI
-only for the first request that needs it: FastAPI and pydantic cost 17 MB of resident memory
-(bench/RESULTS.md), which a node that is only scraped and probed never pays."""
+/openapi.json, docs at /docs with Swagger UI's files served from the package, committed as
+docs/openapi.json). In front of it, at the ASGI level: the /metrics fast path, and LazyApi, which
+answers /healthz and the lifespan itself and imports FastAPI only for the first request that needs
+it: FastAPI and pydantic cost 19 MB of resident memory (bench/RESULTS.md), which a node that is only
+scraped and probed never pays; `--no-api` switches the API off altogether."""
 import asyncio
 import dataclasses
 import json
@@ -39,6 +40,7 @@ def gpu_json(view, kubelet) -> dict:
     return {
         "index": view.identity.index,
         "uuid": view.identity.uuid,
+        "minor": view.identity.minor,
         "model": view.identity.model,
         "time_utilization": view.time_utilization,
         "time_utilization_source": time_utilization_source(view),
@@ -63,6 +65,12 @@ def gpu_json(view, kubelet) -> dict:
             "mig_enabled": tel.mig_enabled,
             "mig_devices": [dataclasses.asdict(m) for m in tel.mig_devices],
             "mig_sm_count": tel.mig_sm_count,
+            "memory_free_bytes": tel.memory_free_bytes,
+            "memory_reserved_bytes": tel.memory_reserved_bytes,
+            "memory_clock_hertz": tel.memory_clock_hertz,
+            "health": None if tel.health is None else dataclasses.asdict(tel.health),
+            "xid_counts": {str(xid): count for xid, count in tel.xid_counts},
+            "last_xid": tel.last_xid,
             "errors": list(tel.errors),
         },
     }
@@ -87,6 +95,14 @@ def workload_json(record) -> dict:
     return record.to_json()
 
 
+def ctxsw_json(states) -> list[dict] | None:
+    """The context-switch source's per-GPU states (WorkloadAccountant.ctxsw_states), or None when off."""
+    if states is None:
+        return None
+    return [{"gpu": gpu.index, "uuid": gpu.uuid, "state": s.state, "reason": s.reason,
+             "window": None if s.window_end is None else [s.window_start, s.window_end]} for gpu, s in states]
+
+
 def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
     """/healthz: 503 when the samplers stopped, or when NVML was asked for and no GPU is known (a GPU
     node whose driver is missing is not healthy); 200 with status no_gpu where no GPU is what was asked
@@ -107,6 +123,12 @@ def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
 UPLOAD_BODY = {"requestBody": {"required": True, "description": "an Nsight Systems export (.sqlite), raw bytes",
                                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
 UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"
+API_OFF = b'{"error":"the JSON API is off (--no-api): this exporter serves /metrics and /healthz only"}'
+# Swagger UI's files, as the fastapi-offline package ships them (Swagger UI 5, Apache-2.0): /docs
+# needs no CDN, so it works on an air-gapped cluster.
+DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
+# Endpoints that read a query string; every other request's is dropped before the framework parses it.
+TAKES_QUERY: frozenset = frozenset()
 
 
 def nvml_enabled(engine) -> bool:
@@ -130,7 +152,7 @@ def api(engine, upload=None):
         404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token)"},
         413: {"model": models.Error, "description": "larger than --nsys-upload-max-bytes"},
     }
-    app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None,
+    app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None, docs_url=None,
                   description="GPU time utilization next to spatial utilization (SM activity), per GPU and per "
                               "workload. Prometheus metrics: GET /metrics (text exposition; docs/metrics.md).")
     bearer = HTTPBearer(auto_error=False, description="the exporter's --nsys-upload-token")
@@ -161,13 +183,15 @@ def api(engine, upload=None):
 
     @app.get("/api/v1/workloads", response_model=models.Workloads)
     async def workloads():
-        """Holders of each GPU (Kubernetes containers, Slurm jobs) and what they do with it."""
+        """Holders of each GPU (Kubernetes containers and DRA claims, Slurm jobs, Unix users) and what they do with it."""
         snapshot = engine.snapshot
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
-                "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())]}
+                "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],
+                "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None))}
 
-    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, responses=upload_errors,
-              openapi_extra=UPLOAD_BODY)
+    @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,
+              responses={**upload_errors, 409: {"model": models.Error, "description": "the exporter runs --replay: "
+                                                "it publishes no other export"}})
     async def nsys_upload(request: Request, _token=Security(bearer)):
         """Upload an export into the spool the nsys source publishes from (validated first)."""
         if upload is None:
@@ -182,17 +206,50 @@ def api(engine, upload=None):
             return JSONResponse({"error": UPLOADS_OFF}, status_code=404)
         return await upload.diagnose(request)
 
+    serve_docs(app)
     return app
+
+
+def serve_docs(app) -> None:
+    """/docs: FastAPI's Swagger UI page, its script, style and icon served from the installed package."""
+    from importlib.resources import files
+    from pathlib import Path as FilePath
+
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import FileResponse, JSONResponse
+
+    try:
+        static = FilePath(str(files("fastapi_offline") / "static"))
+    except ModuleNotFoundError:  # a source tree run without `pip install .`: the rest of the API works
+        static = None
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs():
+        if static is None:
+            return JSONResponse({"error": "Swagger UI's files are missing: pip install fastapi-offline (or the "
+                                          "project: pip install .); /openapi.json is served"}, status_code=404)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - API",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon.png")
+
+    @app.get("/docs/assets/{name}", include_in_schema=False)
+    async def docs_asset(name: str):
+        if name not in DOCS_ASSETS or static is None:
+            return JSONResponse({"error": f"no asset {name!r}: /docs uses {', '.join(DOCS_ASSETS)}"}, status_code=404)
+        # Streamed in chunks: a client that does not read holds one chunk, not the 1.5 MB script.
+        return FileResponse(static / name, media_type=DOCS_ASSETS[name], headers={"cache-control": "max-age=86400"})
 
 
 class LazyApi:
     """ASGI: runs the engine over the server's lifespan and answers /healthz itself; everything else
     goes to the FastAPI app, imported and built (in a thread: scrapes go on meanwhile) on the first
-    request that needs it."""
+    request that needs it, or, with the API off, is answered 404 with why."""
 
-    def __init__(self, engine, upload=None):
+    def __init__(self, engine, upload=None, api_on: bool = True):
         self._engine = engine
         self._upload = upload
+        self._api_on = api_on
         self._app = None
         self._loading = asyncio.Lock()
 
@@ -201,11 +258,12 @@ class LazyApi:
             await self._lifespan(receive, send)
         elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
             body, status = health_json(self._engine.snapshot, self._engine.interval, nvml_enabled(self._engine))
-            data = json.dumps(body, separators=(",", ":")).encode()
-            await send({"type": "http.response.start", "status": status,
-                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
-            await send({"type": "http.response.body", "body": data if scope["method"] == "GET" else b""})
+            await _send_json(send, scope, status, json.dumps(body, separators=(",", ":")).encode())
+        elif not self._api_on:
+            await _send_json(send, scope, 404, API_OFF)
         else:
+            if scope["type"] == "http" and scope["path"] not in TAKES_QUERY:
+                scope["query_string"] = b""  # parsing 60 KB of `a=1&` cost the framework 28x a plain request
             await (await self.app())(scope, receive, send)
 
     async def app(self):
@@ -230,6 +288,12 @@ class LazyApi:
                 return
 
 
-def create_app(engine, upload=None) -> MetricsFastPath:
-    """The ASGI app: the JSON API (loaded on first use) behind the /metrics fast path."""
-    return MetricsFastPath(LazyApi(engine, upload), MetricsCache(engine, build_registry(engine)))
+async def _send_json(send, scope, status: int, data: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data if scope["method"] != "HEAD" else b""})
+
+
+def create_app(engine, upload=None, api_on: bool = True) -> MetricsFastPath:
+    """The ASGI app: the JSON API (loaded on first use, or off) behind the /metrics fast path."""
+    return MetricsFastPath(LazyApi(engine, upload, api_on), MetricsCache(engine, build_registry(engine)))

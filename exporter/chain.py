@@ -1,6 +1,7 @@
 """The per-GPU spatial source chain and the GPU views built from the samplers' latest snapshots."""
 from __future__ import annotations
 
+from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.samplers.nvml import window_mean
 from nsys_ingest.verdicts import Evidence, judge, sharing_mode
 from exporter.snapshot import (
@@ -91,7 +92,14 @@ def build_view(
             time_util, time_window = spatial.time_utilization, (spatial.window_start, spatial.window_end)
     mode, diagnosis = diagnose(telemetry if live else None, spatial, busy if busy is not None else time_util, mps)
     return GpuView(identity, telemetry, time_util, memory_util, time_window, spatial, hidden, statuses,
-                   mode, diagnosis)
+                   mode, diagnosis, links(results.get("gpm"), telemetry) if live else None)
+
+
+def links(gpm: SourceResult | None, telemetry: DeviceTelemetry):
+    """PCIe and NVLink throughput: GPM's over its window where it measures them, else NVML's."""
+    if gpm is not None and gpm.links is not None:
+        return gpm.links
+    return telemetry.health.links if telemetry.health is not None else None
 
 
 def time_utilization_source(view: GpuView) -> str | None:
@@ -112,6 +120,8 @@ def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps
         kinds = [p.kind for p in telemetry.compute_processes]
         mode = sharing_mode(kinds.count("time_sliced"), kinds.count("mps"), telemetry.mig_enabled)
         processes = len(kinds) - kinds.count("mps_server")
+    health = telemetry.health if telemetry is not None else None
+    bits = health.clock_event_reasons if health is not None else None
     evidence = Evidence(
         time_utilization=busy,
         sm_active=spatial.sm_active if spatial else None,
@@ -119,6 +129,10 @@ def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps
         sharing_mode=mode,
         processes=processes,
         mps_server_faults_per_s=None if telemetry is None else _mps_server_faults(telemetry, mps, mode),
+        sm_clock_hertz=telemetry.sm_clock_hertz if telemetry is not None else None,
+        sm_clock_max_hertz=health.sm_clock_max_hertz if health is not None else None,
+        clock_event_reasons=None if bits is None else tuple(r for r, bit in CLOCK_EVENT_REASONS.items() if bits & bit),
+        throttle_share=health.throttle_share if health is not None else None,
     )
     verdict = judge(evidence)
     return mode, (verdict, evidence) if verdict else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from nsys_ingest.commandline import add_version, prog_name
+
 ENV_PREFIX = "GPU_EXPORTER_"
 DEFAULT_PORT = 9478  # 9400 is dcgm-exporter's and 9100 node-exporter's
 SOURCES = ("dcgm", "gpm", "nsys")
@@ -21,11 +23,24 @@ def _source_list(text: str) -> tuple[str, ...]:
     return names
 
 
-def _interval(text: str) -> float:
-    value = float(text)
-    if not 0.1 <= value <= 60:
-        raise argparse.ArgumentTypeError("interval must be between 0.1 and 60 seconds")
-    return value
+HOLDER_KINDS = ("kubelet", "slurm", "users")
+
+
+def _holder_kinds(text: str) -> tuple[str, ...]:
+    names = tuple(s.strip() for s in text.split(",") if s.strip())
+    if names in (("auto",), ("none",)):
+        return names
+    unknown = [n for n in names if n not in HOLDER_KINDS]
+    if unknown or not names or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"want auto, none or a list of distinct kinds from {','.join(HOLDER_KINDS)}, "
+                                         f"got {text!r}")
+    return names
+
+
+def _api_server(text: str) -> str:
+    if text in ("auto", "off") or text.startswith(("http://", "https://")):
+        return text
+    raise argparse.ArgumentTypeError(f"want auto, off or an http(s):// URL, got {text!r}")
 
 
 def _scaled(text: str, units: dict, what: str) -> float:
@@ -48,15 +63,24 @@ def _duration(text: str) -> float:
     return _scaled(text, {"d": 86400, "h": 3600, "m": 60, "s": 1}, "duration in seconds")
 
 
-def _at_least(convert, minimum, what: str):
-    """`convert`, refusing values under `minimum` (timeouts of 0, a bound of no connections)."""
+def _at_least(convert, minimum, what: str, maximum=None):
+    """`convert`, refusing values under `minimum` (timeouts of 0, a bound of no connections) or over
+    `maximum`."""
     def checked(text):
-        value = convert(text)
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{text!r}: want {what} of at least {minimum}")
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: want {what}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"{text!r}: want {what} of at least {minimum}" if maximum is None
+                                             else f"{text!r}: want {what} from {minimum} to {maximum}")
         return value
     checked.__name__ = convert.__name__  # the help shows defaults by the converter's name
     return checked
+
+
+_port = _at_least(int, 0, "a port number", 65535)  # 0: any free port (the log names the one bound)
+_interval = _at_least(_duration, 0.1, "an interval", 60)
 
 
 def _bool(text: str) -> bool:
@@ -131,7 +155,7 @@ def _apply_environment(parser: argparse.ArgumentParser) -> None:
     """Takes each flag's default from its environment variable, and says so in --help."""
     for action in parser._actions:
         flag = next((n for n in action.option_strings if n.startswith("--")), None)
-        if flag is None or flag == "--help":
+        if flag is None or flag in ("--help", "--version"):
             continue
         env = _env_name(flag)
         action.help = f"{action.help or ''} [env {env}]".strip()
@@ -147,17 +171,22 @@ def _apply_environment(parser: argparse.ArgumentParser) -> None:
             parser.error(f"{env}={raw!r}: {exc}")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m exporter",
+        prog=prog or prog_name("exporter"),
         description="GPU utilization exporter: NVML time utilization next to spatial utilization "
                     "(DCGM profiling, NVML GPM or Nsight Systems GPU metrics), and CUDA MPS daemons.",
         formatter_class=_HelpFormatter,
     )
+    add_version(p)
     g = p.add_argument_group("serving")
     g.add_argument("--listen-address", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
-    g.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of /metrics, /healthz and /api/v1")
-    g.add_argument("--interval", type=_interval, default=1.0, help="sampling interval in seconds (0.1 to 60)")
+    g.add_argument("--port", type=_port, default=DEFAULT_PORT,
+                   help="port of /metrics, /healthz and /api/v1 (0: any free port, named in the log)")
+    g.add_argument("--interval", type=_interval, default=1.0, help="sampling interval (0.1 s to 60 s)")
+    g.add_argument("--no-api", action="store_true",
+                   help="switch the JSON API off (/api/*, /docs: 404): a node that is only scraped never loads "
+                        "FastAPI (19 MB); /metrics and /healthz answer as ever")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"], help="log level")
     # HTTP limits (exporter/server.py): what one client can cost the exporter.
     g.add_argument("--http-max-connections", type=_at_least(int, 2, "a bound"), default=512,
@@ -187,20 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read DCGM profiling fields from this dcgm-exporter /metrics (e.g. http://dcgm-exporter:9400/metrics)")
     g.add_argument("--dcgm-hostengine", default=None,
                    help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
-    g.add_argument("--dcgm-timeout", type=float, default=2.0, help="timeout of one dcgm-exporter scrape, seconds")
+    g.add_argument("--dcgm-timeout", type=_duration, default=2.0, help="timeout of one dcgm-exporter scrape")
     g.add_argument("--dcgm-frozen-after", type=_duration, default=30.0,
                    help="time of exactly repeated non-zero DCGM values after which they count as frozen "
                         "(dcgm-exporter repeats its last values when its host engine restarts or hangs)")
-    g.add_argument("--dcgm-window", type=float, default=1.0,
-                   help="seconds of GPU time a DCGM value describes (dcgm-exporter's collect interval)")
+    g.add_argument("--dcgm-window", type=_duration, default=1.0,
+                   help="GPU time a DCGM value describes (dcgm-exporter's collect interval)")
 
     g = p.add_argument_group("nsys")
     g.add_argument("--replay", metavar="FILE", default=None,
                    help="publish a recorded Nsight Systems export (.sqlite) as a live stream, in a loop")
     g.add_argument("--nsys-watch-dir", default=None,
                    help="directory where Nsight Systems exports (.sqlite) appear; the newest window per GPU is published")
-    g.add_argument("--nsys-window", type=float, default=5.0,
-                   help="seconds of an export published as one window (watch and replay), and of one live capture")
+    g.add_argument("--nsys-window", type=_duration, default=5.0,
+                   help="time of an export published as one window (watch and replay), and of one live capture")
     g.add_argument("--nsys-live", action="store_true",
                    help="profile GPUs that neither DCGM nor GPM serves with `nsys profile` in short windows")
     g.add_argument("--nsys-frequency", type=int, default=100, help="GPU metrics sampling frequency of live captures, Hz")
@@ -226,34 +255,70 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--mps-pipe-dir", default=os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
                    help="MPS control pipe directory (CUDA_MPS_PIPE_DIRECTORY)")
     g.add_argument("--mps-control-binary", default="nvidia-cuda-mps-control", help="the MPS control program")
-    g.add_argument("--mps-timeout", type=float, default=2.0, help="timeout of one MPS control query, seconds")
+    g.add_argument("--mps-timeout", type=_duration, default=2.0, help="timeout of one MPS control query")
     g = p.add_argument_group("kubernetes")
     g.add_argument("--kubelet-socket", default=None,
                    help="the kubelet's PodResources socket, for the pods holding each GPU; 'none' to switch off "
                         "(default: /var/lib/kubelet/pod-resources/kubelet.sock when it exists at start)")
-    g.add_argument("--kubelet-interval", type=float, default=5.0, help="seconds between two PodResources List calls")
+    g.add_argument("--kubelet-interval", type=_duration, default=5.0, help="time between two PodResources List calls")
     g.add_argument("--kubelet-container-logs", default="/var/log/containers",
                    help="the kubelet's container log links, whose names map a process's container ID to its pod "
                         "(only names are read); 'none' to label processes by command only")
+    g.add_argument("--kubernetes-api", type=_api_server, default="auto",
+                   help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
+                        "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
+                        "http://127.0.0.1:8001); needs get and list on resourceclaims and resourceslices")
     g.add_argument("--process-series", choices=["container", "pid", "off"], default="container",
                    help="per-process utilization series: summed per container (pod) or command, per pid "
                         "(a new series per process), or none")
     g.add_argument("--process-series-limit", type=int, default=20,
                    help="at most this many per-process series per GPU; the rest are summed as command=\"other\"")
     g = p.add_argument_group("workloads")
+    g.add_argument("--holders", type=_holder_kinds, default=("auto",),
+                   help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
+                        "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
+                        "kubelet, slurm, users")
+    g.add_argument("--holder-series-limit", type=_at_least(int, 1, "a limit"), default=64,
+                   help="at most this many holders published per GPU (workload series and gpu_pod_info); the least "
+                        "busy of the rest are summed as one holder pod=\"other\", counters included")
+    g.add_argument("--passwd", metavar="FILE", default=None,
+                   help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
+                        "where unreadable, users are labelled by uid)")
     g.add_argument("--hpc-job-mapping-dir", default=None,
                    help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
                         "listing the job IDs holding it; processes are mapped to jobs through their cgroup")
     g.add_argument("--held-idle-after", type=_duration, default=1800.0,
-                   help="a holder with no CUDA process on its GPU, or under 1%% of its time, for this long is held "
-                        "idle (gpu_workload_held_idle; suffixes s, m, h, d)")
+                   help="a holder with no CUDA process on its GPU, or under 1% of its time, for this long is held "
+                        "idle (gpu_workload_held_idle)")
+    g.add_argument("--workload-ctxsw", action="store_true",
+                   help="time shares and SM activity per holder from the GPUs' own context switches: runs `nsys "
+                        "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
+                        "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
+    g.add_argument("--ctxsw-window", type=_duration, default=10.0, help="length of one context-switch capture")
+    g.add_argument("--ctxsw-period", type=_duration, default=60.0,
+                   help="one capture starts every this long (the duty is window / period)")
+    g.add_argument("--ctxsw-frequency", type=int, default=1000, help="GPU metrics sampling frequency of the captures, Hz")
+    g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
+                   help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
     _apply_environment(p)
     return p
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
+    if args.workload_ctxsw and not 1.0 <= args.ctxsw_window < args.ctxsw_period:
+        parser.error(f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
+                     f"{args.ctxsw_period:g}s")
+    if args.workload_ctxsw and args.nsys_live:
+        parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
+                     "session at a time can do: choose one")
+    if args.workload_ctxsw and not 10 <= args.ctxsw_frequency <= 10000:
+        parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (1000 resolves ~2 ms slices; "
+                     "10 kHz already makes ~180 MB a second of raw stream)")
+    if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
+        parser.error("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "
+                     "drop the upload token or --no-api")
     if args.nsys_upload_token_file:
         if args.nsys_upload_token:
             parser.error("give the upload token once: --nsys-upload-token-file or --nsys-upload-token "

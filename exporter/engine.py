@@ -1,9 +1,11 @@
 """Runs the samplers in background threads and publishes one immutable Snapshot after each tick."""
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
+from dataclasses import replace
 
 from exporter.chain import build_view
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
@@ -13,18 +15,23 @@ log = logging.getLogger(__name__)
 # values are withdrawn until it returns. A thread cannot be killed in Python, so ticks run in a worker
 # thread each and the loop itself never waits past the deadline.
 TICK_DEADLINE_S = 10.0
+# Loops that map processes to holders on NVML's GPUs: started once NVML's first tick has listed them
+# (or failed to), so their first tick does not report "no GPU" on a host that has some.
+AFTER_NVML = ("kubelet", "slurm")
+NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
 
 
 class Engine:
     """Owns the samplers. Scrapes and API calls only read `snapshot`: no device call on their path.
 
     nvml: NvmlSampler; gpm: GpmSource (ticked in the NVML thread, same window as time utilization);
-    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None.
+    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None;
+    holders: holder samplers of every kind (exporter/holders.py), each in its own thread.
     """
 
     def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
-                 disabled_reasons=None, interval: float = 1.0, kubelet=None, process_series=("container", 20),
-                 spool=None, slurm=None, workloads=None):
+                 disabled_reasons=None, interval: float = 1.0, holders=(), process_series=("container", 20),
+                 spool=None, workloads=None):
         self.nvml = nvml
         self.gpm = gpm
         self.spatial = dict(spatial or {})
@@ -32,14 +39,14 @@ class Engine:
         self.order = tuple(order)
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
-        self.kubelet = kubelet
-        self.slurm = slurm  # exporter.samplers.slurm.SlurmSampler, or None
+        self.holders = tuple(holders)
         # exporter.workloads.WorkloadAccountant: per-holder views and counters, or None (no holders known)
         self.workloads = workloads
         self.spool = spool  # exporter.spool.SpoolRetention of the upload spool, or None
         self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._nvml_ticked = threading.Event()
         self._threads: list[threading.Thread] = []
         self._version = 0
         self._log = LogOnce(log)
@@ -52,7 +59,10 @@ class Engine:
     def tick_devices(self) -> None:
         if self.gpm is not None:
             self.gpm.tick(self.nvml.backend, self.nvml.gpus, self.nvml.telemetry)
-        self.nvml.tick()
+        try:
+            self.nvml.tick()
+        finally:
+            self._nvml_ticked.set()
 
     def loops(self):
         """(name, function, interval) of every background loop."""
@@ -61,27 +71,39 @@ class Engine:
             yield source.name, source.tick, getattr(source, "interval", self.interval)
         if self.mps is not None:
             yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
-        if self.kubelet is not None:
-            yield "kubelet", self.kubelet.tick, self.kubelet.interval
-        if self.slurm is not None:
-            yield "slurm", self.slurm.tick, self.slurm.interval
+        for holder in self.holders:
+            yield holder.name, holder.tick, holder.interval
         if self.spool is not None:
             yield "spool", self.spool.tick, self.spool.interval
+        for sampler in getattr(self.workloads, "samplers", ()):  # the workload view's own (ctxsw)
+            yield sampler.name, sampler.tick, sampler.interval
 
     def start(self) -> None:
         for name, fn, interval in self.loops():
-            thread = threading.Thread(target=self._run, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
+            target = self._run_after_nvml if name in AFTER_NVML else self._run
+            thread = threading.Thread(target=target, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
+    def _run_after_nvml(self, name, fn, interval) -> None:
+        # Stopping meanwhile also ends the wait; _run then returns at once.
+        deadline = time.monotonic() + NVML_FIRST_TICK_WAIT_S
+        while not self._nvml_ticked.is_set() and not self._stop.is_set() and time.monotonic() < deadline:
+            self._nvml_ticked.wait(0.1)
+        self._run(name, fn, interval)
+
     def stop(self) -> None:
         self._stop.set()
+        for sampler in getattr(self.workloads, "samplers", ()):  # a capture in flight ends now, not after the join
+            sampler.close()
         for thread in self._threads:
             thread.join(timeout=5)
+        if hasattr(self.nvml, "close"):
+            self.nvml.close()  # its XID watcher, before NVML shuts down
         closer = getattr(self.nvml.backend, "shutdown", None)
         if closer:
             closer()
-        for source in (*self.spatial.values(), self.kubelet):
+        for source in (*self.spatial.values(), *self.holders):
             if hasattr(source, "close"):
                 source.close()
 
@@ -137,18 +159,16 @@ class Engine:
             self._version += 1
             now = time.time()
             views = self._views()
-            kubelet = self._fresh("kubelet", getattr(self.kubelet, "snapshot", None))
-            slurm = self._fresh("slurm", getattr(self.slurm, "snapshot", None))
+            holders = [h for h in self.holders if h.name not in self._withdrawn]
             self.snapshot = Snapshot(
                 version=self._version,
                 created=now,
                 gpus=views,
                 mps=self._fresh("mps", getattr(self.mps, "snapshot", None)),
-                kubelet=kubelet,
+                holders={h.name: h.snapshot for h in holders if h.snapshot is not None},
                 spool=self._fresh("spool", getattr(self.spool, "stats", None)),
-                slurm=slurm,
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, kubelet, slurm,
+                self.workloads.update(now, views, [h.holdings for h in holders],
                                       self._fresh("gpm", getattr(self.gpm, "instances", None))),
                 health=self._health(),
             )
@@ -162,12 +182,13 @@ class Engine:
             health[name] = source.health
         if self.mps is not None:
             health["mps"] = self.mps.health
-        if self.kubelet is not None:
-            health["kubelet"] = self.kubelet.health
-        if self.slurm is not None:
-            health["slurm"] = self.slurm.health
+        for holder in self.holders:
+            health[holder.name] = holder.health
+            health.update(holder.more_health())
         if self.spool is not None:
             health["spool"] = self.spool.health
+        for sampler in getattr(self.workloads, "samplers", ()):
+            health[sampler.name] = sampler.health
         for name, crashed in self._crashed.items():
             for collector in (name, "gpm") if name == "nvml" else (name,):  # GPM ticks in the NVML loop
                 if collector in health:
@@ -179,10 +200,17 @@ class Engine:
         if self.gpm is not None:
             sources["gpm"] = self.gpm
         identities: dict[str, GpuIdentity] = {gpu.uuid: gpu for gpu in self.nvml.gpus}
-        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's.
+        # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's, under
+        # an index of their own: an export's GPU 0 next to NVML's GPU 0 becomes GPU 1 (label gpu="1").
+        taken = {gpu.index for gpu in self.nvml.gpus}
         for source in sources.values():
             for uuid, ident in getattr(source, "identities", {}).items():
-                identities.setdefault(uuid, ident)
+                if uuid in identities:
+                    continue
+                if ident.index in taken:
+                    ident = replace(ident, index=next(i for i in itertools.count() if i not in taken))
+                taken.add(ident.index)
+                identities[uuid] = ident
         views = []
         for uuid, ident in identities.items():
             results = {name: self._fresh(name, src.results.get(uuid)) for name, src in sources.items()}

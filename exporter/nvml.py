@@ -17,13 +17,39 @@ GPM_METRICS = {
     "sm_occupancy": 3,  # NVML_GPM_METRIC_SM_OCCUPANCY
     "tensor_active": 5,  # NVML_GPM_METRIC_ANY_TENSOR_UTIL
     "dram_active": 10,  # NVML_GPM_METRIC_DRAM_BW_UTIL
+    # Interconnect throughput in MiB/s (not spatial: exporter/samplers/gpm.py keeps them apart).
+    "pcie_tx": 20,  # NVML_GPM_METRIC_PCIE_TX_PER_SEC
+    "pcie_rx": 21,  # NVML_GPM_METRIC_PCIE_RX_PER_SEC
+    "nvlink_rx": 60,  # NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
+    "nvlink_tx": 61,  # NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
 }
+SPATIAL_GPM_METRICS = ("graphics_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active")
 GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 MEMORY_UTILIZATION_SAMPLES = 2  # NVML_MEMORY_UTILIZATION_SAMPLES
 SAMPLE_BUFFER = 256  # utilization samples read in one call (NVML keeps about 100 per kind)
 PROCESS_BUFFER = 512  # per-process samples read in one call; more falls back to pynvml's two calls
 SM_CLOCK = 1  # NVML_CLOCK_SM
+MEM_CLOCK = 2  # NVML_CLOCK_MEM
 TEMPERATURE_GPU = 0  # NVML_TEMPERATURE_GPU
+# Field values (nvml.h NVML_FI_DEV_*), read many at a time with nvmlDeviceGetFieldValues. The perf policy
+# counters are what nvmlDeviceGetViolationStatus (deprecated for them) answers: time the clocks were held
+# down, by reason, in ns since the driver loaded.
+VIOLATION_FIELDS = {"power": 74, "thermal": 75, "sync_boost": 76, "board_limit": 77, "low_utilization": 78,
+                    "reliability": 79}
+FIELD_TOTAL_ENERGY_MJ = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, mJ since the driver loaded
+FIELD_PCIE_REPLAYS = 94  # NVML_FI_DEV_PCIE_REPLAY_COUNTER
+ECC_FIELDS = {"corrected_volatile": 3, "uncorrected_volatile": 4, "corrected_aggregate": 5,
+              "uncorrected_aggregate": 6}  # NVML_FI_DEV_ECC_{SBE,DBE}_{VOL,AGG}_TOTAL
+REMAPPED_ROW_FIELDS = {"correctable": 142, "uncorrectable": 143, "pending": 144, "failure": 145}  # NVML_FI_DEV_REMAPPED_*
+# nvmlDeviceGetCurrentClocksEventReasons bits (nvmlClocksEventReason*): why the clocks are below their maximum now.
+CLOCK_EVENT_REASONS = {"gpu_idle": 0x1, "applications_clocks_setting": 0x2, "sw_power_cap": 0x4,
+                       "hw_slowdown": 0x8, "sync_boost": 0x10, "sw_thermal_slowdown": 0x20,
+                       "hw_thermal_slowdown": 0x40, "hw_power_brake_slowdown": 0x80, "display_clock_setting": 0x100}
+FIELD_MEMORY_TEMP = 82  # NVML_FI_DEV_MEMORY_TEMP
+FIELD_NVLINK_DATA_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: KiB since driver load
+FIELD_NVLINK_DATA_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
+ALL_LINKS = 0xFFFFFFFF  # a field's scopeId for the sum over every NVLink
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the XID
 
 
 class NvmlError(Exception):
@@ -58,6 +84,9 @@ class Nvml:
         self._gpm_previous: dict[int, tuple[object, float]] = {}
         self._gpm_spare: dict[int, object] = {}
         self._last_sample_us: dict[tuple[int, int], int] = {}
+        self._xid_lock = threading.Lock()  # held while waiting: the set is never freed under a waiter
+        self._xid_set = None
+        self._gpm_wanted = tuple(GPM_METRICS)  # SPATIAL_GPM_METRICS once a driver refused the others
         self._call("nvmlInit", pynvml.nvmlInit)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -106,6 +135,7 @@ class Nvml:
 
     # -- the interface --------------------------------------------------------------------------
     def shutdown(self) -> None:
+        self.xid_close()
         for sample in [s for s, _ in self._gpm_previous.values()] + list(self._gpm_spare.values()):
             try:
                 self._nv.nvmlGpmSampleFree(sample)
@@ -127,7 +157,16 @@ class Nvml:
         return {
             "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
             "model": self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)),
+            "minor": self._minor(h),
         }
+
+    def _minor(self, handle) -> int | None:
+        """The /dev/nvidia<minor> number: what DRA drivers name a GPU by (gpu-<minor>); None where NVML
+        cannot say (not on Windows, nor for MIG devices)."""
+        try:
+            return int(self._nv.nvmlDeviceGetMinorNumber(handle))
+        except Exception:  # noqa: BLE001 - N/A, not a failure: DRA names then resolve through the API server
+            return None
 
     def gpm_support(self, index: int) -> dict:
         """Whether GPM serves this GPU, with the reason when not (GPM exists from Hopper on)."""
@@ -200,8 +239,20 @@ class Nvml:
         return {"gpu": float(rates.gpu), "memory": float(rates.memory)}
 
     def memory(self, index: int) -> dict:
-        info = self._call("nvmlDeviceGetMemoryInfo", self._nv.nvmlDeviceGetMemoryInfo, self._handle(index))
-        return {"used": int(info.used), "total": int(info.total)}
+        """Device memory in bytes. `used` is total - free as it always was (the driver's reserved memory
+        included); `reserved` apart where the driver has nvmlDeviceGetMemoryInfo_v2 (R510 and newer)."""
+        nv, h = self._nv, self._handle(index)
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None:
+            try:
+                info = self._call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, h, version)
+                return {"used": int(info.total - info.free), "total": int(info.total), "free": int(info.free),
+                        "reserved": int(info.reserved)}
+            except NvmlError as exc:
+                if not exc.unsupported:
+                    raise
+        info = self._call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, h)
+        return {"used": int(info.used), "total": int(info.total), "free": int(info.free)}
 
     def power_watts(self, index: int) -> float:
         return self._call("nvmlDeviceGetPowerUsage", self._nv.nvmlDeviceGetPowerUsage, self._handle(index)) / 1000.0
@@ -278,14 +329,26 @@ class Nvml:
                     mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(h, slot)
                 except nv.NVMLError:  # an empty slot
                     continue
+                gpu_instance = int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig))
                 devices.append({
                     "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
-                    "gpu_instance": int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig)),
+                    "gpu_instance": gpu_instance,
                     "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
                                                        nv.nvmlDeviceGetComputeInstanceId, mig)),
                     "sm_count": self._sm_count(mig),
+                    **self._gpu_instance_placement(h, gpu_instance),
                 })
         return {"enabled": enabled, "devices": devices, "sm_count": self._full_gpu_instance_sms(h) if enabled else None}
+
+    def _gpu_instance_placement(self, handle, gpu_instance: int) -> dict:
+        """The GPU instance's profile ID and placement (start, size in memory slices): with the parent's
+        minor, the name DRA drivers give a MIG device. Empty where NVML cannot say."""
+        try:
+            info = self._nv.nvmlGpuInstanceGetInfo(self._nv.nvmlDeviceGetGpuInstanceById(handle, gpu_instance))
+            return {"profile_id": int(info.profileId), "placement_start": int(info.placement.start),
+                    "placement_size": int(info.placement.size)}
+        except Exception:  # noqa: BLE001 - N/A (an unprivileged reader): MIG claims then resolve by UUID only
+            return {}
 
     def _sm_count(self, handle) -> int | None:
         """SMs of a MIG device (NVML device attributes); None where NVML cannot say (a whole GPU
@@ -345,19 +408,202 @@ class Nvml:
             return None
         old, old_taken = previous
         try:
-            request = nv.c_nvmlGpmMetricsGet_t()
-            request.version = nv.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(GPM_METRICS)
-            request.sample1 = old
-            request.sample2 = sample
-            for slot, metric_id in enumerate(GPM_METRICS.values()):
-                request.metrics[slot].metricId = metric_id
-            self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
+            try:
+                names, request = self._gpm_get(old, sample, self._gpm_wanted)
+            except NvmlError as exc:
+                # NVML answers an unsupported metric in its own slot; should a driver refuse the whole
+                # request instead, the interconnect metrics go and the spatial ones stay.
+                if exc.gpu_lost or self._gpm_wanted == SPATIAL_GPM_METRICS:
+                    raise
+                self._gpm_wanted = SPATIAL_GPM_METRICS
+                names, request = self._gpm_get(old, sample, self._gpm_wanted)
         finally:
             with self._lock:
                 self._gpm_spare[key] = old
         values: dict = {"window_s": round(taken - old_taken, 6)}
-        for slot, name in enumerate(GPM_METRICS):
+        for slot, name in enumerate(names):
             metric = request.metrics[slot]
             values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
         return values
+
+    def _gpm_get(self, old, sample, names: tuple):
+        nv = self._nv
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(names)
+        request.sample1 = old
+        request.sample2 = sample
+        for slot, name in enumerate(names):
+            request.metrics[slot].metricId = GPM_METRICS[name]
+        self._call("nvmlGpmMetricsGet", nv.nvmlGpmMetricsGet, request)
+        return names, request
+
+    # -- health: what dcgm-exporter's default set shows, read at the sampler's slower cadences -----
+    def _parts(self, calls: dict) -> dict:
+        """Several NVML calls answered as one dict: a call the GPU does not support leaves its key out,
+        another failure leaves it out too and is named under "_errors"; a lost GPU fails the whole read."""
+        out: dict = {}
+        errors = []
+        for key, (name, fn, *args) in calls.items():
+            try:
+                out[key] = self._call(name, fn, *args)
+            except NvmlError as exc:
+                if exc.gpu_lost:
+                    raise
+                if not exc.unsupported:
+                    errors.append(str(exc))
+        if errors:
+            out["_errors"] = errors
+        return out
+
+    def driver_version(self) -> str:
+        return self._text(self._call("nvmlSystemGetDriverVersion", self._nv.nvmlSystemGetDriverVersion))
+
+    def max_clocks(self, index: int) -> dict:
+        """Maximum SM and memory clocks in hertz (the denominators of a throttled clock)."""
+        nv, h = self._nv, self._handle(index)
+        mhz = self._parts({"sm_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, SM_CLOCK),
+                           "memory_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, MEM_CLOCK)})
+        return {k: (float(v) * 1e6 if k != "_errors" else v) for k, v in mhz.items()}
+
+    def memory_clock_hz(self, index: int) -> float:
+        mhz = self._call("nvmlDeviceGetClockInfo", self._nv.nvmlDeviceGetClockInfo, self._handle(index), MEM_CLOCK)
+        return float(mhz) * 1e6
+
+    def clock_event_reasons(self, index: int) -> int:
+        """Bitmask of why the clocks are below their maximum now (CLOCK_EVENT_REASONS); drivers before
+        R535 only have the older name of the same call."""
+        nv, h = self._nv, self._handle(index)
+        fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if fn is not None:
+            try:
+                return int(self._call("nvmlDeviceGetCurrentClocksEventReasons", fn, h))
+            except NvmlError as exc:
+                if not exc.unsupported:
+                    raise
+        return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", nv.nvmlDeviceGetCurrentClocksThrottleReasons, h))
+
+    def _fields(self, handle, fields: dict) -> dict:
+        """nvmlDeviceGetFieldValues: many values in one driver call. {key: value} of the fields that
+        answered; a field this GPU does not support is left out, another failure is named in "_errors"."""
+        nv = self._nv
+        answers = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle, list(fields.values()))
+        out: dict = {}
+        for key, field in zip(fields, answers):
+            if field.nvmlReturn == nv.NVML_SUCCESS:
+                out[key] = self._field_value(field)
+            elif field.nvmlReturn != nv.NVML_ERROR_NOT_SUPPORTED:
+                out.setdefault("_errors", []).append(
+                    f"nvmlDeviceGetFieldValues field {field.fieldId}: {nv.NVMLError(field.nvmlReturn)}")
+        return out
+
+    @staticmethod
+    def _field_value(field):
+        kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+        return getattr(field.value, kind.get(field.valueType, "ullVal"))
+
+    def health_counters(self, index: int) -> dict:
+        """What changes slowly or only grows, read every few seconds: energy (joules since the driver
+        loaded), throttle time by reason (seconds), memory temperature (one field-values call), encoder
+        and decoder utilization (percent)."""
+        nv, h = self._nv, self._handle(index)
+        fields = {"energy_mj": FIELD_TOTAL_ENERGY_MJ, "memory_temperature_celsius": FIELD_MEMORY_TEMP,
+                  **{f"violation_{reason}": field for reason, field in VIOLATION_FIELDS.items()}}
+        raw = self._parts({"fields": ("nvmlDeviceGetFieldValues", self._fields, h, fields),
+                           "encoder": ("nvmlDeviceGetEncoderUtilization", nv.nvmlDeviceGetEncoderUtilization, h),
+                           "decoder": ("nvmlDeviceGetDecoderUtilization", nv.nvmlDeviceGetDecoderUtilization, h)})
+        values = raw.get("fields", {})
+        out: dict = {"throttle_seconds": {}}
+        errors = raw.get("_errors", []) + values.get("_errors", [])
+        if errors:
+            out["_errors"] = errors
+        if "energy_mj" in values:
+            out["energy_joules"] = values["energy_mj"] / 1000.0
+        if "memory_temperature_celsius" in values:
+            out["memory_temperature_celsius"] = float(values["memory_temperature_celsius"])
+        for reason in VIOLATION_FIELDS:
+            if f"violation_{reason}" in values:
+                out["throttle_seconds"][reason] = values[f"violation_{reason}"] / 1e9  # ns
+        for engine in ("encoder", "decoder"):
+            if engine in raw:
+                out[f"{engine}_percent"] = float(raw[engine][0])
+        return out
+
+    def nvml_throughput(self, index: int) -> dict:
+        """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver
+        load, all links): for GPUs without GPM, which measures both over the tick's window."""
+        nv, h = self._nv, self._handle(index)
+        raw = self._parts({
+            "pcie_tx": ("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, h, 0),  # NVML_PCIE_UTIL_TX_BYTES
+            "pcie_rx": ("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, h, 1),
+            "fields": ("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, h,
+                       [(FIELD_NVLINK_DATA_TX_KIB, ALL_LINKS), (FIELD_NVLINK_DATA_RX_KIB, ALL_LINKS)])})
+        out = {k: v for k, v in raw.items() if k == "_errors"}
+        for key in ("pcie_tx", "pcie_rx"):
+            if key in raw:
+                out[f"{key}_bytes_per_second"] = float(raw[key]) * 1024.0  # KB/s
+        for key, field in zip(("nvlink_tx_bytes", "nvlink_rx_bytes"), raw.get("fields", ())):
+            if field.nvmlReturn == nv.NVML_SUCCESS:
+                out[key] = float(self._field_value(field)) * 1024.0  # KiB
+        return out
+
+    def memory_errors(self, index: int) -> dict:
+        """ECC error counts (corrected/uncorrected, volatile since the driver loaded / aggregate over the
+        GPU's life), remapped rows and the PCIe replay counter, in one field-values call: they change
+        rarely and are read every minute."""
+        h = self._handle(index)
+        fields = {"pcie_replays": FIELD_PCIE_REPLAYS, **{f"ecc_{k}": v for k, v in ECC_FIELDS.items()},
+                  **{f"rows_{k}": v for k, v in REMAPPED_ROW_FIELDS.items()}}
+        values = self._fields(h, fields)
+        out = {k: v for k, v in values.items() if k == "_errors"}
+        if "pcie_replays" in values:
+            out["pcie_replays"] = int(values["pcie_replays"])
+        out["ecc"] = {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}
+        if all(f"rows_{k}" in values for k in REMAPPED_ROW_FIELDS):
+            rows = {k: values[f"rows_{k}"] for k in REMAPPED_ROW_FIELDS}
+            out["remapped_rows"] = {"correctable": int(rows["correctable"]), "uncorrectable": int(rows["uncorrectable"]),
+                                    "pending": bool(rows["pending"]), "failure": bool(rows["failure"])}
+        return out
+
+    # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
+    def xid_open(self) -> dict:
+        """Registers every GPU for XID events; {index: None, or why not} per GPU (as strings)."""
+        nv = self._nv
+        with self._xid_lock:
+            if self._xid_set is None:
+                self._xid_set = self._call("nvmlEventSetCreate", nv.nvmlEventSetCreate)
+            out = {}
+            for index in range(self.device_count()):
+                try:
+                    self._call("nvmlDeviceRegisterEvents", nv.nvmlDeviceRegisterEvents, self._handle(index), XID_EVENT,
+                               self._xid_set)
+                    out[str(index)] = None
+                except NvmlError as exc:
+                    out[str(index)] = exc.reason
+            return out
+
+    def xid_wait(self, timeout_ms: int) -> dict | None:
+        """The next XID event, {"index", "xid"}, or None when none came within timeout_ms (or the set is closed)."""
+        nv = self._nv
+        with self._xid_lock:
+            if self._xid_set is None:
+                return None
+            try:
+                data = nv.nvmlEventSetWait(self._xid_set, timeout_ms)
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) == nv.NVML_ERROR_TIMEOUT:
+                    return None
+                raise self._error("nvmlEventSetWait", exc) from None
+        if not data.eventType & XID_EVENT:
+            return None
+        index = int(self._call("nvmlDeviceGetIndex", nv.nvmlDeviceGetIndex, data.device))
+        return {"index": index, "xid": int(data.eventData)}
+
+    def xid_close(self) -> None:
+        with self._xid_lock:  # waits for a waiter's timeout at most
+            if self._xid_set is not None:
+                try:
+                    self._nv.nvmlEventSetFree(self._xid_set)
+                except Exception:  # noqa: BLE001 - best effort at exit
+                    pass
+                self._xid_set = None

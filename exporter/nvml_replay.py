@@ -4,6 +4,8 @@ The recording is the only fake in the project: it sits exactly at the `Nvml` int
 what a real GPU returned, call for call. Each (method, device) keeps its own list of answers, played
 in order and then looped; since the sampler calls every method once per tick, answers recorded in
 one tick are replayed together. Errors are recorded too and replayed as the same `NvmlError`.
+XID events are kept apart (`xid_events`: when, which GPU, which XID) and replayed once each at the
+same offset from the replay's first wait; a fixture may declare them by hand.
 
     python -m exporter.nvml_replay record OUT.json --seconds 10 --interval 0.5
     python -m exporter.nvml_replay cut IN.json OUT.json --frame 12
@@ -15,12 +17,14 @@ import itertools
 import json
 import sys
 import threading
+import time
 from pathlib import Path
 
 from exporter.nvml import NvmlError
 
 # Methods answered once (identity does not change); the others are per-tick streams.
-STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices")
+STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices", "driver_version", "max_clocks",
+                  "xid_open")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",
@@ -32,7 +36,15 @@ STREAM_METHODS = (
     "compute_processes",
     "gpm_metrics",
     "gpm_mig_metrics",
+    "memory_clock_hz",
+    "clock_event_reasons",
+    "health_counters",
+    "nvml_throughput",
+    "memory_errors",
 )
+# Stream methods the sampler calls only on some ticks even while recording (see aligned_calls): per-process
+# utilization while processes run, MIG instances, the instant rate before NVML has its first samples.
+CONDITIONAL_METHODS = ("process_utilization", "gpm_mig_metrics", "utilization_rates")
 FORMAT = "gpu-exporter-nvml-recording/1"
 
 
@@ -50,6 +62,15 @@ class RecordingNvml:
         self._live = live
         self._lock = threading.Lock()
         self.calls: dict[str, list] = {}
+        self.xid_events: list[dict] = []
+        self._started = time.monotonic()
+
+    def xid_wait(self, timeout_ms: int):
+        event = self._live.xid_wait(timeout_ms)
+        if event is not None:
+            with self._lock:
+                self.xid_events.append({"after_s": round(time.monotonic() - self._started, 3), **event})
+        return event
 
     def __getattr__(self, method):
         if method not in STATIC_METHODS + STREAM_METHODS:
@@ -72,20 +93,23 @@ class RecordingNvml:
 
     def aligned_calls(self) -> dict[str, list]:
         """Streams trimmed at their start to one length per device: GPM answers from its second tick on,
-        so without this a replay would pair GPM windows with utilization samples two ticks older."""
+        so without this a replay would pair GPM windows with utilization samples two ticks older. Calls
+        the sampler makes only on some ticks (per-process utilization: only while processes run) do
+        not set the length."""
         lengths: dict[str, int] = {}
         for key, answers in self.calls.items():
             method, _, device = key.partition("/")
-            if method in STREAM_METHODS:
+            if method in STREAM_METHODS and method not in CONDITIONAL_METHODS:
                 lengths[device] = min(lengths.get(device, len(answers)), len(answers))
         out = {}
         for key, answers in self.calls.items():
             method, _, device = key.partition("/")
-            out[key] = answers[len(answers) - lengths[device]:] if method in STREAM_METHODS else answers
+            keep = lengths.get(device, len(answers))
+            out[key] = answers[max(0, len(answers) - keep):] if method in STREAM_METHODS else answers
         return out
 
     def save(self, path: Path, note: str = "") -> None:
-        data = {"format": FORMAT, "note": note, "calls": self.aligned_calls()}
+        data = {"format": FORMAT, "note": note, "calls": self.aligned_calls(), "xid_events": self.xid_events}
         Path(path).write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
@@ -104,6 +128,44 @@ class ReplayNvml:
         self._lock = threading.Lock()
         self._streams = {key: itertools.cycle(answers) for key, answers in data["calls"].items() if answers}
         self._static = {key: answers[0] for key, answers in data["calls"].items() if answers}
+        self._xid_events = sorted(self._checked_events(path, data.get("xid_events", [])), key=lambda e: e["after_s"])
+        self._xid_next = 0
+        self._xid_started = None
+        self._xid_closed = threading.Event()
+
+    @staticmethod
+    def _checked_events(path: Path, events) -> list[dict]:
+        """xid_events as {"after_s": seconds >= 0, "index": GPU index, "xid": XID}, or one line saying which is wrong."""
+        def number(value, kind):
+            return isinstance(value, kind) and not isinstance(value, bool) and value >= 0
+
+        if not isinstance(events, list):
+            raise NvmlError("replay", f"{path}: xid_events must be a list of events")
+        for n, event in enumerate(events):
+            if not (isinstance(event, dict) and number(event.get("after_s"), (int, float))
+                    and number(event.get("index"), int) and number(event.get("xid"), int)):
+                raise NvmlError("replay", f"{path}: xid_events[{n}] must be {{\"after_s\": seconds, \"index\": GPU "
+                                          f"index, \"xid\": XID}} with numbers >= 0, not {event!r:.80}")
+        return list(events)
+
+    def xid_wait(self, timeout_ms: int):
+        """The next recorded XID event once its offset from the first wait has passed; None meanwhile."""
+        with self._lock:
+            if self._xid_started is None:
+                self._xid_started = time.monotonic()
+            event = self._xid_events[self._xid_next] if self._xid_next < len(self._xid_events) else None
+            due = None if event is None else self._xid_started + float(event["after_s"])
+        wait = timeout_ms / 1000 if due is None else min(timeout_ms / 1000, due - time.monotonic())
+        if wait > 0 and self._xid_closed.wait(wait):
+            return None
+        with self._lock:
+            if due is None or time.monotonic() < due or self._xid_closed.is_set():
+                return None
+            self._xid_next += 1
+        return {"index": int(event["index"]), "xid": int(event["xid"])}
+
+    def xid_close(self) -> None:
+        self._xid_closed.set()
 
     def __getattr__(self, method):
         if method not in STATIC_METHODS + STREAM_METHODS:
@@ -126,7 +188,7 @@ class ReplayNvml:
         return call
 
     def shutdown(self) -> None:
-        pass
+        self.xid_close()
 
 
 def cut(source: Path, target: Path, frame: int) -> None:
@@ -156,8 +218,6 @@ def main(argv=None) -> int:
     if args.command == "cut":
         cut(args.source, args.target, args.frame)
         return 0
-    import time
-
     from exporter.engine import Engine
     from exporter.nvml import Nvml
     from exporter.samplers.gpm import GpmSource
@@ -168,12 +228,17 @@ def main(argv=None) -> int:
     except NvmlError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    # The exporter's own device tick, so the recording holds exactly the calls a replay will get.
-    engine = Engine(NvmlSampler(recorder, interval=args.interval), gpm=GpmSource(), interval=args.interval)
+    # The exporter's own device tick, so the recording holds exactly the calls a replay will get; the
+    # values read every few seconds or every minute are read every tick here, so that every stream has
+    # one answer per tick (and XID events are recorded as they come, by the sampler's own watcher).
+    sampler = NvmlSampler(recorder, interval=args.interval)
+    sampler.slow_every_s = sampler.health_every_s = sampler.errors_every_s = 0.0
+    engine = Engine(sampler, gpm=GpmSource(), interval=args.interval)
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         engine.tick_devices()
         time.sleep(args.interval)
+    sampler.close()
     recorder.save(args.output, args.note)
     print(f"recorded {sum(len(v) for v in recorder.calls.values())} answers to {args.output}")
     return 0

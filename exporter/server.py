@@ -11,6 +11,14 @@ Anything on the pod network can reach the exporter, so every connection is held 
 - connections: at most `max_connections`. One more closes the oldest connection of the client
   address holding the most (idle or slow, never a request being answered), so Prometheus and the
   kubelet's probes get in while an attacker holds the rest.
+- requests: one answered at a time per connection and at most MAX_QUEUED pipelined behind it; one
+  more stops the parser there (the rest of that read is dropped unparsed), reading stays paused and
+  the connection closes once the queued ones are answered. A request target (path and query) over
+  MAX_TARGET_BYTES is answered 414.
+- a connection closed by a deadline drops what it had not sent (a client that does not read would
+  otherwise hold its buffers until it left); an answer that closes the connection before the request
+  body arrived (401, 413 to an upload) first reads and drops the rest of the body (at most
+  DRAIN_MAX_BYTES, within the body deadline), so a client still sending sees the answer, not a reset.
 The guard hooks uvicorn's httptools protocol (measured against uvicorn's h11: bench/RESULTS.md,
 "Exposure"); deadlines are checked by one sweep a few times a second, not a timer per request, and
 the request path reads the sweep's clock (deadlines are as exact as a sweep's interval, 0.2 s).
@@ -23,9 +31,13 @@ import errno
 import logging
 import math
 import resource
+import signal
 import socket
 from collections import Counter
 
+import httptools
+import uvicorn
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
@@ -34,6 +46,9 @@ IDLE, HEADERS, BODY, RESPONSE, CLOSING = "idle", "headers", "body", "response", 
 LINGER_S = 1.0  # a refused client gets this long to read its 431 before the socket is closed
 RESERVED_FDS = 128  # file descriptors kept for the samplers (NVML, SQLite, sockets, logs)
 REPORT_EVERY_S = 60.0
+MAX_QUEUED = 8  # pipelined requests waiting behind the one being answered, per connection
+MAX_TARGET_BYTES = 8 * 1024  # request target (path and query string); no endpoint takes a longer one
+DRAIN_MAX_BYTES = 32 * 1024 * 1024  # body read and dropped after an answer that closes (a 401 to an upload)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +72,8 @@ def _response(status: bytes) -> bytes:
 
 
 TOO_LARGE = _response(b"431 Request Header Fields Too Large")
+URI_TOO_LONG = _response(b"414 URI Too Long")
+BAD_REQUEST = _response(b"400 Bad Request")
 TIMED_OUT = _response(b"408 Request Timeout")
 BUSY = _response(b"503 Service Unavailable")
 
@@ -75,9 +92,9 @@ class Guard:
 
     def admit(self, conn: "GuardedProtocol") -> None:
         """Registers a new connection. Over the bound, the client address holding the most
-        connections gives up its oldest one that is not being answered: one attacker address can
-        never push out Prometheus or the kubelet. Where every connection is being answered, the
-        new one is refused (503)."""
+        connections gives up one that is not being answered (a refused one still lingering, else its
+        oldest): one attacker address can never push out Prometheus or the kubelet. Where every
+        connection is being answered, the new one is refused (503)."""
         self.connections[conn] = None
         self.by_host.setdefault(conn.host, {})[conn] = None
         if self._sweeper is None:
@@ -86,7 +103,10 @@ class Guard:
         if len(self.connections) <= self.limits.max_connections:
             return
         for host in sorted(self.by_host, key=lambda h: len(self.by_host[h]), reverse=True):
-            victim = next((c for c in self.by_host[host] if c is not conn and c.evictable()), None)
+            mine = self.by_host[host]
+            # a refused client still given time to read its answer goes first, then the oldest
+            victim = next((c for c in mine if c is not conn and c.refused), None) or \
+                next((c for c in mine if c is not conn and c.evictable()), None)
             if victim is not None:
                 self.close(victim, "closed for a new connection")
                 return
@@ -102,12 +122,16 @@ class Guard:
 
     def close(self, conn: "GuardedProtocol", reason: str, answer: bytes = b"") -> None:
         self.forget(conn)
+        conn.cut()
         if reason != "idle":  # routine: every kept-alive scraper's connection ends so
             self.closed[reason] += 1
-        if not conn.transport.is_closing():
-            if answer:
-                conn.transport.write(answer)
-            conn.transport.close()
+        transport = conn.transport
+        if answer and not transport.is_closing():
+            transport.write(answer)
+        if not answer and transport.get_write_buffer_size():
+            transport.abort()  # past its deadline, unsent bytes would keep the socket until the client left
+        elif not transport.is_closing():
+            transport.close()
 
     async def _sweep_forever(self, loop) -> None:
         tick = min(1.0, max(0.05, min(self.limits.header_timeout, self.limits.idle_timeout,
@@ -135,28 +159,87 @@ class Guard:
             self._reported = now
 
 
+class _Stop(Exception):
+    """Raised from a parser callback to stop httptools mid-read; `answer` goes to the client, if any."""
+
+    def __init__(self, reason: str, answer: bytes = b""):
+        super().__init__(reason)
+        self.reason, self.answer = reason, answer
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while `held` (a connection that
+    pipelined too far ahead) whatever uvicorn asks, and that a closed transport is left alone (uvloop
+    raises on pausing one)."""
+
+    held = False
+
+    def pause_reading(self) -> None:
+        if not self._transport.is_closing():
+            super().pause_reading()
+
+    def resume_reading(self) -> None:
+        if not self.held and not self._transport.is_closing():
+            super().resume_reading()
+
+
+class _LingeringTransport:
+    """The transport a request with a body is answered through: an answer that closes the connection
+    before the body arrived (a 401 to an upload) leaves the close to the protocol, which first reads
+    and drops the rest of the body. Everything else is the real transport's."""
+
+    def __init__(self, protocol: "GuardedProtocol"):
+        self._protocol = protocol
+        self._transport = protocol.transport
+
+    def close(self) -> None:
+        self._protocol.close_after_body()
+
+    def __getattr__(self, name):
+        return getattr(self._transport, name)
+
+
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, counting header bytes before they are parsed and keeping the
     times the guard's deadlines start from. The phase is derived only when the guard asks (a sweep,
-    a full house): a scrape pays for three plain hooks, not for the bookkeeping. `guard` is set on
+    a full house): a scrape pays for a few plain hooks, not for the bookkeeping. `guard` is set on
     a subclass per server (see `protocol_for`)."""
 
     guard: Guard
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self.flow = _Flow(transport)
         self.host = self.client[0] if self.client else ""
         self.max_header_bytes = self.guard.limits.max_header_bytes
         self.header_bytes = self.body_bytes = 0  # of the header block / body being received
         self.receiving_body = self.refused = False
+        self.drain_until = None  # body bytes after which a connection answered early is closed anyway
         self.since = self.idle_since = self.loop.time()  # header block or body start; idle start
         self.seen_phase = IDLE  # the phase the last sweep saw: a change to idle starts idle_since
         self.write_blocked_since = None
+        self.running = None  # the request being answered (uvicorn's `cycle` is the newest parsed)
         self.guard.admit(self)
 
     def connection_lost(self, exc) -> None:
         self.guard.forget(self)
+        self.cut()  # also the request being answered where others were queued, which uvicorn misses
         super().connection_lost(exc)
+
+    def _start_asgi_task(self, cycle, app) -> None:
+        self.running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def cut(self) -> None:
+        """Closed (by the guard, or the client left): for the app, the client is gone, so a response
+        being sent stops instead of writing to a closed transport (uvloop raises), and the requests
+        queued behind it go."""
+        running = self.running
+        if running is not None and not running.response_complete:
+            running.disconnected = True
+            running.message_event.set()
+            running.flow.resume_writing()  # a send waiting for the client to read returns
+        self.pipeline.clear()
 
     def answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
@@ -190,9 +273,12 @@ class GuardedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.receiving_body:
             self.body_bytes += len(data)
-            HttpToolsProtocol.data_received(self, data)
+            if self.drain_until is not None and self.body_bytes > self.drain_until:
+                self.transport.close()  # answered already: more body than is worth reading to keep it open
+                return
+            self._feed(data)
             return
-        if self.refused:
+        if self.refused or self.flow.held:
             return
         # Header bytes (of a new request, or of a pipelined one while the last is answered),
         # counted before the parser buffers them.
@@ -201,39 +287,109 @@ class GuardedProtocol(HttpToolsProtocol):
         room = self.max_header_bytes - self.header_bytes
         if len(data) <= room:
             self.header_bytes += len(data)
-            HttpToolsProtocol.data_received(self, data)
+            self._feed(data)
             return
         self.header_bytes = self.max_header_bytes
-        HttpToolsProtocol.data_received(self, data[:room])
+        self._feed(data[:room])
         if self.header_bytes == self.max_header_bytes:  # on_headers_complete did not reset it
-            self._refuse_too_large()
+            self._refuse(TOO_LARGE)
         elif not self.transport.is_closing():
             self.data_received(data[room:])  # body or the next request, counted as such
 
-    def _refuse_too_large(self) -> None:
-        """431, then no more reading: the client gets LINGER_S to read the answer before the close
-        (an immediate close with unread input resets the connection and loses the answer)."""
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's data_received, with the guard's stops, and what a client gets wrong counted
+        (logged once a minute with the other limits) instead of a log line per request."""
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            stop = exc.__context__
+            if not isinstance(stop, _Stop):
+                raise
+            # The parser keeps its callback's exception: without its frames, not the whole read with it.
+            stop.__traceback__ = None
+            self.guard.closed[stop.reason] += 1
+            if stop.answer:
+                self._refuse(stop.answer)
+            else:
+                self._close_after_queued()
+        except httptools.HttpParserUpgrade:  # no WebSocket here: the request is answered, then closed
+            self.guard.closed["upgrade refused"] += 1
+            self._close_after_queued()
+        except httptools.HttpParserError:
+            self.guard.closed["bad request"] += 1
+            self._refuse(BAD_REQUEST)
+
+    def _close_after_queued(self) -> None:
+        """No more reading: what is queued is answered, then the connection closes (HTTP/1.1 lets a
+        server close between pipelined requests; the client sends the rest again)."""
+        self.flow.pause_reading()
+        self.flow.held = True
+        if self.answering():
+            self.cycle.keep_alive = False  # the newest request: the last to be answered
+        elif not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, answer: bytes) -> None:
+        """`answer` (431, 414, 400), then no more reading: the client gets LINGER_S to read it before
+        the socket is closed (an immediate close with unread input resets the connection and loses
+        the answer)."""
         if self.transport.is_closing():
             return
         self.refused, self.since = True, self.loop.time()
-        self.transport.pause_reading()
+        self.flow.pause_reading()
+        self.flow.held = True
         if self.answering():  # a pipelined request's: the answer in flight goes out, then the close
             self.cycle.keep_alive = False
             return
-        self.transport.write(TOO_LARGE)
+        self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
 
+    def on_message_begin(self) -> None:
+        if len(self.pipeline) >= MAX_QUEUED:
+            raise _Stop("pipelined too deep")  # the parser stops here: nothing more of this read is parsed
+        self.target_bytes = 0
+        HttpToolsProtocol.on_message_begin(self)
+
+    def on_url(self, url: bytes) -> None:
+        self.target_bytes += len(url)
+        if self.target_bytes > MAX_TARGET_BYTES:
+            raise _Stop("request target too long", URI_TOO_LONG)
+        HttpToolsProtocol.on_url(self, url)
+
     def on_headers_complete(self) -> None:
         self.header_bytes = self.body_bytes = 0
-        self.receiving_body, self.since = True, self.guard.now
+        self.receiving_body, self.since, self.drain_until = True, self.guard.now, None
         HttpToolsProtocol.on_headers_complete(self)
+        if self.cycle is not None and self.cycle.scope is self.scope and self._has_body():
+            self.cycle.transport = _LingeringTransport(self)
+
+    def _has_body(self) -> bool:
+        for name, value in self.headers:
+            if (name == b"content-length" and value.strip() not in (b"", b"0")) or name == b"transfer-encoding":
+                return True
+        return False
+
+    def close_after_body(self) -> None:
+        """The close of an answer given before its request's body arrived: the rest of the body is read
+        and dropped first (up to DRAIN_MAX_BYTES more, within the body deadline), then the close."""
+        if not self.receiving_body or self.transport.is_closing():
+            self.transport.close()
+            return
+        declared = next((v for n, v in self.headers if n == b"content-length"), b"")
+        self.drain_until = self.body_bytes + DRAIN_MAX_BYTES
+        if declared.strip().isdigit() and int(declared) > self.drain_until:
+            self.transport.close()  # more than is worth reading: the client may see a reset
 
     def on_message_complete(self) -> None:
         # Also where uvicorn ignores it (the response went out before the body ended): from here
         # on, bytes are the next request's headers again.
         self.receiving_body = False
         HttpToolsProtocol.on_message_complete(self)
+        if self.drain_until is not None:  # answered and drained: the close the answer asked for
+            self.drain_until = None
+            self._close_after_queued()
 
     def pause_writing(self) -> None:
         self.write_blocked_since = self.loop.time()
@@ -276,6 +432,7 @@ def bind(address: str, port: int) -> socket.socket:
         if exc.errno == errno.EADDRNOTAVAIL:
             raise BindError(f"{address} is not an address of this host: fix --listen-address") from None
         raise BindError(f"cannot listen on {where}: {exc.strerror}") from None
+    sock.listen(2048)  # uvicorn's backlog: connectable from the moment the log says "serving on"
     sock.set_inheritable(True)
     return sock
 
@@ -300,10 +457,20 @@ def fit_to_file_limit(limits: Limits) -> Limits:
     return limits
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, except that a stop by SIGTERM or SIGINT (Ctrl-C) is a normal stop: one log
+    line, then exit 0 (uvicorn raises the signal again once it has stopped, so the process would die
+    by it, with a KeyboardInterrupt traceback for Ctrl-C)."""
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            log.info("stopping on %s", signal.Signals(sig).name)
+        super().handle_exit(sig, frame)
+        getattr(self, "_captured_signals", []).clear()
+
+
 def serve(app, sock: socket.socket, limits: Limits) -> None:
     """Serves `app` on the bound socket until SIGINT/SIGTERM."""
-    import uvicorn
-
     limits = fit_to_file_limit(limits)
     # No proxy headers: nothing in front of the exporter is trusted to name the client, and a
     # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
@@ -313,4 +480,5 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
                             # SIGTERM cancels requests still running after 5 s: an upload being validated
                             # stops at once (its budget) instead of holding the shutdown for a minute.
                             timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    _Server(config).run(sockets=[sock])
+

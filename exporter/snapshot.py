@@ -28,6 +28,7 @@ class GpuIdentity:
     index: int
     uuid: str
     model: str
+    minor: int | None = field(default=None, compare=False)  # /dev/nvidia<minor>; None: NVML could not say
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class SourceResult:
     state: str
     reason: str
     reading: SpatialReading | None = None
+    links: "LinkThroughput | None" = None  # interconnect throughput measured by the same source (GPM)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,45 @@ class MigDevice:
     gpu_instance: int
     compute_instance: int
     sm_count: int | None = None  # None: NVML could not say
+    # Its GPU instance's profile ID and placement (memory slices): what DRA drivers name it by; None: unknown
+    profile_id: int | None = None
+    placement_start: int | None = None
+    placement_size: int | None = None
+
+
+@dataclass(frozen=True)
+class LinkThroughput:
+    """PCIe and NVLink throughput in bytes per second (GPM over the tick's window, or NVML)."""
+
+    source: str  # "gpm" or "nvml"
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_tx: float | None = None
+    nvlink_rx: float | None = None
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """What dcgm-exporter's default set shows beyond utilization: clocks against their maximum and why
+    they are held down, energy, engines, memory errors. None where NVML cannot say on this GPU."""
+
+    driver_version: str | None = None
+    sm_clock_max_hertz: float | None = None
+    memory_clock_max_hertz: float | None = None
+    clock_event_reasons: int | None = None  # exporter.nvml.CLOCK_EVENT_REASONS bits, this tick
+    memory_temperature_celsius: float | None = None
+    energy_joules: float | None = None  # since the driver loaded
+    encoder_utilization: float | None = None  # ratio
+    decoder_utilization: float | None = None
+    throttle_seconds: tuple[tuple[str, float], ...] = ()  # (reason, seconds since the driver loaded)
+    # Share of the last health window during which power or thermal limits held the clocks down.
+    throttle_share: float | None = None
+    pcie_replays: int | None = None
+    ecc_errors: tuple[tuple[str, str, int], ...] = ()  # (corrected|uncorrected, volatile|aggregate, count)
+    remapped_rows: tuple[tuple[str, int], ...] = ()  # (correctable|uncorrectable, rows)
+    row_remap_pending: bool | None = None
+    row_remap_failure: bool | None = None
+    links: LinkThroughput | None = None  # NVML's, for a GPU without GPM
 
 
 @dataclass(frozen=True)
@@ -103,6 +144,14 @@ class DeviceTelemetry:
     mig_enabled: bool | None = None
     mig_devices: tuple[MigDevice, ...] = ()
     mig_sm_count: int | None = None  # SMs of the whole GPU in MIG mode: the denominator of a MIG device's share
+    memory_free_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    memory_clock_hertz: float | None = None
+    health: GpuHealth | None = None
+    # XID events since the exporter started, (xid, count), and the last XID: kept for a lost GPU too
+    # (XID 79 is what says why it was lost).
+    xid_counts: tuple[tuple[int, int], ...] = ()
+    last_xid: int | None = None
     lost: bool = False
     errors: tuple[str, ...] = ()
 
@@ -128,6 +177,7 @@ class GpuView:
     sources: tuple[SourceStatus, ...]
     sharing_mode: str | None = None  # nsys_ingest.verdicts.SHARING_MODES; None: NVML could not say
     diagnosis: object = None  # (nsys_ingest.verdicts.Verdict, Evidence), or None with too little evidence
+    links: LinkThroughput | None = None  # GPM's where it measures them, else NVML's
 
 
 @dataclass(frozen=True)
@@ -143,11 +193,20 @@ class Snapshot:
     created: float
     gpus: tuple[GpuView, ...] = ()
     mps: object = None  # exporter.samplers.mps.MpsSnapshot
-    kubelet: object = None  # exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off
+    holders: dict = field(default_factory=dict)  # holder sampler name -> its snapshot (exporter/holders.py)
     spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
-    slurm: object = None  # exporter.samplers.slurm.SlurmSnapshot; None: no job mapping
     workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
+
+    @property
+    def kubelet(self):
+        """exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off."""
+        return self.holders.get("kubelet")
+
+    @property
+    def slurm(self):
+        """exporter.samplers.slurm.SlurmSnapshot; None: no job mapping."""
+        return self.holders.get("slurm")
 
 
 MAX_LOGGED_CHARS = 2000  # of one logged message: what it quotes (a path, a kubelet's device IDs) may be huge

@@ -30,6 +30,15 @@ def _dcgm(args, nvml):
                               max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None
 
 
+def _replaying(args) -> str | None:
+    """Why uploads, a watched directory and live captures publish nothing with --replay (None without)."""
+    if not args.replay:
+        return None
+    return (f"this exporter replays {args.replay} (--replay) and publishes no other export: uploads are refused "
+            "(409), --nsys-watch-dir and --nsys-live are not read; POST /api/v1/diagnose still answers. "
+            "Send exports to an exporter without --replay")
+
+
 def build_spatial_sources(args, nvml, gpm=None):
     """Returns (sources by name, why each other candidate was not built, upload spool or None): a
     reason string for one not configured, a SourceResult (state error) for one that failed to start."""
@@ -51,8 +60,10 @@ def build_spatial_sources(args, nvml, gpm=None):
             retention = SpoolRetention(spool, Retention(args.nsys_spool_max_files, args.nsys_spool_max_bytes,
                                                         args.nsys_spool_max_age))
             upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes, retention,
-                                 window_s=args.nsys_window)
+                                 window_s=args.nsys_window, refuse_uploads=_replaying(args))
             watch_dir = watch_dir or spool
+        if args.replay and (args.nsys_watch_dir or args.nsys_upload_token or args.nsys_live):
+            log.warning("%s", _replaying(args))
         if args.replay or watch_dir or args.nsys_live:
             others = {**spatial, **({"gpm": gpm} if gpm is not None else {})}
             nsys = spatial["nsys"] = NsysSource(

@@ -1,45 +1,42 @@
 """Workloads: who holds each GPU, how much of it they use, and which ones hold it idle.
 
-One place joins the holders (kubelet PodResources: containers; the Slurm job mapping: jobs) with the
-process owners (cgroups) and NVML's per-process samples into one view per (holder, GPU), and keeps
+One place joins the holders of every kind (exporter/holders.py: containers and DRA claims from the
+kubelet, Slurm jobs, Unix users), their processes and NVML's per-process samples into one view per
+(holder, GPU), without knowing where the holders came from, and keeps
 the GPU-second counters that make accounting exact over any range. Every quantity is in
 GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads", is the contract.
 
 What is exact and what is not (README, "Per-workload numbers"):
 - held share: what the scheduler allocated. Exact.
-- time share: the holder's processes' NVML per-process utilization, scaled so that all processes on
-  the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
+- time share: basis "ctxsw" where the live context-switch source (exporter/samplers/ctxsw.py) has a
+  fresh window of the GPU covering all the holder's processes: their resident time share, exact;
+  else basis "nvml": the holder's processes' NVML per-process utilization, scaled so that all processes
+  on the GPU add up to the GPU's own time utilization of the same tick. Not under MPS (NVML charges the
   MPS server for every client) nor on MIG devices (no per-process utilization there).
 - SM active: exact when the holder is the only one running on the GPU, or holds a MIG device whole
-  (GPM of that MIG GPU instance); on a time-sliced GPU the GPU's SM active split by time shares
-  (basis "time_share"); nothing when several MPS clients share a GPU.
+  (GPM of that MIG GPU instance); on a time-sliced GPU the SM activity of its own slices (basis
+  "ctxsw"), else the GPU's SM active split by time shares (basis "time_share"); nothing when several
+  MPS clients share a GPU.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 from dataclasses import dataclass, field
 
-from exporter.snapshot import GpuIdentity
+from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
+from exporter.snapshot import GpuIdentity, LogOnce
+
+log = logging.getLogger(__name__)
 
 IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idle
 HELD_IDLE_AFTER_S = 1800.0
+HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
-EXACT, TIME_SHARE = "exact", "time_share"
+EXACT, TIME_SHARE, CTXSW, NVML = "exact", "time_share", "ctxsw", "nvml"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
-
-
-@dataclass(frozen=True, order=True)
-class Holder:
-    """A Kubernetes container or a Slurm job; the fields that do not apply are empty."""
-
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-
-    def labels(self) -> list[str]:
-        return [self.namespace, self.pod, self.container, self.hpc_job]
 
 
 @dataclass(frozen=True)
@@ -55,17 +52,24 @@ class WorkloadView:
     sm_active_basis: str | None
     idle_seconds: float | None
     held_idle: bool
-    counters: dict  # name -> GPU-seconds (sm_active and hidden_idle: basis -> GPU-seconds)
+    counters: dict  # name -> GPU-seconds (busy_basis, sm_active and hidden_idle: basis -> GPU-seconds)
     created: float
+    held_share_basis: str = WHOLE  # exporter.holders.HELD_SHARE_BASES
+    folded: int = 0  # the holder OTHER: how many holders of the GPU it sums
+    time_share_basis: str | None = None  # "ctxsw" or "nvml"
+    ctxsw_window: tuple[float, float] | None = None  # wall time of the context-switch window used
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
                 "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
-                "hpc_job": self.holder.hpc_job, "held_share": self.held_share, "processes": self.processes,
+                "hpc_job": self.holder.hpc_job, "claim": self.holder.claim, "user": self.holder.user,
+                "held_share": self.held_share, "held_share_basis": self.held_share_basis, "processes": self.processes,
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
+                "time_share_basis": self.time_share_basis,
+                "ctxsw_window": None if self.ctxsw_window is None else list(self.ctxsw_window),
                 "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
-                "gpu_seconds": self.counters}
+                "gpu_seconds": self.counters, "folded": self.folded}
 
 
 @dataclass
@@ -74,68 +78,86 @@ class _Account:
 
     created: float
     rates: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0,
+    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "busy_basis": {},
                                                     "sm_active": {}, "hidden_idle": {}})
     idle_since: float | None = None
+    folded: bool = False  # its rates go to OTHER's counters, not its own
+    step: dict = field(default_factory=dict)  # what the last integrate added: OTHER takes it over on folding
 
     def integrate(self, dt: float) -> None:
         r = self.rates
-        for name in ("held", "busy", "held_idle"):
-            if r.get(name) is not None:
-                self.counters[name] += r[name] * dt
-        for name in ("sm_active", "hidden_idle"):
-            if r.get(name) is not None:
-                basis, value = r[name]
-                self.counters[name][basis] = self.counters[name].get(basis, 0.0) + value * dt
+        self.step = {name: r[name] * dt for name in ("held", "busy", "held_idle") if r.get(name) is not None}
+        # busy per basis (the best one available at each update), sm_active and hidden_idle: basis -> rate
+        self.step.update({name: {basis: v * dt for basis, v in r[name].items()}
+                          for name in ("busy_basis", "sm_active", "hidden_idle") if r.get(name)})
+        self.add(self.step)
+
+    def add(self, amounts: dict) -> None:
+        for name, value in amounts.items():
+            if isinstance(value, dict):
+                for basis, v in value.items():
+                    self.counters[name][basis] = self.counters[name].get(basis, 0.0) + v
+            else:
+                self.counters[name] += value
+
+    def published_counters(self) -> dict:
+        return {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in self.counters.items()}
 
 
-def holders_of(uuid: str, kubelet, slurm) -> dict[Holder, float | None]:
-    """The holders of one GPU and the share each holds."""
-    out: dict[Holder, float | None] = {}
-    if kubelet is not None and not kubelet.error:
-        for (namespace, pod, container), share in kubelet.shares.get(uuid, {}).items():
-            out[Holder(namespace, pod, container)] = share
-    if slurm is not None and not slurm.error:
-        jobs = slurm.jobs.get(uuid, ())
-        for job in jobs:
-            out[Holder(hpc_job=job)] = round(1.0 / len(jobs), 9)  # jobs listed for one GPU share it evenly
+def _sum(values):
+    known = [v for v in values if v is not None]
+    return round(sum(known), 9) if known else None
+
+
+def _weakest_time_basis(bases):
+    """Of summed time shares: ctxsw only where every part was measured so, else nvml; None: no part."""
+    found = set(bases)
+    return None if not found else CTXSW if found == {CTXSW} else NVML
+
+
+def _sum_by_basis(rates) -> dict:
+    out: dict[str, float] = {}
+    for by_basis in rates:
+        for basis, value in (by_basis or {}).items():
+            out[basis] = out.get(basis, 0.0) + value
     return out
 
 
-def process_owners(kubelet, slurm) -> dict[int, Holder]:
-    owners: dict[int, Holder] = {}
-    if kubelet is not None and not kubelet.error:
-        owners.update({pid: Holder(r.namespace, r.pod, r.container) for pid, r in kubelet.owners.items()})
-    if slurm is not None and not slurm.error:
-        owners.update({pid: Holder(hpc_job=job) for pid, job in slurm.owners.items()})
-    return owners
+def busiest_first(view: WorkloadView):
+    """Which holders of a GPU stay published: the busiest in time, then the largest held shares, then
+    those running processes; ties by name, so the same ones stay from tick to tick."""
+    return (-(view.time_share or 0.0), -(view.held_share or 0.0), -(view.processes or 0), view.holder)
 
 
-def mig_sm_active(view, kubelet, instances) -> dict[Holder, float | None]:
+def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, float | None]:
     """Per holder of whole MIG devices of one GPU: the SM activity of its instances (GPM per MIG GPU
     instance) times each device's share of the GPU's SMs; None where an instance was not read."""
     tel = view.telemetry
-    if not tel.mig_enabled or kubelet is None or kubelet.error or not instances:
+    if not tel.mig_enabled or not instances:
         return {}
     devices = {m.uuid: m for m in tel.mig_devices}
     out = {}
-    for (namespace, pod, container), held in kubelet.mig.get(view.identity.uuid, {}).items():
+    for holder, held in holders.items():
+        if not held.mig:
+            continue
         total = 0.0
-        for mig_uuid in held:
+        for mig_uuid in held.mig:
             device = devices.get(mig_uuid)
             reading = instances.get((view.identity.uuid, device.gpu_instance)) if device else None
             if reading is None or reading.sm_active is None or not device.sm_count or not tel.mig_sm_count:
                 total = None
                 break
             total += reading.sm_active * device.sm_count / tel.mig_sm_count
-        out[Holder(namespace, pod, container)] = None if total is None else round(min(total, 1.0), 6)
+        out[holder] = None if total is None else round(min(total, 1.0), 6)
     return out
 
 
-def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Holder],
-               mig_sm: dict[Holder, float | None] | None = None) -> dict[Holder, dict]:
-    """Per holder of one GPU: its pids, time share (with how or why not), SM active with its basis.
-    `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active)."""
+def gpu_shares(view, holders, owners: dict[int, Holder],
+               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, dict]:
+    """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
+    how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
+    `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
+    `ctxsw`: the GPU's fresh context-switch window (exporter.samplers.ctxsw.CtxswReading), or None."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
     mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
@@ -145,14 +167,15 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
     gpu_time = view.time_utilization
     scale = gpu_time / total_raw if gpu_time is not None and total_raw > 0 else None
     sm = view.spatial.sm_active if view.spatial is not None else None
-    pids = {h: tuple(sorted(p.pid for p in compute if owners.get(p.pid) == h)) for h in holders} if compute is not None \
-        else {h: () for h in holders}
+    pids = {h: tuple(sorted(p.pid for p in compute if owners.get(p.pid) == h.owner())) for h in holders} \
+        if compute is not None else {h: () for h in holders}
     running = [h for h in holders if pids[h]]
-    strangers = compute is not None and any(owners.get(p.pid) not in holders for p in compute)
+    owning = {h.owner() for h in holders}
+    strangers = compute is not None and any(owners.get(p.pid) not in owning for p in compute)
     out = {}
     for holder in holders:
         entry = {"pids": pids[holder], "processes": None if compute is None else len(pids[holder]),
-                 "time_share": None, "sm_active": None, "basis": None}
+                 "time_share": None, "time_share_basis": None, "sm_active": None, "basis": None, "window": None}
         if compute is None:
             entry["reason"] = "NVML could not list the GPU's processes"
             out[holder] = entry
@@ -166,13 +189,26 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
         else:
             own = sum(raw.get(pid, 0.0) for pid in pids[holder])
             entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)
+            entry["time_share_basis"] = NVML
             entry["reason"] = ("NVML per-process utilization, scaled to the GPU's time utilization"
                                if scale is not None else "NVML per-process utilization (no GPU total to scale to)")
-        if sm is not None and not mig:
+            # every process of the holder ran (or held its context) during the window: its slices are its time
+            if ctxsw is not None and set(pids[holder]) <= ctxsw.listed | ctxsw.shares.keys():
+                own = [ctxsw.shares.get(pid, (0.0, 0.0)) for pid in pids[holder]]
+                entry["time_share"] = round(min(sum(t for t, _ in own), 1.0), 6)
+                entry["time_share_basis"], entry["window"] = CTXSW, (ctxsw.window_start, ctxsw.window_end)
+                entry["reason"] = "GPU context switches: the resident time of its processes' slices"
+                if all(sm is not None or t == 0 for t, sm in own):
+                    entry["ctxsw_sm"] = round(min(sum(sm or 0.0 for _, sm in own), 1.0), 6)
+        if not mig and sm is None and pids[holder] and entry.get("ctxsw_sm") is not None:
+            entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # no spatial source for the GPU itself
+        elif sm is not None and not mig:
             if not pids[holder]:
                 entry["sm_active"], entry["basis"] = 0.0, EXACT  # runs nothing on it
             elif len(running) == 1 and not strangers:
                 entry["sm_active"], entry["basis"] = sm, EXACT  # the only one running on it, MPS or not
+            elif entry.get("ctxsw_sm") is not None:
+                entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # the SM activity of its own slices
             elif entry["time_share"] is not None and gpu_time:
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
@@ -183,37 +219,98 @@ def gpu_shares(view, holders: dict[Holder, float | None], owners: dict[int, Hold
 class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
-    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S):
+    @property
+    def samplers(self) -> tuple:
+        """The samplers of its own the engine runs (each with name, tick, interval, health, close)."""
+        return () if self.ctxsw is None else (self.ctxsw,)
+
+    def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, series_limit: int = HOLDER_SERIES_LIMIT,
+                 ctxsw=None):
+        """`ctxsw`: exporter.samplers.ctxsw.CtxswSampler (--workload-ctxsw), or None."""
         self.held_idle_after = held_idle_after
+        self.series_limit = max(1, series_limit)
+        self.ctxsw = ctxsw
+        # per GPU at the last update: (GpuIdentity, CtxswState); None without the source
+        self.ctxsw_states: tuple | None = None if ctxsw is None else ()
+        self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, kubelet=None, slurm=None, mig_instances=None) -> tuple[WorkloadView, ...]:
-        """`mig_instances`: GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
+    def update(self, now: float, views, holdings=(), mig_instances=None) -> tuple[WorkloadView, ...]:
+        """`holdings`: the exporter.holders.Holdings of every holder sampler; `mig_instances`:
+        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
-            owners = process_owners(kubelet, slurm)
+            owners = join_owners(holdings)
             out, seen = [], set()
             for view in views:
                 tel = view.telemetry
                 if tel is None or tel.lost:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
-                holders = holders_of(view.identity.uuid, kubelet, slurm)
-                mig_sm = mig_sm_active(view, kubelet, mig_instances)
-                for holder, entry in gpu_shares(view, holders, owners, mig_sm).items():
+                holders = join_gpu(view.identity.uuid, holdings)
+                mig_sm = mig_sm_active(view, holders, mig_instances)
+                reading = None if self.ctxsw is None else self.ctxsw.fresh(view.identity.uuid, now)
+                gpu_views = []
+                for holder, entry in gpu_shares(view, holders, owners, mig_sm, reading).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))
-                    out.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+                    gpu_views.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+                out.extend(self._bounded(view.identity, gpu_views, now, seen))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
+            if self.ctxsw is not None:
+                self.ctxsw_states = tuple((v.identity, self.ctxsw.state(v.identity.uuid, now)) for v in views
+                                          if v.telemetry is not None and not v.telemetry.lost)
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
 
-    def _view(self, gpu, holder, share, entry, account: _Account, now: float) -> WorkloadView:
+    def _bounded(self, gpu, views: list[WorkloadView], now: float, seen: set) -> list[WorkloadView]:
+        """At most series_limit holders of one GPU, the rest summed into OTHER, whose counters integrate
+        the folded holders' rates: every second of every holder counts once, in its own series or in
+        OTHER's. A holder that comes back out of OTHER starts its counters again (a counter reset)."""
+        key = f"workloads fold {gpu.uuid}"
+        views.sort(key=busiest_first)
+        kept, folded = views[:self.series_limit], views[self.series_limit:]
+        for i, w in enumerate(kept):
+            account = self._accounts[(gpu.uuid, w.holder)]
+            if account.folded:
+                account.folded = False
+                account.counters, account.created = _Account(now).counters, now
+                kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=now)
+        if not folded:
+            self._log.clear(key, f"GPU {gpu.index}: every holder published again")
+            return kept
+        self._log.problem(key, f"GPU {gpu.index}: {len(views)} holders, more than --holder-series-limit "
+                          f"{self.series_limit}: the {len(folded)} least busy are published summed as pod=\"other\" "
+                          "(gpu_workload_folded_holders)", kind="folded")
+        parts = [self._accounts[(gpu.uuid, w.holder)] for w in folded]
+        seen.add((gpu.uuid, OTHER))
+        other = self._accounts.setdefault((gpu.uuid, OTHER), _Account(created=now))
+        for account in parts:
+            if not account.folded:  # published until the last update: its last step goes to OTHER
+                account.folded = True
+                other.add(account.step)
+        rates = [a.rates for a in parts]
+        other.rates = {name: _sum(r.get(name) for r in rates) for name in ("held", "busy", "held_idle")}
+        other.rates.update({name: _sum_by_basis(r.get(name) for r in rates)
+                            for name in ("busy_basis", "sm_active", "hidden_idle")})
+        sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
+        processes = [w.processes for w in folded]
+        kept.append(WorkloadView(
+            OTHER, gpu, _sum(w.held_share for w in folded), None if None in processes else sum(processes),
+            tuple(sorted(p for w in folded for p in w.pids)), _sum(w.time_share for w in folded),
+            f"the sum of {len(folded)} holders beyond --holder-series-limit", _sum(w.sm_active for w in folded),
+            TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
+            other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded),
+            _weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
+        return kept
+
+    def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float) -> WorkloadView:
+        share = held.share
         processes, time_share = entry["processes"], entry["time_share"]
         if processes is not None:  # unknown process lists leave the idle clock as it was
             idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
@@ -227,11 +324,12 @@ class WorkloadAccountant:
         account.rates = {
             "held": share,
             "busy": time_share,
+            "busy_basis": {entry["time_share_basis"]: time_share} if time_share is not None else None,
             "held_idle": share if share is not None and account.idle_since is not None else None,
-            "sm_active": (basis, sm) if sm is not None else None,
-            "hidden_idle": (basis, max(0.0, time_share - sm)) if sm is not None and time_share is not None else None,
+            "sm_active": {basis: sm} if sm is not None else None,
+            "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
         }
-        counters = {k: (dict(v) if isinstance(v, dict) else round(v, 6)) for k, v in account.counters.items()}
+        counters = account.published_counters()
         return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
                             idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created)
+                            counters, account.created, held.basis, 0, entry["time_share_basis"], entry["window"])

@@ -1,4 +1,5 @@
-"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports."""
+"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports,
+and split time-sliced GPUs per process from their context switches (workloads)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,8 @@ import sqlite3
 import sys
 from datetime import datetime
 
+from nsys_ingest.commandline import add_version, prog_name, quiet_on_closed_pipe
+from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR, ESTIMATORS
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, progress_bar
 
 
@@ -39,12 +42,14 @@ def _window(export: Export, args):
     return bounds
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m nsys_ingest", description=__doc__)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog or prog_name("nsys_ingest"), description=__doc__)
+    add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def command(name, help_text, window=True):
         p = sub.add_parser(name, help=help_text, description=help_text)
+        add_version(p)
         p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep where nsys is on the PATH "
                                     "(exported to .sqlite first)")
         if window:
@@ -63,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "create-blocks-from openmetrics run.om DATA_DIR")
     p = command("diagnose", "per GPU: a verdict (what limits it, what to change) from the kernel trace and GPU metrics")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p = command("workloads", "per GPU and process: resident time share and the SM activity (occupancy, tensor, DRAM, "
+                             "GR) of its own slices, from the GPU's context switches (nsys profile --gpuctxsw=true)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--estimator", choices=ESTIMATORS, default=DEFAULT_ESTIMATOR,
+                   help="how a GPU metrics sample is given to the slices: at (the slice at its timestamp), overlap "
+                        "(split by the time each slice covers of it), fit (least-squares density per process)")
     p = command("scrub", "copy without environment, command lines, paths and host names", window=False)
     p.add_argument("-o", "--output", required=True,
                    help="the scrubbed copy to write (.sqlite, overwritten; never the input)")
@@ -70,10 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _print_summary(summary: dict) -> None:
-    print(f"{summary['file']}: schema {summary['schema']}, sampled at {summary['sampling_hz'] or '?'} Hz")
+    rate = f"sampled at {summary['sampling_hz']:g} Hz" if summary["sampling_hz"] else "sampling rate not recorded"
+    print(f"{summary['file']}: schema {summary['schema']}, {rate}")
     for gpu in summary["gpus"]:
         print(f"GPU {gpu['gpu']} {gpu['name']} ({gpu['uuid'] or 'no uuid'}): {gpu['samples']} samples, "
-              f"{gpu['start_s']:.2f}-{gpu['end_s']:.2f} s")
+              f"{gpu['start_s']:.2f} to {gpu['end_s']:.2f} s")
         rows = [("time: GR active", gpu["time"]["gr_active"])]
         rows += [(f"space: {name.replace('_', ' ')}", stats) for name, stats in gpu["spatial"].items()]
         rows.append(("hidden idle SMs", gpu["hidden_idle"]))
@@ -94,7 +106,7 @@ def run(args) -> int:
 
         print(describe(args.output, scrub(args.file, args.output)))
         return 0
-    with Export(args.file, require_metrics=args.command != "diagnose") as export:
+    with Export(args.file, require_metrics=args.command not in ("diagnose", "workloads")) as export:
         try:
             return _run_on(export, args)
         except sqlite3.DatabaseError as exc:  # part-way through a read: corruption, a limit, a type
@@ -130,6 +142,15 @@ def _run_on(export: Export, args) -> int:
                 print(json.dumps(result, indent=1))
             else:
                 print_diagnosis(result)
+        elif args.command == "workloads":
+            from nsys_ingest.ctxsw import attribute, print_workloads
+
+            result = attribute(export, start_ns, end_ns, args.estimator, args.chunk_rows)
+            close()
+            if args.json:
+                print(json.dumps(result, indent=1))
+            else:
+                print_workloads(result)
         elif args.command == "plot":
             from nsys_ingest.plot import plot
 
@@ -147,11 +168,18 @@ def _run_on(export: Export, args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """Exit codes: 0 done, 2 bad input (one line on stderr, as the exporter), 130 interrupted."""
-    args = build_parser().parse_args(argv)
+def main(argv=None, prog: str | None = None) -> int:
+    """Exit codes: 0 done (also when the reader of the output left: `| head`), 2 bad input (one line
+    on stderr, as the exporter), 130 interrupted."""
+    args = build_parser(prog).parse_args(argv)
+    return quiet_on_closed_pipe(lambda: _run_reporting(args))
+
+
+def _run_reporting(args) -> int:
     try:
         return run(args)
+    except BrokenPipeError:
+        raise  # the reader left: quiet_on_closed_pipe's
     except IngestError as exc:
         print(f"error: {exc}", file=sys.stderr)
     except sqlite3.DatabaseError as exc:  # scrub's copy, corrupt part-way through

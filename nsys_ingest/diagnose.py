@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from nsys_ingest.analysis import bucket_means
 from nsys_ingest.kernels import NO_KERNEL_TRACE, GpuKernels, has_kernel_trace, kernel_stats
+from nsys_ingest.phases import describe as describe_phase
+from nsys_ingest.phases import judge_phases
+from nsys_ingest.phases import split as split_phases
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError
 from nsys_ingest.verdicts import CONCURRENT_KERNELS, LONG_GAP_S, MIN_SHORT_KERNELS, SHORT_KERNEL_S, Evidence, judge
 
@@ -129,10 +132,14 @@ def _evidence(means: dict, k: GpuKernels | None, summary: dict | None, copies: d
     ), estimated
 
 
-def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUNK_ROWS, progress=None) -> dict:
+def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUNK_ROWS, progress=None,
+             phases: bool = True) -> dict:
+    """Per GPU the verdict over the window (default: the kernel trace's span), and with `phases` the
+    verdict of each phase of the window (default: the whole capture) where the activity changes."""
     notes = []
     kernels, window = {}, (start_ns, end_ns)
-    if has_kernel_trace(export):
+    traced = has_kernel_trace(export)
+    if traced:
         kernels, window = kernel_stats(export, start_ns, end_ns, chunk_rows, progress)
     else:
         notes.append(NO_KERNEL_TRACE)
@@ -161,13 +168,30 @@ def diagnose(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUN
             "copies": copies,
             "processes": _processes(k) if k else None,
         })
+    if phases:
+        found = split_phases(export, start_ns, end_ns, chunk_rows, progress)
+        judged = judge_phases(found, lambda lo, hi: diagnose(export, lo, hi, chunk_rows, progress, phases=False), traced)
+        for gpu in gpus:
+            gpu["phases"] = judged.get(gpu["gpu"], [])
     low, high = window
     return {
         "file": str(export.source_path),
         "window_s": [None if low is None else low / 1e9, None if high is None else high / 1e9],
+        "coverage": _coverage(export, window) if traced and start_ns is None and end_ns is None else None,
         "notes": notes,
         "gpus": gpus,
     }
+
+
+def _coverage(export: Export, trace_window) -> dict | None:
+    """What the kernel trace covers of the capture (its GPU metrics): a verdict from a 9 s trace says
+    nothing of the other 50 s of a 59 s capture."""
+    if export.era is None or trace_window[0] is None:
+        return None
+    first, last = export.time_range()
+    low, high = min(first, trace_window[0]), max(last, trace_window[1])
+    return {"capture_s": [round(low / 1e9, 6), round(high / 1e9, 6)],
+            "kernel_trace_s": [round(trace_window[0] / 1e9, 6), round(trace_window[1] / 1e9, 6)]}
 
 
 METRIC_LABELS = {"gr_active": "GR active (time utilization)", "sm_active": "SM active", "sm_occupancy": "SM occupancy",
@@ -176,8 +200,15 @@ METRIC_LABELS = {"gr_active": "GR active (time utilization)", "sm_active": "SM a
 
 def print_diagnosis(result: dict) -> None:
     low, high = result["window_s"]
-    span = "the whole capture" if low is None else f"{low:.3f}-{high:.3f} s ({high - low:.3f} s)"
+    span = "the whole capture" if low is None else f"{low:.3f} to {high:.3f} s ({high - low:.3f} s)"
     print(f"{result['file']}: {span}")
+    coverage = result.get("coverage")
+    if coverage:
+        (c_low, c_high), (t_low, t_high) = coverage["capture_s"], coverage["kernel_trace_s"]
+        phased = any(gpu.get("phases") for gpu in result["gpus"])
+        print(f"kernel trace covers {t_high - t_low:.3f} s of the {c_high - c_low:.3f} s capture "
+              f"(trace {t_low:.3f} to {t_high:.3f} s, GPU metrics {c_low:.3f} to {c_high:.3f} s): the verdicts "
+              f"below are for the trace's window{', the phases for the whole capture' if phased else ''}")
     for note in result["notes"]:
         print(f"note: {note}")
     for gpu in result["gpus"]:
@@ -195,6 +226,10 @@ def print_diagnosis(result: dict) -> None:
             _print_kernels(gpu["kernels"], gpu["processes"])
         if gpu["copies"]:
             _print_copies(gpu["copies"])
+        if gpu.get("phases"):
+            print(f"  phases (split where the activity changes, each judged on its own window):")
+            for phase in gpu["phases"]:
+                print(f"    {describe_phase(phase)}")
 
 
 def _print_kernels(k: dict, processes: list[dict]) -> None:
@@ -204,8 +239,8 @@ def _print_kernels(k: dict, processes: list[dict]) -> None:
               f"SM footprint {_show(k['sm_footprint'], '.1%')}")
         # Not the time utilization above: GR active also counts context switches and waits as busy.
         print(f"  kernels running: {_show(k['busy_share'], '.1%')} of the window; kernel overlap "
-              f"{_show(k['overlap'], '.2f')}x, {k['short_kernels']} short kernels (< {SHORT_KERNEL_S * 1e6:g} us) "
-              f"{_show(k['short_kernel_overlap'], '.2f')}x")
+              f"{_times(k['overlap'])}, {k['short_kernels']} short kernels (< {SHORT_KERNEL_S * 1e6:g} us)"
+              + ("" if k["short_kernel_overlap"] is None else f" overlap {_times(k['short_kernel_overlap'])}"))
     else:
         print("  kernels: none in this window")
     print(f"  idle (no kernel, no copy): {k['idle_gaps']} gaps, {_show(k['long_gap_idle_share'], '.1%')} of the idle time "
@@ -230,6 +265,11 @@ def _bytes(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+def _times(value) -> str:
+    """An overlap factor (1.42x), or n/a without the unit where the window gives none."""
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def _show(value, spec: str = "") -> str:

@@ -42,6 +42,7 @@ MAX_METRICS = 4096  # catalogue entries: (typeId, metricId) pairs, or the old er
 MAX_NAME = 256  # characters of a GPU or metric name
 MAX_UUID = 64
 MAX_GPU_INDEX = 255  # the GPU is typeId & 0xFF
+CATALOGUE_EVENTS = 32  # old era: events of each type read for its metric names
 SQLITE_LIMITS = {  # per connection; the schema's own expressions are parsed under them too
     sqlite3.SQLITE_LIMIT_LENGTH: 16 << 20,  # any one value: a generated or stored 200 MB string fails
     sqlite3.SQLITE_LIMIT_SQL_LENGTH: 1 << 20,
@@ -71,6 +72,8 @@ COLUMNS = {
     "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "deviceId", "globalPid", "gridX", "gridY", "gridZ"),
     "TARGET_INFO_CUDA_DEVICE": ("pid", "cudaId", "gpuId"),
     "PROCESSES": ("globalPid", "name"),
+    "GPU_CONTEXT_SWITCH_EVENTS": ("tag", "seqNo", "contextId", "timestamp", "globalPid", "gpuId"),
+    "ENUM_GPU_CTX_SWITCH": ("id", "name"),
 }
 
 
@@ -414,10 +417,15 @@ class Export:
             self.budget.check()
             if not isinstance(type_id, int):
                 continue  # not an event nsys wrote: no GPU metrics there
-            sample = self.con.execute(f"select {text('data', MAX_EVENT_CHARS)} from GENERIC_EVENTS where typeId=? limit 1",
-                                      (type_id,)).fetchone()
-            event = _event(sample[0]) if sample and sample[0] else {}
-            keys = list(event.keys()) if isinstance(event, dict) else []
+            # A type's first event can hold a part of its metrics (a clock alone): its keys are the union
+            # over its first CATALOGUE_EVENTS events, in the order they first appear.
+            keys = {}
+            for (data,) in self.con.execute(f"select {text('data', MAX_EVENT_CHARS)} from GENERIC_EVENTS "
+                                            "where typeId=? limit ?", (type_id, CATALOGUE_EVENTS)):
+                keys.update(dict.fromkeys(_event(data) if data else {}))
+                if len(keys) > MAX_METRICS:
+                    break
+            keys = list(keys)
             if len(keys) > MAX_METRICS or any(len(k) > MAX_NAME for k in keys):
                 raise IngestError(f"GENERIC_EVENTS type {type_id} has {len(keys)} keys or a key longer than "
                                   f"{MAX_NAME} characters: {NOT_NSYS}")

@@ -75,7 +75,19 @@ def describe(target, counts: dict) -> str:
             detail = ", ".join(f"{name} {n}" for name, n in sorted(counts[key].items()))
             parts.append(f"{verb.format(sum(counts[key].values()))} ({detail})")
     done = "; ".join(parts) or "found nothing to scrub"
-    return f"wrote a scrubbed copy to {target}: {done}; GPU metrics, kernels and timeline kept"
+    kept = counts.get("kept", KEPT)
+    missing = [name for name in KEPT if name not in kept]
+    tail = f" (the export has no {_and(missing)})" if missing else ""
+    return f"wrote a scrubbed copy to {target}: {done}; {_and([*kept, 'timeline'])} kept{tail}"
+
+
+# What a scrub keeps where the export has it: the line says only what was there to keep.
+KEPT = ("GPU metrics", "kernels")
+KEPT_TABLES = {"GPU metrics": ("GPU_METRICS", "GENERIC_EVENTS"), "kernels": ("CUPTI_ACTIVITY_KIND_KERNEL",)}
+
+
+def _and(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def _scrub(con) -> dict:
@@ -119,7 +131,13 @@ def _scrub(con) -> dict:
                 counts["redacted"][f"{table}.{column}"] = changed
     con.commit()
     con.execute("vacuum")  # deleted text must not linger in free pages
-    return {key: {k: n for k, n in found.items() if n} for key, found in counts.items()}
+    found = {key: {k: n for k, n in found.items() if n} for key, found in counts.items()}
+    found["kept"] = [name for name in KEPT if any(_has_rows(con, t) for t in KEPT_TABLES[name] if t in tables)]
+    return found
+
+
+def _has_rows(con, table: str) -> bool:
+    return con.execute(f"select 1 from [{table}] limit 1").fetchone() is not None
 
 
 def _blank_meta(con, table: str) -> int:

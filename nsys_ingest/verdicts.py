@@ -26,6 +26,16 @@ CONCURRENT_KERNELS = 1.2  # kernel time / busy time of short kernels at or over 
 # span a slice, so only short kernels' overlap tells MPS from time slicing.
 SHORT_KERNEL_S = 100e-6
 MIN_SHORT_KERNELS = 100  # fewer short kernels than this in the window: their overlap proves nothing
+THROTTLED_CLOCK = 0.9  # SM clock under this share of its maximum while busy, held by power or thermal: throttled
+# NVML clock event reasons (exporter.nvml.CLOCK_EVENT_REASONS) that mean a power or thermal limit, and
+# what each asks of the operator.
+POWER_THERMAL_REASONS = {
+    "sw_power_cap": "the board's power limit (software power cap)",
+    "hw_power_brake_slowdown": "an external power brake (the system's power supply asked for less)",
+    "hw_slowdown": "a hardware slowdown (power or temperature far over its limit)",
+    "sw_thermal_slowdown": "the GPU's temperature limit (software thermal slowdown)",
+    "hw_thermal_slowdown": "a hardware thermal slowdown (the GPU or its memory too hot)",
+}
 
 SHARING_MODES = ("exclusive", "time_sliced", "mps", "mig", "idle")
 
@@ -62,6 +72,11 @@ class Evidence:
     kernel_trace: bool | None = None  # True: an export's CUDA trace (the fields above are known where it has kernels)
     kernel_busy_share: float | None = None  # share of the window with a kernel running
     copy_busy_share: float | None = None  # share of the window with a memory copy or memset running
+    # Live NVML only:
+    sm_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    clock_event_reasons: tuple[str, ...] | None = None  # why the clocks are below their maximum now
+    throttle_share: float | None = None  # share of the last NVML health window held down by power or thermal
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,29 @@ def _idle(e: Evidence):
     if e.time_utilization < IDLE_BELOW:
         return (f"time utilization {_vs(e.time_utilization, '<', IDLE_BELOW)}",
                 "nothing to fix on the GPU; if jobs hold it, give it back or pack more work onto it")
+
+
+def _throttled(e: Evidence):
+    # Before memory_bound and saturated: whatever limits the work, clocks held down slow all of it,
+    # and the fix is in the machine room, not in the code.
+    held = [r for r in e.clock_event_reasons or () if r in POWER_THERMAL_REASONS]
+    if not held or not e.sm_clock_hertz or not e.sm_clock_max_hertz or e.time_utilization < BUSY_TIME:
+        return None
+    ratio = e.sm_clock_hertz / e.sm_clock_max_hertz
+    if ratio >= THROTTLED_CLOCK:
+        return None
+    share = "" if e.throttle_share is None else f"; held down {_pct(e.throttle_share)} of the last window"
+    fixes = []
+    if any(r in ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown") for r in held):
+        fixes.append("cooling: inlet air temperature, airflow and fans, failed or blocked heat sinks "
+                     "(nvidia-smi -q -d TEMPERATURE,PERFORMANCE)")
+    if any(r in ("sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown") for r in held):
+        fixes.append("power: the board's limit against its maximum (nvidia-smi -q -d POWER; raise it with "
+                     "nvidia-smi -pl where the chassis can supply it), the node's power supply and capping policy")
+    return (f"SM clock {e.sm_clock_hertz / 1e6:.0f} MHz of {e.sm_clock_max_hertz / 1e6:.0f} MHz "
+            f"({_vs(ratio, '<', THROTTLED_CLOCK)}) while busy {_pct(e.time_utilization)} of the time, held down by "
+            f"{'; '.join(POWER_THERMAL_REASONS[r] for r in held)}{share}",
+            f"{'; '.join(fixes)}: every kernel runs slower until the clocks come back, whatever the code does")
 
 
 def _memory_bound(e: Evidence):
@@ -234,7 +272,8 @@ def _footprint(e: Evidence) -> str:
     return "" if e.sm_footprint is None else f", kernels' grids cover {_pct(e.sm_footprint)} of the SMs"
 
 
-RULES = (("mps_server_paging", _mps_server_paging), ("idle", _idle), ("memory_bound", _memory_bound),
+RULES = (("mps_server_paging", _mps_server_paging), ("idle", _idle), ("throttled", _throttled),
+         ("memory_bound", _memory_bound),
          ("saturated", _saturated), ("host_bound", _host_bound), ("input_bound", _input_bound),
          ("time_sliced_small_kernels", _time_sliced), ("mps_shared", _mps_shared),
          ("launch_bound", _launch_bound), ("small_grid", _small_grid), ("underused_sms", _underused_sms),

@@ -16,6 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def needs(*tools: str):
+    """Skips a test where a tool it runs is not installed (.ci/run installs them all)."""
+    import shutil
+
+    import pytest
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (see .ci/run)")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -135,12 +145,12 @@ class Prometheus:
     ({job: [targets]}) every second; alerts go to `alertmanager` (host:port) when given."""
 
     def __init__(self, tmp: Path, jobs: dict[str, list[str]], alertmanager: str | None = None,
-                 external_labels: dict | None = None, target_labels: dict | None = None):
+                 external_labels: dict | None = None, target_labels: dict | None = None, alert_for: str = "3s"):
         import yaml
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text()))
+        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text(), alert_for))
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": external_labels or {}},
             "rule_files": [str(tmp / "rules.yaml")],

@@ -29,6 +29,24 @@ def pod(namespace: str, name: str, containers: dict[str, list[tuple[str, list[st
         for c, devs in containers.items()])
 
 
+DRA = "gpu.nvidia.com"
+
+
+def claim_pod(namespace: str, name: str, containers: dict[str, list[tuple]]) -> pb.PodResources:
+    """containers: name -> [(claim name, [(device name, share_id or None)], driver, pool)]; driver and
+    pool may be left out (gpu.nvidia.com, pool "node-a")."""
+    def resources(claim):
+        claim_name, devices, driver, pool = (*claim, DRA, "node-a")[:4]
+        return pb.DynamicResource(claim_name=claim_name, claim_namespace=namespace, claim_resources=[
+            pb.ClaimResource(driver_name=driver, pool_name=pool, device_name=device,
+                             cdi_devices=[pb.CDIDevice(name=f"k8s.{driver}/claim={claim_name}-{device}")],
+                             **({"share_id": share} if share is not None else {}))
+            for device, share in devices])
+    return pb.PodResources(namespace=namespace, name=name, containers=[
+        pb.ContainerResources(name=c, dynamic_resources=[resources(claim) for claim in claims])
+        for c, claims in containers.items()])
+
+
 class PodResources(pb_grpc.PodResourcesListerServicer):
     def __init__(self):
         self.pods: list[pb.PodResources] = []

@@ -192,3 +192,137 @@ def preempted(real: Path, out: Path) -> Path:
     con.commit()
     con.close()
     return out
+
+
+def metric_phases(real: Path, out: Path, phases, step_ns: int = 100_000_000) -> Path:
+    """GPU 0's GPU metrics replaced by phases (start_s, end_s, {metric name stem: percent}): one sample
+    every step_ns in [start, end), every other metric dropped; the kernel trace is left as it is."""
+    shutil.copyfile(real, out)
+    con = sqlite3.connect(out)
+    ids = {split_unit(name)[0]: (type_id, metric_id) for type_id, metric_id, name in
+           con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS")}
+    con.execute("delete from GPU_METRICS")
+    rows = []
+    for start_s, end_s, values in phases:
+        for ts in range(int(start_s * 1e9), int(end_s * 1e9), step_ns):
+            rows += [(ts, ts, *ids[stem], percent) for stem, percent in values.items()]
+    con.executemany("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) values (?, ?, ?, ?, ?)",
+                    rows)
+    con.commit()
+    con.close()
+    return out
+
+
+# -- GPU context switches (nsys profile --gpuctxsw=true) ----------------------------------------------
+MS = 1_000_000  # ns
+CTXSW_METRICS = {"gr_active": "GR Active [Throughput %]", "sm_active": "SMs Active [Throughput %]",
+                 "sm_occupancy": "Compute Warps in Flight [Throughput %]", "tensor_active": "Tensor Active [Throughput %]",
+                 "dram_read": "DRAM Read Bandwidth [Throughput %]"}
+# tags as the H200's nsys 2025.3 numbered the two that matter (8, 7); the others' numbers are made up here
+DEVICE_ENUM = {8: "RESTORE_START", 7: "SAVE_END", 5: "SAVE_START", 6: "RESTORE_END"}
+HOST_BITS = 0x1000000000000  # what nsys' globalPid holds above the pid (pid = (globalPid >> 24) & 0xFFFFFF)
+
+
+def global_pid(pid: int) -> int:
+    return HOST_BITS | (pid << 24)
+
+
+def type_id(gpu: int) -> int:
+    return 0x1000100000000 + gpu  # the H100 fixture's typeId for GPU 0; the GPU is typeId & 0xFF
+
+
+def ctxsw_export(out: Path, slices=(), samples=(), events=(), processes=None, hz: float | None = 1000,
+                 enum=DEVICE_ENUM, reverse: bool = False, start_utc_ns: int = 1_800_000_000 * 10**9) -> Path:
+    """An export as `nsys profile --gpuctxsw=true --gpu-metrics-devices=all` writes it, from scratch.
+
+    slices: (gpu, start ms, end ms, pid, contextId) -> a RESTORE_START and a SAVE_END; events: extra
+    (gpu, ms, tag (name or number), contextId, pid or None); samples: (gpu, ms, {quantity: ratio}) as
+    GPU_METRICS percentages, each describing [ms, next sample); processes: pid -> command (PROCESSES). `reverse` writes the events newest
+    first (seqNo still in time order). enum None: no ENUM_GPU_CTX_SWITCH table."""
+    by_name = {name: code for code, name in (enum or DEVICE_ENUM).items()}
+    rows = []
+    for gpu, start, end, pid, ctx in slices:
+        rows.append((start, len(rows), by_name["RESTORE_START"], ctx, pid, gpu))
+        rows.append((end, len(rows), by_name["SAVE_END"], ctx, pid, gpu))
+    for gpu, ms, tag, ctx, pid in events:
+        rows.append((ms, len(rows), by_name.get(tag, tag), ctx, pid, gpu))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    table = [(tag, 0, seq, ctx, round(ms * MS), None if pid is None else global_pid(pid), gpu)
+             for seq, (ms, _, tag, ctx, pid, gpu) in enumerate(rows)]
+    if reverse:
+        table.reverse()
+    out.unlink(missing_ok=True)
+    con = sqlite3.connect(out)
+    con.executescript("""
+        create table StringIds (id integer primary key, value text);
+        create table TARGET_INFO_SESSION_START_TIME (utcEpochNs integer, utcTime text, localTime text);
+        create table META_DATA_CAPTURE (name text not null, value text);
+        create table TARGET_INFO_GPU (vmId integer not null, id integer not null, name text, uuid text, smCount integer);
+        create table TARGET_INFO_GPU_METRICS (typeId integer not null, sourceId integer not null, typeName text not null,
+                                              metricId integer not null, metricName text not null);
+        create table GPU_METRICS (rawTimestamp integer not null, timestamp integer not null, typeId integer not null,
+                                  metricId integer not null, value integer not null);
+        create table GPU_CONTEXT_SWITCH_EVENTS (tag integer not null, vmId integer not null, seqNo integer not null,
+                                                contextId integer not null, timestamp integer not null, globalPid integer,
+                                                gpuId integer);
+        create table PROCESSES (globalPid integer, pid integer, name text);
+    """)
+    con.execute("insert into TARGET_INFO_SESSION_START_TIME values (?, '', '')", (start_utc_ns,))
+    if hz:
+        con.execute("insert into META_DATA_CAPTURE values ('GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY', ?)", (str(hz),))
+    gpus = sorted({r[6] for r in table if r[6] is not None} | {s[0] for s in samples})
+    for gpu in gpus:
+        con.execute("insert into TARGET_INFO_GPU values (0, ?, 'NVIDIA H200', ?, 132)",
+                    (gpu, f"{gpu:08x}-0000-4000-8000-000000000000"))
+        con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, ?, 'GPU metrics', ?, ?)",
+                        [(type_id(gpu), type_id(gpu), i, name) for i, name in enumerate(CTXSW_METRICS.values())])
+    metric_ids = {q: i for i, q in enumerate(CTXSW_METRICS)}
+    con.executemany("insert into GPU_METRICS values (?, ?, ?, ?, ?)",
+                    [(round(ms * MS), round(ms * MS), type_id(gpu), metric_ids[q], value * 100)
+                     for gpu, ms, values in samples for q, value in values.items()])
+    if not samples:  # profiled without --gpu-metrics-devices
+        con.executescript("drop table GPU_METRICS; drop table TARGET_INFO_GPU_METRICS;")
+    if enum is not None:
+        con.execute("create table ENUM_GPU_CTX_SWITCH (id integer not null primary key, name text, label text)")
+        con.executemany("insert into ENUM_GPU_CTX_SWITCH values (?, ?, ?)",
+                        [(code, name, name.replace("_", " ").title()) for code, name in enum.items()])
+    con.executemany("insert into GPU_CONTEXT_SWITCH_EVENTS values (?, ?, ?, ?, ?, ?, ?)", table)
+    con.executemany("insert into PROCESSES values (?, ?, ?)",
+                    [(global_pid(pid), pid, name) for pid, name in (processes or {}).items()])
+    con.commit()
+    con.close()
+    return out
+
+
+def time_sliced(out: Path, densities: dict[int, float], duration_ms: float = 500.0, hz: float = 10000, seed: int = 1,
+                ramp_ms: float = 0.0) -> tuple[Path, dict[int, float]]:
+    """Processes taking ~2.2 ms turns (1.5-2.9 ms, mostly round robin, 20-80 us gaps), each with its own
+    SM active while resident, except the first `ramp_ms` of each slice (0: the context is still being
+    restored); samples at `hz` hold the exact mean of their interval as integer percentages, as nsys
+    stores them, stamped at its start. Returns the export and each process's true mean SM active while resident."""
+    import bisect
+    import random
+
+    rng = random.Random(seed)
+    pids = sorted(densities)
+    slices, t, k = [], 0.0, 0
+    while t < duration_ms:
+        pid = pids[k % len(pids)] if rng.random() > 0.1 else pids[(k + 1) % len(pids)]
+        end = min(t + rng.uniform(1.5, 2.9), duration_ms)
+        slices.append((0, t, end, pid, pid))
+        t = end + rng.uniform(0.02, 0.08)
+        k += 1
+    starts = [s[1] for s in slices]
+    step = 1000.0 / hz
+    samples = []
+    for i in range(1, int(round(duration_ms / step)) + 1):
+        hi = i * step
+        lo = hi - step
+        first = max(bisect.bisect_left(starts, lo) - 2, 0)
+        busy = sum(max(min(e, hi) - max(s + ramp_ms, lo), 0.0) * densities[pid]
+                   for _, s, e, pid, _ in slices[first:first + 5])
+        samples.append((0, round(lo, 6), {"sm_active": round(busy / step * 100) / 100, "gr_active": 1.0}))
+    resident = {pid: sum(e - s for _, s, e, p, _ in slices if p == pid) for pid in pids}
+    active = {pid: sum(max(e - s - ramp_ms, 0.0) * densities[pid] for _, s, e, p, _ in slices if p == pid) for pid in pids}
+    ctxsw_export(out, slices=slices, samples=samples, hz=hz, processes={pid: f"job-{pid}" for pid in pids})
+    return out, {pid: active[pid] / resident[pid] for pid in pids}

@@ -233,7 +233,7 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
     from exporter import api_models, snapshot
     from exporter.samplers import kubelet, mps
     from exporter.spool import SpoolStats
-    from exporter.workloads import Holder, WorkloadView
+    from exporter.workloads import Holder, WorkloadView, _Account
     from nsys_ingest import verdicts
 
     pairs = [(snapshot.SpatialReading, api_models.SpatialReading), (snapshot.SourceStatus, api_models.SourceStatus),
@@ -245,7 +245,7 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
     for record, model in pairs:
         assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
     assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
-    counters = {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "sm_active": {}, "hidden_idle": {}}
+    counters = _Account(created=0.0).counters  # what every workload record carries
     record = WorkloadView(Holder(), snapshot.GpuIdentity(0, "GPU-a", "H100"), 1.0, 0, (), None, "", None, None, 0.0,
                           False, counters, 0.0)
     assert set(record.to_json()) == set(api_models.Workload.model_fields)

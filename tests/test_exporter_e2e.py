@@ -18,6 +18,7 @@ from tests.kubelet_server import GPU, SLICED_UUID, kubernetes_node, pod
 
 GOLDEN = FIXTURES / "golden_metrics.prom"
 GOLDEN_K8S = FIXTURES / "golden_metrics_k8s.prom"
+GOLDEN_HEALTH = FIXTURES / "golden_metrics_health.prom"
 VOLATILE = ("gpu_exporter_collector_duration_seconds", "gpu_spatial_sample_timestamp_seconds")
 REPLAY_ARGS = ("--nvml-replay", str(FIXTURES / "nvml_h100_quarter_sms_frame.json"),
                "--proc-root", str(FIXTURES / "proc"), "--mps-control-binary", str(FIXTURES / "fake-mps-control"),
@@ -127,3 +128,18 @@ def test_kubernetes_node_metrics_match_their_golden_file(tmp_path):
     if shutil.which("promtool"):
         done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
         assert done.returncode == 0 and not (done.stdout + done.stderr).strip(), done.stdout + done.stderr
+
+
+def test_h200_health_metrics_match_their_golden_file(tmp_path):
+    """Every health family (docs/metrics.md, GPU: health) from the H200 recording's first frame, with XID
+    events and NVLink throughput declared on top (tests/test_health.py, health_replay)."""
+    from tests.test_health import health_replay
+
+    with Exporter("--nvml-replay", str(health_replay(tmp_path)), "--no-mps", "--interval", "0.2") as running:
+        wait_for(lambda: 'xid="13"' in running.metrics() and "gpu_nvlink_throughput_bytes_per_second{" in running.metrics(),
+                 20, what="XIDs and a GPM window")
+        text = running.metrics()
+    got = normalise(text)
+    if os.environ.get("UPDATE_GOLDEN"):
+        GOLDEN_HEALTH.write_text(got)
+    assert got == GOLDEN_HEALTH.read_text()

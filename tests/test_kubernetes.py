@@ -12,8 +12,8 @@ import yaml
 from tests.helpers import ROOT
 
 BASE = ROOT / "deploy" / "kubernetes"
-KUBERNETES_VERSION = "1.33.0"  # a recent release that kubernetes-validate carries schemas for
-BUILT_IN = {"Namespace", "ServiceAccount", "Service", "DaemonSet", "ConfigMap"}
+KUBERNETES_VERSION = "1.35.0"  # DRA's GA release (resource.k8s.io/v1, which the exporter reads)
+BUILT_IN = {"Namespace", "ServiceAccount", "Service", "DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}
 needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
 
 
@@ -34,7 +34,8 @@ def test_generated_manifests_are_what_their_sources_make():
 def test_kustomize_renders_every_kind_into_one_namespace(rendered):
     kinds = {kind for kind, _ in rendered}
     assert kinds == BUILT_IN | {"PrometheusRule", "ServiceMonitor"}
-    assert all(d["metadata"].get("namespace") == "gpu-monitoring" for (k, _), d in rendered.items() if k != "Namespace")
+    cluster_wide = {"Namespace", "ClusterRole", "ClusterRoleBinding"}
+    assert all(d["metadata"].get("namespace") == "gpu-monitoring" for (k, _), d in rendered.items() if k not in cluster_wide)
 
 
 @needs("kubectl")
@@ -54,7 +55,7 @@ def test_daemonset_runs_on_gpu_nodes_with_what_attribution_needs(rendered):
     spec = rendered[("DaemonSet", "gpu-spatial-exporter")]["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
-    assert spec["hostPID"] is True and spec["automountServiceAccountToken"] is False
+    assert spec["hostPID"] is True and spec["automountServiceAccountToken"] is True  # the DRA reads (rbac.yaml)
     (container,) = spec["containers"]
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     for path in ("/host/proc", "/var/lib/kubelet/pod-resources", "/host/var/log/containers"):
@@ -63,10 +64,25 @@ def test_daemonset_runs_on_gpu_nodes_with_what_attribution_needs(rendered):
     args = container["args"]
     assert "--kubelet-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in args and "--proc-root=/host/proc" in args
     assert container["resources"]["requests"] and container["resources"]["limits"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert container["livenessProbe"]["httpGet"]["path"] == container["readinessProbe"]["httpGet"]["path"] == "/healthz"
     security = container["securityContext"]
     assert security["capabilities"]["drop"] == ["ALL"] and security["readOnlyRootFilesystem"] is True
     assert security["allowPrivilegeEscalation"] is False
+
+
+@needs("kubectl")
+def test_rbac_reads_dra_claims_and_slices_and_nothing_else(rendered):
+    role = rendered[("ClusterRole", "gpu-spatial-exporter-dra-reader")]
+    assert role["rules"] == [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceslices"],
+                              "verbs": ["get", "list"]}]
+    binding = rendered[("ClusterRoleBinding", "gpu-spatial-exporter-dra-reader")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": "gpu-spatial-exporter-dra-reader"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-spatial-exporter",
+                                    "namespace": "gpu-monitoring"}]
+    assert not [k for k in rendered if k[0] in ("Role", "RoleBinding")]  # no other grant
 
 
 @needs("kubectl")

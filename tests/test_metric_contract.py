@@ -1,13 +1,14 @@
 """docs/metrics.md is the metric contract: every family the real exporter publishes must be in it
 (the Workloads table included), and every family it documents outside Workloads is published."""
 import re
+import shutil
 
 import pytest
 
 from tests.helpers import ROOT, Exporter, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID, kubernetes_node, pod
 from tests.test_exporter_e2e import REPLAY_ARGS
-from tests.test_nsys_source import QUARTER, post
+from tests.test_nsys_source import QUARTER
 
 CONTRACT = ROOT / "docs" / "metrics.md"
 
@@ -38,9 +39,10 @@ def exposition(tmp_path_factory) -> str:
     the H100 with GPM, MPS daemons, an nsys replay and the upload spool; and a Kubernetes node with
     pods, a kubelet and per-container process series."""
     tmp = tmp_path_factory.mktemp("contract")
+    (tmp / "spool").mkdir()  # an earlier upload: a replaying exporter refuses new ones (409)
+    shutil.copyfile(QUARTER, tmp / "spool" / "upload-20261101T000000-0123abcd.sqlite")
     with Exporter(*REPLAY_ARGS, "--replay", str(QUARTER), "--nsys-upload-token", "s3cret",
                   "--nsys-spool-dir", str(tmp / "spool")) as running:
-        assert post(running.url + "/api/v1/nsys", QUARTER.read_bytes(), "s3cret")[0] == 201
         wait_for(lambda: "gpu_exporter_nsys_spool_files 1" in running.metrics()
                  and "mps_server_clients{" in running.metrics() and "gpu_diagnosis{" in running.metrics(),
                  20, what="spool, MPS and diagnosis")

@@ -18,6 +18,7 @@ import yaml
 from dashboards.common import queries
 from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, wait_for
 from tests.kubelet_server import SLICED_UUID, KubeletServer, pod
+from tests.test_health import health_replay
 
 DASHBOARDS = sorted((ROOT / "dashboards" / "generated").glob("*.json"))
 needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
@@ -55,7 +56,7 @@ def test_compose_file_is_valid_and_complete():
     config = yaml.safe_load(done.stdout)
     services = config["services"]
     assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "alertmanager",
-                             "grafana", "victoria-metrics"}
+                             "grafana", "victoria-metrics", "runbooks"}
     assert services["alertmanager"]["image"].startswith("prom/alertmanager:v")  # pinned
     assert all("healthcheck" in s for s in services.values())
     assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
@@ -78,7 +79,8 @@ def test_dashboards_json_is_what_the_code_builds():
 
 
 def test_every_metric_a_dashboard_or_rule_uses_is_in_the_golden_output():
-    golden = {line.split("{")[0].split(" ")[0] for name in ("golden_metrics.prom", "golden_metrics_k8s.prom")
+    golden = {line.split("{")[0].split(" ")[0] for name in ("golden_metrics.prom", "golden_metrics_k8s.prom",
+                                                            "golden_metrics_health.prom")
               for line in (FIXTURES / name).read_text().splitlines() if line and not line.startswith("#")}
     exprs = [q for d in DASHBOARDS for _, q in queries(json.loads(d.read_text()))]
     exprs += [r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
@@ -123,11 +125,12 @@ def test_stack_end_to_end(tmp_path):
                       "--interval", "0.5") as busy, \
              Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.5",
                       "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5",
-                      "--hpc-job-mapping-dir", str(jobs), "--held-idle-after", "3s") as k8s:
-            targets = [f"127.0.0.1:{e.port}" for e in (hidden, busy, k8s)]
+                      "--hpc-job-mapping-dir", str(jobs), "--held-idle-after", "3s") as k8s, \
+             Exporter("--nvml-replay", str(health_replay(tmp_path)), "--no-mps", "--interval", "0.5") as h200:
+            targets = [f"127.0.0.1:{e.port}" for e in (hidden, busy, k8s, h200)]  # h200: the health row's data
             prometheus = Prometheus(tmp_path, {"gpu-spatial-exporter": targets,
                                                "node-exporter": [f"127.0.0.1:{node_port}"]})
-            wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 4, 60, 0.5, "four targets up")
+            wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 5, 60, 0.5, "five targets up")
             time.sleep(12)  # rate() windows and the shortened for: of the alerts
 
             empty = []

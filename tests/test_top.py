@@ -356,7 +356,7 @@ def test_over_http_matches_the_api_keys_and_recovery(width, height):
         text = match_api(pane, recorder, 0)
         assert len(gpu_rows(text)) == 2 and exporter.url in text
         pane.keys("1")  # the second GPU (the one only the nsys replay knows)
-        pane.wait(lambda t: "GPU 0 GPU-d0231d62" in t, what="second GPU selected")
+        pane.wait(lambda t: "GPU 1 GPU-d0231d62" in t, what="second GPU selected")
         text = match_api(pane, recorder, 1)
         pane.keys("Up")
         pane.wait(lambda t: "GPU 0 GPU-b2071921" in t, what="first GPU selected again")

@@ -12,6 +12,10 @@ Mutations made by hand, each failing the test named (then restored):
 - overlap of all kernels instead of short kernels for the sharing mode:
   test_long_kernels_switched_out_do_not_read_as_mps.
 - copies left out of the GPU's idle gaps: test_copies_are_gpu_work_shown_apart_from_kernels.
+- `ratio >= THROTTLED_CLOCK` -> `>`: test_threshold_boundaries[throttled (THROTTLED_CLOCK 90%) at];
+  `time_utilization < BUSY_TIME` -> `<=` in _throttled: its "at" case; "gpu_idle" counted as a power or
+  thermal reason: test_clock_reasons_that_are_not_limits_are_not_throttling; the live path reading the
+  current clock against itself instead of the maximum: test_live_throttled_verdict_from_the_h200_recording.
 """
 import itertools
 import subprocess
@@ -22,7 +26,9 @@ import pytest
 import tests.synthetic_exports as synth
 from bench.verdict_table import RECORDINGS, live_diagnoses, offline, rejudge
 from exporter.chain import diagnose as diagnose_live
-from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, SpatialReading
+from exporter.nvml import CLOCK_EVENT_REASONS
+from exporter.nvml_replay import ReplayNvml
+from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuHealth, GpuIdentity, SpatialReading
 from nsys_ingest.diagnose import _sharing
 from nsys_ingest.kernels import kernel_stats
 from nsys_ingest.reader import Export
@@ -35,6 +41,9 @@ PHASES = FIXTURES / "h100_phases_100hz.sqlite"
 EPS = 1e-4
 TRACE = dict(kernel_trace=True, processes=1, sharing_mode="exclusive", long_gap_idle_share=0.0,
              median_kernel_s=1e-3, median_grid_blocks=132, sm_count=132)  # a trace of long, wide kernels
+H200 = FIXTURES / "nvml_h200_health.json"
+# Live NVML clocks held at 1500 of 1980 MHz by the power cap (76%).
+THROTTLE = dict(sm_clock_hertz=1500e6, sm_clock_max_hertz=1980e6, clock_event_reasons=("sw_power_cap",))
 
 
 # -- thresholds: just below, at, just above ----------------------------------------------------------
@@ -64,6 +73,13 @@ BOUNDARIES = {
     "small_grid (median grid vs SM count)": (
         lambda x: Evidence(0.99, 0.25, **{**TRACE, "median_grid_blocks": round(x)}), 132,
         ("small_grid", "underused_sms", "underused_sms")),
+    # Busy in time at 50% with the clocks held: throttled; under it, the GPU waits on its host.
+    "throttled (BUSY_TIME 50%)": (lambda x: Evidence(x, None, processes=1, **THROTTLE), 0.5,
+                                  ("host_bound", "throttled", "throttled")),
+    # 1782 of 1980 MHz is 0.9 exactly.
+    "throttled (THROTTLED_CLOCK 90%)": (
+        lambda x: Evidence(0.99, 0.95, **{**THROTTLE, "sm_clock_hertz": x * 1980e6}), 0.9,
+        ("throttled", "saturated", "saturated")),
     "mps_server_paging (MPS_STALL_FAULTS_PER_S 1/s)": (
         lambda x: Evidence(0.99, 0.3, sharing_mode="mps", processes=2, mps_server_faults_per_s=x), 1.0,
         ("mps_shared", "mps_server_paging", "mps_server_paging")),
@@ -102,7 +118,7 @@ def test_sharing_mode_from_a_trace(summary, mode):
 # For each adjacent pair of RULES: evidence on which both rules hold; the first must win.
 BOTH_HOLD = {
     ("mps_server_paging", "idle"): Evidence(0.01, 0.0, sharing_mode="mps", processes=2, mps_server_faults_per_s=5.0),
-    ("idle", "memory_bound"): Evidence(0.01, 0.0, dram_active=0.7),
+    ("throttled", "memory_bound"): Evidence(0.99, 0.95, dram_active=0.85, **THROTTLE),
     ("memory_bound", "saturated"): Evidence(0.99, 0.95, dram_active=0.85),
     ("host_bound", "input_bound"): Evidence(0.3, 0.0, processes=1),
     ("input_bound", "time_sliced_small_kernels"): Evidence(0.3, 0.2, sharing_mode="time_sliced", processes=2),
@@ -113,8 +129,9 @@ BOTH_HOLD = {
 }
 # Pairs that exclude each other: SM active >= 80% is never under half the time figure when that is
 # under 50% (SM active <= time); a GPU is time-sliced or under MPS; a trace is there or it is not.
+# A throttled GPU is busy (>= 50%), an idle one is not (< 5%).
 NEVER_TOGETHER = {("saturated", "host_bound"), ("time_sliced_small_kernels", "mps_shared"),
-                  ("underused_sms", "small_kernels")}
+                  ("underused_sms", "small_kernels"), ("idle", "throttled")}
 RULE = dict(RULES)
 
 
@@ -133,11 +150,11 @@ def test_adjacent_rules_hold_together_and_the_first_wins(pair):
 def _evidence_grid():
     """Evidence over a grid of values where SM active never exceeds time utilization."""
     levels = (0.0, 0.02, 0.3, 0.45, 0.6, 0.85, 0.99)
-    for time, sm, dram, mode, trace in itertools.product(levels, levels, (None, 0.7), ("time_sliced", "mps", None),
-                                                         (False, True)):
+    for time, sm, dram, mode, trace, clocks in itertools.product(
+            levels, levels, (None, 0.7), ("time_sliced", "mps", None), (False, True), ({}, THROTTLE)):
         if sm <= time:
             extra = {**TRACE, "sharing_mode": mode, "median_kernel_s": 5e-6} if trace else {"sharing_mode": mode}
-            yield Evidence(time, sm, dram_active=dram, **{**extra, "processes": 2 if mode else 1})
+            yield Evidence(time, sm, dram_active=dram, **{**extra, **clocks, "processes": 2 if mode else 1})
 
 
 def test_rules_that_never_hold_together():
@@ -288,6 +305,7 @@ def test_sharing_mode_live(time_sliced, mps, mig, mode):
 @pytest.mark.parametrize("evidence, verdict", [
     (Evidence(0.99, 0.2, mps_server_faults_per_s=5.0, sharing_mode="mps"), "mps_server_paging"),
     (Evidence(0.01, 0.0, processes=0), "idle"),
+    (Evidence(0.99, 0.95, **THROTTLE), "throttled"),
     (Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.0, copy_busy_share=0.99),
      "memory_bound"),
     (Evidence(0.99, 0.95), "saturated"),
@@ -316,3 +334,52 @@ def test_memory_bound_names_copies_only_when_they_are_the_work():
 def test_too_little_evidence_is_no_verdict():
     assert judge(Evidence(None, 0.5)) is None
     assert judge(Evidence(0.99, None)) is None  # busy in time, nothing to compare it to
+
+
+# -- throttling ------------------------------------------------------------------------------------------
+def test_clock_reasons_that_are_not_limits_are_not_throttling():
+    """Idle clocks, application clocks and sync boost hold the clock below its maximum too: no limit to fix."""
+    for reason in ("gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"):
+        found = judge(Evidence(0.99, 0.95, **{**THROTTLE, "clock_event_reasons": (reason,)}))
+        assert found.verdict == "saturated", reason
+    assert judge(Evidence(0.99, 0.95, **{**THROTTLE, "sm_clock_max_hertz": None})).verdict == "saturated"
+
+
+def test_throttled_says_what_held_the_clock_and_what_to_change():
+    found = judge(Evidence(0.99, 0.95, **{**THROTTLE, "clock_event_reasons": ("gpu_idle", "sw_power_cap",
+                                                                             "hw_thermal_slowdown")},
+                           throttle_share=0.42))
+    assert found.reason == ("SM clock 1500 MHz of 1980 MHz (76% (< 90%)) while busy 99% of the time, held down by "
+                            "the board's power limit (software power cap); a hardware thermal slowdown (the GPU or "
+                            "its memory too hot); held down 42% of the last window")
+    assert found.advice.startswith("cooling: ") and "; power: " in found.advice and "nvidia-smi -pl" in found.advice
+    power_only = judge(Evidence(0.99, 0.95, **THROTTLE))
+    assert power_only.advice.startswith("power: ") and "cooling" not in power_only.advice
+
+
+def _h200_frame() -> dict:
+    """One frame of the H200 recording: what NVML answered, call by call (the test's figures come from it)."""
+    nvml = ReplayNvml(H200)
+    return {"max": nvml.max_clocks(0), "clock": nvml.sm_clock_hz(0), "health": nvml.health_counters(0)}
+
+
+def test_live_throttled_verdict_from_the_h200_recording():
+    """The recording's own maximum SM clock; the clock and reasons of a power-capped H200 declared
+    against it (the lent GPU's clocks and power limit cannot be changed: throttling cannot be forced)."""
+    frame = _h200_frame()
+    peak = frame["max"]["sm_hz"]
+    held = round(0.8 * peak / 15e6) * 15e6  # NVML reports clocks in whole MHz steps
+    identity = GpuIdentity(0, "GPU-x", "NVIDIA H200")
+    processes = (ComputeProcess(11, "python3", "time_sliced"),)
+    bits = CLOCK_EVENT_REASONS["sw_power_cap"] | CLOCK_EVENT_REASONS["hw_thermal_slowdown"]
+    health = GpuHealth(sm_clock_max_hertz=peak, clock_event_reasons=bits, throttle_share=0.5)
+    telemetry = DeviceTelemetry(identity, 0.0, sm_clock_hertz=held, compute_processes=processes, health=health)
+    mode, (verdict, evidence) = diagnose_live(telemetry, SpatialReading("gpm", 0.0, 1.0, sm_active=0.95), 0.99, None)
+    assert verdict.verdict == "throttled" and mode == "exclusive"
+    assert evidence.sm_clock_hertz == held and evidence.sm_clock_max_hertz == peak
+    assert evidence.clock_event_reasons == ("sw_power_cap", "hw_thermal_slowdown") and evidence.throttle_share == 0.5
+    assert f"SM clock {held / 1e6:.0f} MHz of {peak / 1e6:.0f} MHz" in verdict.reason
+    # The same GPU at its recorded clock and reasons is not throttled.
+    recorded = DeviceTelemetry(identity, 0.0, sm_clock_hertz=frame["clock"], compute_processes=processes,
+                               health=GpuHealth(sm_clock_max_hertz=peak, clock_event_reasons=0))
+    assert diagnose_live(recorded, SpatialReading("gpm", 0.0, 1.0, sm_active=0.95), 0.99, None)[1][0].verdict != "throttled"

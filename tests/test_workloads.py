@@ -11,6 +11,7 @@ import pytest
 from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, PodRef
 from exporter.samplers.slurm import cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
+from exporter.holders import OTHER, REPLICAS, Held, Holdings
 from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
@@ -45,7 +46,7 @@ def test_time_sliced_holders_get_their_time_share_scaled_to_the_gpu_total_and_sm
     assert shares[TRAINER]["pids"] == (417, 418) and shares[TRAINER]["processes"] == 2
     # a holder with no process on the GPU: known to run nothing
     assert shares[IDLE] | {"reason": ""} == {"pids": (), "processes": 0, "time_share": 0.0, "sm_active": 0.0,
-                                             "basis": EXACT, "reason": ""}
+                                             "basis": EXACT, "reason": "", "time_share_basis": "nvml", "window": None}
 
 
 def test_the_only_holder_running_gets_the_gpus_own_sm_activity_exactly():
@@ -158,10 +159,12 @@ def test_held_shares_of_replicas_whole_gpus_and_mig_devices():
 def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed():
     acc = WorkloadAccountant(held_idle_after=10.0)
 
-    class Kubelet:
-        error = ""
-        shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5, ("team-c", "idle", "c"): 0.25}}
-        owners = {417: PodRef("team-a", "train-0", "trainer"), 418: PodRef("team-a", "train-0", "trainer")}
+    def kubelet(shares, owners):
+        return [Holdings(gpus={"GPU-aaaa": {h: Held(share, REPLICAS) for h, share in shares.items()}}, owners=owners)]
+
+    shares = {TRAINER: 0.5, IDLE: 0.25}
+    owners = {417: TRAINER, 418: TRAINER}
+    Kubelet = lambda: kubelet(shares, owners)  # noqa: E731
 
     busy = view(**TIME_SLICED)  # trainer: time 0.396, SM 0.02; idle holder: nothing
     first = {w.holder: w for w in acc.update(100.0, (busy,), Kubelet())}
@@ -180,16 +183,16 @@ def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed(
     assert at.idle_seconds == pytest.approx(10.0) and at.held_idle  # at the threshold
 
     # The idle holder starts a process: its idle clock stops at once; a stalled gap is not integrated.
-    Kubelet.owners = {**Kubelet.owners, 419: PodRef("team-c", "idle", "c")}
+    owners[419] = IDLE
     woke = {w.holder: w for w in acc.update(111.0, (busy,), Kubelet())}[IDLE]
     assert woke.idle_seconds == 0.0 and not woke.held_idle
     stalled = {w.holder: w for w in acc.update(1111.0, (busy,), Kubelet())}[TRAINER]
     assert stalled.counters["held"] == pytest.approx(0.5 * (11.0 + 30.0), abs=1e-6)  # MAX_STEP_S, not 1000 s
 
     # The trainer leaves: its series go; back again, it starts from zero.
-    Kubelet.shares = {"GPU-aaaa": {("team-c", "idle", "c"): 0.25}}
+    shares = {IDLE: 0.25}
     assert [w.holder for w in acc.update(1112.0, (busy,), Kubelet())] == [IDLE]
-    Kubelet.shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5}}
+    shares = {TRAINER: 0.5}
     again = acc.update(1113.0, (busy,), Kubelet())[0]
     assert again.holder == TRAINER and again.counters["held"] == 0.0 and again.created == 1113.0
 
@@ -264,7 +267,7 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         assert set(by_pod("gpu_workload_sm_active_ratio", basis="time_share")) == {"train-0", "notebook"}
         labels = next(l for l, _ in samples["gpu_workload_held_share_ratio"] if l["pod"] == "idle")
         assert labels == {"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3", "namespace": "team-c",
-                          "pod": "idle", "container": "c", "hpc_job": ""}  # empty: Prometheus stores no such label
+                          "pod": "idle", "container": "c", "hpc_job": "", "claim": "", "user": ""}  # empty: never stored
 
         # Pods come and go: the idle pod leaves and takes its series along; no holder, no series.
         server.service.pods = server.service.pods[:2]
@@ -375,3 +378,75 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
                 assert found[key] == pytest.approx(rate, rel=0.01, abs=1e-4), key
         finally:
             prom.stop()
+
+
+# -- bounded holders per GPU ---------------------------------------------------------------------------
+def test_holders_beyond_the_limit_fold_into_other_and_every_second_counts_once():
+    """Limit 2, four holders of 0.25: trainer and notebook run (time 0.396 each), two hold idle. Held
+    GPU-seconds over all published series always add up to 1 GPU x elapsed time, through a holder
+    moving out of and into the fold."""
+    acc = WorkloadAccountant(series_limit=2)
+    spare = Holder("team-d", "spare", "c")
+    shares = {TRAINER: 0.25, NOTEBOOK: 0.25, IDLE: 0.25, spare: 0.25}
+    owners = dict(OWNERS)
+    holdings = lambda: [Holdings(gpus={"GPU-aaaa": {h: Held(v, REPLICAS) for h, v in shares.items()}},  # noqa: E731
+                                 owners=owners)]
+    busy = view(**TIME_SLICED)
+
+    def held_total(views):
+        return {w.holder: w.counters["held"] for w in views}
+
+    acc.update(100.0, (busy,), holdings())
+    views = acc.update(110.0, (busy,), holdings())
+    assert [w.holder for w in views] == [OTHER, TRAINER, NOTEBOOK]  # sorted by labels; idle and spare folded
+    other = next(w for w in views if w.holder == OTHER)
+    assert (other.folded, other.held_share, other.processes, other.time_share) == (2, 0.5, 0, 0.0)
+    assert other.held_share_basis == REPLICAS and other.idle_seconds is None
+    assert held_total(views) == pytest.approx({OTHER: 5.0, NOTEBOOK: 2.5, TRAINER: 2.5})
+
+    owners[419] = spare  # the notebook's process now runs in spare's container: spare is busier
+    views = acc.update(120.0, (busy,), holdings())
+    got = held_total(views)
+    assert set(got) == {OTHER, spare, TRAINER}
+    assert got[spare] == 0.0 and next(w for w in views if w.holder == spare).created == 120.0  # starts again
+    # other: 5 + idle and spare's 110-120 (5) + the notebook's 110-120, published no more in its own series (2.5)
+    assert got[OTHER] == pytest.approx(12.5) and got[TRAINER] == pytest.approx(5.0)
+    # the published increases add up: trainer 5, notebook 2.5 (last seen), spare 0, other 12.5 = 1 GPU x 20 s
+    assert got[OTHER] + got[TRAINER] + got[spare] + 2.5 == pytest.approx(20.0)
+
+    views = acc.update(130.0, (busy,), holdings())
+    got = held_total(views)
+    assert got[spare] == pytest.approx(2.5) and got[OTHER] == pytest.approx(17.5)
+    shares.pop(IDLE), shares.pop(NOTEBOOK)  # back under the limit: no other
+    assert OTHER not in {w.holder for w in acc.update(131.0, (busy,), holdings())}
+
+
+def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+    server, args = node
+    count = 10_000
+    server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(count)])]
+    server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]})] + [
+        pod(f"ns-{n % 50}", f"replica-{n}", {"c": [(GPU, [f"{UUID}::{n}"])]}) for n in range(1, count)]
+    server.start()
+    with Exporter(*args, "--kubelet-interval", "2", "--holder-series-limit", "20") as exporter:
+        def folded():
+            samples = parse_metrics(exporter.metrics())
+            return samples.get("gpu_workload_folded_holders") and samples
+        samples = wait_for(folded, 60, 0.5, "holders folded")
+        assert samples["gpu_workload_folded_holders"][0][1] == count - 20
+        assert len(samples["gpu_workload_held_share_ratio"]) == 21
+        other = next(v for l, v in samples["gpu_workload_held_share_ratio"] if l["pod"] == "other")
+        assert sum(v for _, v in samples["gpu_workload_held_share_ratio"]) == pytest.approx(1.0, abs=1e-6)
+        assert other == pytest.approx((count - 20) / count, abs=1e-6)
+        assert any(l["pod"] == "train-0" for l, _ in samples["gpu_workload_held_share_ratio"])  # the busy one stays
+        pod_info = samples["gpu_pod_info"]
+        assert len(pod_info) == 21 and {l["pod"]: v for l, v in pod_info}["other"] == count - 20
+        assert samples["gpu_pods"][0][1] == count
+        body = exporter.metrics()
+        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound; ~96 KB with 21 holders
+        started = time.monotonic()
+        for _ in range(20):
+            exporter.metrics()
+        print(f"10,000 pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
+        assert exporter.log().count("more than --holder-series-limit 20") == 1
+        assert "Traceback" not in exporter.log()

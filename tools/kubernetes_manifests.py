@@ -58,7 +58,9 @@ def stack_values() -> str:
         }},
     }
     note = ("# helm upgrade --install kube-prometheus-stack prometheus-community/kube-prometheus-stack -f this file\n"
-            "# (merge with your own values; edit the gpu-oncall receiver in deploy/alertmanager.yaml first).\n")
+            "# (merge with your own values; edit the gpu-oncall receiver in deploy/alertmanager.yaml first;\n"
+            "# set externalLabels.runbook_base_url to where your cluster serves docs/runbooks: its default is\n"
+            "# the compose stack's runbooks service).\n")
     return HEADER.format(source="deploy/alertmanager.yaml and prometheus.yaml") + note + \
         yaml.safe_dump(values, sort_keys=False, width=120)
 

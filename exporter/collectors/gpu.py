@@ -1,9 +1,10 @@
 """GPU collector: time utilization next to spatial utilization, from the latest snapshot only."""
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
+from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import PUBLISHED_STATES, SPATIAL_FIELDS
 from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
@@ -23,6 +24,20 @@ TELEMETRY = (
     ("power_watts", "gpu_power_watts", "Power draw (NVML)."),
     ("sm_clock_hertz", "gpu_sm_clock_hertz", "SM clock (NVML)."),
     ("temperature_celsius", "gpu_temperature_celsius", "GPU temperature (NVML)."),
+    ("memory_free_bytes", "gpu_memory_free_bytes", "Device memory free (NVML)."),
+    ("memory_reserved_bytes", "gpu_memory_reserved_bytes",
+     "Device memory the driver reserves, counted in gpu_memory_used_bytes (NVML memory info v2)."),
+    ("memory_clock_hertz", "gpu_memory_clock_hertz", "Memory clock (NVML)."),
+)
+# GpuHealth gauges: (attribute, family, help). Counters and labelled families are in HealthFamilies.
+HEALTH_GAUGES = (
+    ("sm_clock_max_hertz", "gpu_sm_clock_max_hertz", "Maximum SM clock (NVML max clock info)."),
+    ("memory_clock_max_hertz", "gpu_memory_clock_max_hertz", "Maximum memory clock (NVML max clock info)."),
+    ("memory_temperature_celsius", "gpu_memory_temperature_celsius", "Memory (HBM) temperature (NVML field 82)."),
+    ("encoder_utilization", "gpu_encoder_utilization_ratio", "Share of time the video encoder was busy (NVML)."),
+    ("decoder_utilization", "gpu_decoder_utilization_ratio", "Share of time the video decoder was busy (NVML)."),
+    ("row_remap_pending", "gpu_row_remap_pending", "1 while remapped rows wait for a GPU reset to take effect (NVML)."),
+    ("row_remap_failure", "gpu_row_remap_failure", "1 once a row remapping has failed: the GPU needs service (NVML)."),
 )
 
 
@@ -50,6 +65,15 @@ def process_groups(processes, owners, limit: int) -> list[tuple[list[str], float
     return out
 
 
+def bounded_pods(refs, published: set, limit: int | None) -> tuple[list, int]:
+    """At most `limit` of a GPU's containers: those published as holders first, then by name; and how
+    many more there are (one gpu_pod_info series pod="other" with that count)."""
+    if limit is None or len(refs) <= limit:
+        return list(refs), 0
+    ranked = sorted(refs, key=lambda r: ((r.namespace, r.pod, r.container) not in published, r))
+    return ranked[:limit], len(ranked) - limit
+
+
 def gpu_labels(view) -> list[str]:
     ident = view.identity
     return [str(ident.index), ident.uuid, ident.model]
@@ -65,6 +89,76 @@ def _one_hot(family, labels, values, current) -> None:
     if current is not None:
         for value in values:
             family.add_metric(labels + [value], 1.0 if value == current else 0.0)
+
+
+class HealthFamilies:
+    """What dcgm-exporter's default set shows beyond utilization (docs/metrics.md, GPU: health)."""
+
+    def __init__(self):
+        self.gauges = {attr: _gauge(name, doc) for attr, name, doc in HEALTH_GAUGES}
+        self.driver = _gauge("gpu_driver_info", "1, labelled with the NVIDIA driver version (NVML).", ["driver_version"])
+        self.reasons = _gauge("gpu_clock_event_reason_active", "1 for each reason NVML gives now for clocks below "
+                              "their maximum (nvmlDeviceGetCurrentClocksEventReasons), 0 for the others.", ["reason"])
+        self.energy = _counter("gpu_energy_joules", "Energy the GPU used since the driver loaded (NVML, mJ / 1000).")
+        self.throttle = _counter("gpu_clock_throttle_seconds", "Time the clocks were held down, by reason "
+                                 "(nvmlDeviceGetViolationStatus, ns / 1e9).", ["reason"])
+        self.replays = _counter("gpu_pcie_replays", "PCIe replays (retries) since the driver loaded (NVML).")
+        self.ecc = _counter("gpu_ecc_errors", "ECC errors: error corrected or uncorrected, scope volatile (since the "
+                            "driver loaded) or aggregate (the GPU's life) (NVML).", ["error", "scope"])
+        self.rows = _counter("gpu_remapped_rows", "Memory rows remapped, by the error that caused it (NVML).", ["error"])
+        self.xid = _counter("gpu_xid_errors", "XID events since the exporter started, by XID (NVML event set).", ["xid"])
+        self.last_xid = _gauge("gpu_xid_last_code", "The last XID this GPU reported since the exporter started (NVML).")
+        self.pcie = _gauge("gpu_pcie_throughput_bytes_per_second", "PCIe throughput: GPM over its window, or "
+                           "NVML's 20 ms sample.", ["direction", "source"])
+        self.nvlink = _gauge("gpu_nvlink_throughput_bytes_per_second", "NVLink throughput over all links: GPM over "
+                             "its window, or NVML's byte counters between two reads.", ["direction", "source"])
+
+    def add(self, labels, view) -> None:
+        tel = view.telemetry
+        if tel is None:
+            return
+        for xid, count in tel.xid_counts:  # kept for a lost GPU: XID 79 says why it was lost
+            self.xid.add_metric(labels + [str(xid)], count)
+        if tel.last_xid is not None:
+            self.last_xid.add_metric(labels, tel.last_xid)
+        health = tel.health
+        if tel.lost or health is None:
+            return
+        for attr, family in self.gauges.items():
+            value = getattr(health, attr)
+            if value is not None:
+                family.add_metric(labels, float(value))
+        if health.driver_version:
+            self.driver.add_metric(labels + [health.driver_version], 1.0)
+        if health.clock_event_reasons is not None:
+            for reason, bit in CLOCK_EVENT_REASONS.items():
+                self.reasons.add_metric(labels + [reason], 1.0 if health.clock_event_reasons & bit else 0.0)
+        if health.energy_joules is not None:
+            self.energy.add_metric(labels, health.energy_joules)
+        for reason, seconds in health.throttle_seconds:
+            self.throttle.add_metric(labels + [reason], seconds)
+        if health.pcie_replays is not None:
+            self.replays.add_metric(labels, health.pcie_replays)
+        for error, scope, count in health.ecc_errors:
+            self.ecc.add_metric(labels + [error, scope], count)
+        for error, rows in health.remapped_rows:
+            self.rows.add_metric(labels + [error], rows)
+        links = view.links
+        if links is not None:
+            for family, prefix in ((self.pcie, "pcie"), (self.nvlink, "nvlink")):
+                for direction in ("tx", "rx"):
+                    value = getattr(links, f"{prefix}_{direction}")
+                    if value is not None:
+                        family.add_metric(labels + [direction, links.source], value)
+
+    def families(self):
+        yield from self.gauges.values()
+        yield from (self.driver, self.reasons, self.energy, self.throttle, self.replays, self.ecc, self.rows,
+                    self.xid, self.last_xid, self.pcie, self.nvlink)
+
+
+def _counter(name, documentation, extra_labels=()):
+    return CounterMetricFamily(name, documentation, labels=GPU_LABELS + list(extra_labels))
 
 
 class GpuCollector:
@@ -83,8 +177,13 @@ class GpuCollector:
         owners = kubelet.owners if kubelet is not None else {}
         compute = _gauge("gpu_compute_processes", "Processes with a compute context on the GPU, by kind: mps "
                          "(MPS clients) or time_sliced (own context); the MPS server is not counted (NVML).", ["kind"])
-        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources); "
-                          "join on uuid.", ["namespace", "pod", "container", "resource"])
+        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources: "
+                          "device plugins' resources, DRA claims' driver); join on uuid. Beyond --holder-series-limit, "
+                          "pod=\"other\" counts the rest.", ["namespace", "pod", "container", "resource"])
+        holder_limit = getattr(getattr(self._engine, "workloads", None), "series_limit", None)  # None: no holders
+        published: dict[str, set] = {}
+        for w in snapshot.workloads:
+            published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
         pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
         time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
         time_source = _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes from: "
@@ -108,6 +207,7 @@ class GpuCollector:
                          "contexts take turns), mps, mig or idle (from NVML's process lists and MIG mode).", ["mode"])
         diagnosis = _gauge("gpu_diagnosis", "1 for the verdict the live rules reach on this GPU (evidence and advice: "
                            "/api/v1/gpus; rules: nsys_ingest/verdicts.py).", ["verdict"])
+        health = HealthFamilies()
         state = _gauge("gpu_spatial_source_state",
                        "1 for the current state of each candidate spatial source (reason: /api/v1/gpus).",
                        ["source", "state"])
@@ -137,8 +237,11 @@ class GpuCollector:
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
             if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
                 refs = kubelet.pods[view.identity.uuid]
-                for ref in refs:
+                shown, rest = bounded_pods(refs, published.get(view.identity.uuid, set()), holder_limit)
+                for ref in shown:
                     pod_info.add_metric(labels + [ref.namespace, ref.pod, ref.container, ref.resource], 1.0)
+                if rest:
+                    pod_info.add_metric(labels + ["", OTHER, "", ""], float(rest))
                 pod_count.add_metric(labels, len({(r.namespace, r.pod) for r in refs}))
             if view.spatial is not None:
                 source = view.spatial.source
@@ -147,6 +250,7 @@ class GpuCollector:
                 stamp.add_metric(labels + [source], view.spatial.window_end)
                 if view.hidden_idle is not None:
                     hidden.add_metric(labels + [source], view.hidden_idle)
+            health.add(labels, view)
             _one_hot(sharing, labels, SHARING_MODES, view.sharing_mode)
             _one_hot(diagnosis, labels, VERDICTS, view.diagnosis[0].verdict if view.diagnosis else None)
             for status in view.sources:
@@ -160,6 +264,7 @@ class GpuCollector:
         yield stamp
         yield state
         yield from telemetry.values()
+        yield from health.families()
         yield proc_sm
         yield proc_mem
         yield compute

@@ -4,8 +4,9 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
+from exporter.holders import Holder
 
-HOLDER_LABELS = ["namespace", "pod", "container", "hpc_job"]
+HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
 
 
@@ -17,40 +18,54 @@ class WorkloadCollector:
         return []
 
     def collect(self):
-        if self._engine.workloads is None:  # outside Kubernetes and Slurm no holder is known: no families
+        if self._engine.workloads is None:  # no holder kind configured (--holders none): no families
             return
         gauge = lambda name, doc, extra=(): GaugeMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
         counter = lambda name, doc, extra=(): CounterMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
         held = gauge("gpu_workload_held_share_ratio", "Share of the GPU the holder was allocated (kubelet "
-                     "PodResources or Slurm job mapping): 1 whole, k/N replicas, a MIG device's share of the SMs.")
+                     "PodResources, DRA claims, Slurm job mapping, Unix users): 1 whole, k/N replicas, a MIG device's "
+                     "share of the SMs, a claim's consumed capacity, or an even split (basis: "
+                     "gpu_workload_held_share_basis_info).")
+        held_basis = gauge("gpu_workload_held_share_basis_info", "1 for why the held share is what it is: whole, mig, "
+                           "replicas, capacity (consumed over device capacity) or even_split (an estimate).", ["basis"])
         processes = gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
                           "pid to holder through its cgroup); works under MPS too.")
-        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's kernels ran (NVML "
-                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.")
+        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's contexts were "
+                           "resident (basis ctxsw: GPU context switches) or its kernels ran (basis nvml: NVML "
+                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.", ["basis"])
         sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
-                          "whole GPU's SMs; basis exact (alone on the GPU) or time_share (split by time shares).",
-                          ["basis"])
+                          "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
+                          "slices) or time_share (the GPU's split by time shares).", ["basis"])
+        folded = GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
+                                   "published summed as the holder pod=\"other\".", labels=GPU_LABELS)
         idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
                              "or a time share under 1%; 0 while it uses it.")
         held_idle = gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after.")
         c_held = counter("gpu_workload_held_gpu_seconds", "GPU-seconds held (held share x seconds).")
-        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds).")
+        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds), by the "
+                         "basis of the time share integrated (ctxsw where available, else nvml).", ["basis"])
         c_sm = counter("gpu_workload_sm_active_gpu_seconds", "SM-active GPU-seconds (SM active x seconds).", ["basis"])
         c_hidden = counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
                            "(max(0, time share - SM active) x seconds).", ["basis"])
         c_idle = counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle seconds).")
         for w in self._engine.snapshot.workloads:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
+            if w.folded:
+                folded.add_metric(labels[:len(GPU_LABELS)], w.folded)
             if w.held_share is not None:
                 held.add_metric(labels, w.held_share)
+                held_basis.add_metric(labels + [w.held_share_basis], 1.0)
                 c_held.add_metric(labels, w.counters["held"], created=w.created)
                 c_idle.add_metric(labels, w.counters["held_idle"], created=w.created)
             if w.processes is not None:
                 processes.add_metric(labels, w.processes)
             if w.time_share is not None:
-                time_share.add_metric(labels, w.time_share)
-            if w.time_share is not None or w.counters["busy"]:
-                c_busy.add_metric(labels, w.counters["busy"], created=w.created)
+                time_share.add_metric(labels + [w.time_share_basis], w.time_share)
+            busy = dict(w.counters["busy_basis"])
+            if w.time_share is not None:
+                busy.setdefault(w.time_share_basis, 0.0)
+            for basis, value in sorted(busy.items()):
+                c_busy.add_metric(labels + [basis], value, created=w.created)
             if w.sm_active is not None:
                 sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
             for basis, value in sorted(w.counters["sm_active"].items()):
@@ -60,5 +75,27 @@ class WorkloadCollector:
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
-        yield from (held, processes, time_share, sm_active, idle_seconds, held_idle,
+        yield from (held, held_basis, processes, time_share, sm_active, folded, idle_seconds, held_idle,
                     c_held, c_busy, c_sm, c_hidden, c_idle)
+        yield from self._ctxsw_states()
+
+    def _ctxsw_states(self):
+        """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""
+        from exporter.samplers.ctxsw import ACTIVE, STATES
+
+        states = getattr(self._engine.workloads, "ctxsw_states", None)
+        if states is None:
+            return
+        state = GaugeMetricFamily("gpu_workload_ctxsw_state", "1 for the current state of the GPU context-switch "
+                                  "source of workload time shares (--workload-ctxsw): active, standby, unsupported, "
+                                  "error, disabled; /api/v1/workloads and the log say why.", labels=GPU_LABELS + ["state"])
+        stamp = GaugeMetricFamily("gpu_workload_ctxsw_sample_timestamp_seconds", "Wall time of the end of the "
+                                  "context-switch window the basis=\"ctxsw\" values describe.", labels=GPU_LABELS)
+        for gpu, current in states:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            for name in STATES:
+                state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
+            if current.state == ACTIVE and current.window_end is not None:
+                stamp.add_metric(labels, current.window_end)
+        yield state
+        yield stamp

@@ -12,6 +12,7 @@ from exporter.snapshot import (
     SPATIAL_FIELDS,
     UNSUPPORTED,
     CollectorHealth,
+    LinkThroughput,
     LogOnce,
     SourceResult,
     SpatialReading,
@@ -20,6 +21,7 @@ from exporter.snapshot import (
 
 log = logging.getLogger(__name__)
 MIN_WINDOW_S = 0.1  # NVML wants GPM samples at least 100 ms apart
+MIB = 2**20  # GPM's PCIe and NVLink metrics are MiB/s
 
 
 class GpmSource:
@@ -80,7 +82,7 @@ class GpmSource:
                                  **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
         if reading.sm_active is None:
             return SourceResult(ERROR, "GPM answered without SM activity")
-        return SourceResult(OK, f"GPM sample over {window:.2f} s", reading)
+        return SourceResult(OK, f"GPM sample over {window:.2f} s", reading, links=links(metrics))
 
 
     def _sample_instances(self, backend, gpu, gpu_instances) -> dict[tuple[str, int], SpatialReading]:
@@ -102,3 +104,12 @@ class GpmSource:
             out[(gpu.uuid, gi)] = SpatialReading(
                 self.name, end - window, end, **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
         return out
+
+
+def links(metrics: dict) -> LinkThroughput | None:
+    """PCIe and NVLink throughput (bytes/s) over the GPM window; None where GPM measured neither (a
+    recording from before these metrics, a driver without them)."""
+    rates = {name: metrics.get(name) for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")}
+    if all(v is None for v in rates.values()):
+        return None
+    return LinkThroughput("gpm", **{k: None if v is None else float(v) * MIB for k, v in rates.items()})

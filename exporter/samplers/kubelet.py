@@ -8,6 +8,8 @@ Device IDs the NVIDIA device plugin hands out, all mapped to the physical GPU's 
   MIG-GPU-<uuid>/<gi>/<ci>   a MIG device, older plugins
   <index>, <index>::<n>, <index>:<mig>   the same with deviceIDStrategy=index
 A device ID that is none of these GPUs is logged once and attributed to nobody.
+Devices allocated through DRA claims (`dynamic_resources`) are resolved in exporter/samplers/dra.py,
+with the API server's ResourceSlices and ResourceClaims where it can be read (exporter/kubernetes_api.py).
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
+from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -49,11 +53,6 @@ class PodRef:
 class KubeletSnapshot:
     pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)  # GPU UUID -> holders
     owners: dict[int, PodRef] = field(default_factory=dict)  # host pid -> container (resource "")
-    # GPU UUID -> (namespace, pod, container) -> share of the GPU held; None where it cannot be known
-    # (a replica ID while the kubelet does not answer GetAllocatableResources).
-    shares: dict[str, dict[tuple[str, str, str], float | None]] = field(default_factory=dict)
-    # GPU UUID -> (namespace, pod, container) -> the MIG devices (UUIDs) it holds whole, not as replicas
-    mig: dict[str, dict[tuple[str, str, str], tuple[str, ...]]] = field(default_factory=dict)
     error: str = ""
 
     def to_json(self) -> dict:
@@ -142,6 +141,24 @@ def held_shares(claims, devices: DeviceMap, offered: Counter | None) -> dict[str
     return out
 
 
+def id_basis(device_id: str, devices: DeviceMap, offered: Counter | None) -> str:
+    """Why one device ID stands for its share: a whole GPU, a MIG device, or k of N replicas."""
+    if replicas_of(device_id, offered) != 1:
+        return REPLICAS
+    return MIG if replica_base(device_id) in devices.mig_share else WHOLE
+
+
+def device_plugin_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[Holder, Held]]:
+    """GPU UUID -> container -> what its device-plugin IDs hold of the GPU."""
+    shares = held_shares(claims, devices, offered)
+    mig = mig_holdings(claims, devices, offered)
+    bases: dict[tuple[str, tuple], set[str]] = {}
+    for device_id, uuid, ref in claims:
+        bases.setdefault((uuid, (ref.namespace, ref.pod, ref.container)), set()).add(id_basis(device_id, devices, offered))
+    return {uuid: {Holder(*key): Held(share, weakest_basis(bases[(uuid, key)]), mig.get(uuid, {}).get(key, ()))
+                   for key, share in holders.items()} for uuid, holders in shares.items()}
+
+
 def mig_holdings(claims, devices: DeviceMap, offered: Counter | None) -> dict[str, dict[tuple, tuple[str, ...]]]:
     """GPU UUID -> holder -> the MIG devices it holds whole (one replica offered, or an ID without
     replica suffix): those whose instance's SM activity is the holder's alone."""
@@ -207,17 +224,20 @@ def cgroup_container_id(text: str) -> str | None:
     return found[-1] if found else None
 
 
-class KubeletSampler:
+class KubeletSampler(HolderSampler):
     name = "kubelet"
 
     def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,
-                 interval: float = 5.0, timeout: float = 2.0):
+                 interval: float = 5.0, timeout: float = 2.0, api=None):
         self.socket_path = socket_path
+        self.api = api  # exporter.kubernetes_api.KubernetesApi, or None (--kubernetes-api off, or no cluster)
+        self._api_view = ApiView()
         self.nvml = nvml
         self.container_logs = Path(container_logs) if container_logs else None
         self.interval = interval
         self.timeout = timeout
         self.snapshot = KubeletSnapshot()
+        self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._channel = None
         self._list = None
@@ -253,6 +273,26 @@ class KubeletSampler:
 
     def close(self) -> None:
         self._disconnect()
+
+    def more_health(self) -> dict:
+        return {} if self.api is None else {self.api.name: self.api.health}
+
+    def _claims(self, pod_resources, problems: list[str]):
+        """The DRA claim holders of this List answer, with what the API server knows of their devices."""
+        gpus, telemetry = self.nvml.gpus, self.nvml.telemetry
+        found = attribute_claims(pod_resources, DraDevices(gpus, telemetry, self._api_view))
+        if self.api is not None and (found.devices or found.shared):
+            view = self.api.view(found.devices, found.shared)
+            if view != self._api_view:  # news from the API server: resolve again with it
+                self._api_view = view
+                found = attribute_claims(pod_resources, DraDevices(gpus, telemetry, view))
+        if found.other_drivers:
+            self._log.problem("kubelet dra drivers", f"DRA devices of {', '.join(sorted(found.other_drivers))} are "
+                              f"no GPUs of {NVIDIA_DRIVER}: ignored", logging.INFO)
+        else:
+            self._log.clear("kubelet dra drivers", f"only {NVIDIA_DRIVER} devices listed again")
+        problems.extend(found.problems)
+        return found
 
     def list_pods(self):
         grpc = import_grpc()
@@ -309,6 +349,7 @@ class KubeletSampler:
             self._log.problem("kubelet", str(exc), kind=exc.kind)  # details vary from call to call
             # Gone, not frozen: pods that may have left are never shown as still there.
             self.snapshot = KubeletSnapshot(error=str(exc))
+            self.holdings = Holdings(error=str(exc))
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
             return
         self._log.clear("kubelet")
@@ -317,27 +358,52 @@ class KubeletSampler:
             why = "NVML knows no GPU on this node: nothing to attribute pods to"
             self._log.problem("kubelet", why)
             self.snapshot = KubeletSnapshot(error=why)
+            self.holdings = Holdings(error=why)
             self.health = CollectorHealth(False, time.perf_counter() - started, why)
             return
         devices = DeviceMap(gpus, self.nvml.telemetry)
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
         offered = offered_replicas(self.allocatable_devices())
-        shares = held_shares(claims, devices, offered)
-        mig = mig_holdings(claims, devices, offered)
+        found = self._claims(pod_resources, problems)
+        held = merge(device_plugin_holdings(claims, devices, offered), found)
+        for uuid, owners in found.pods.items():
+            pods[uuid] = tuple(sorted({*pods.get(uuid, ()), *(PodRef(*o, NVIDIA_DRIVER) for o in owners)}))
         if not any(pods.values()):
-            self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device "
+            self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device or claim "
                                               f"({len(pod_resources)} pods listed)", logging.INFO)
         else:
-            self._log.clear("kubelet pods", "containers holding NVIDIA devices listed again")
+            self._log.clear("kubelet pods", "containers holding NVIDIA devices or claims listed again")
         listed = {(r.namespace, r.pod, r.container) for refs in pods.values() for r in refs}
         owners = self._owners(listed, problems)
         if problems:  # one line whenever the set of problems changes, not one per tick
             self._log.problem("kubelet attribution", "; ".join(problems))
         else:
             self._log.clear("kubelet attribution")
-        self.snapshot = KubeletSnapshot(pods=pods, owners=owners, shares=shares, mig=mig)
+        self.snapshot = KubeletSnapshot(pods=pods, owners=owners)
+        self.holdings = Holdings(gpus=held, owners={pid: Holder(r.namespace, r.pod, r.container)
+                                                    for pid, r in owners.items()})
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+
+
+def build(args, nvml, explicit: bool = False):
+    """The kubelet sampler, or None. Without --kubelet-socket it runs where the default socket exists
+    (a Kubernetes node) or where --holders names kubelet; a socket named explicitly is watched even
+    while it is missing."""
+    socket = args.kubelet_socket
+    if socket is None:
+        if not explicit and not os.path.exists(DEFAULT_SOCKET):
+            return None
+        socket = DEFAULT_SOCKET
+    if socket.lower() == "none":
+        return None
+    logs = None if args.kubelet_container_logs.lower() == "none" else args.kubelet_container_logs
+    log.info("pod attribution from the kubelet at %s", socket)
+    from exporter import kubernetes_api
+
+    return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
+                          interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval),
+                          api=kubernetes_api.build(args))
 
 
 class KubeletError(Exception):

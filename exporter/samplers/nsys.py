@@ -63,18 +63,46 @@ def read_export(path, work, nsys: str = "nsys", require_metrics: bool = True, bu
 
 
 def windows_of(export, window_s: float) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
-    """Per GPU UUID: the mean of the export's last `window_s` seconds, placed in wall-clock time."""
+    """Per GPU UUID: the mean of the export's last `window_s` seconds (of that GPU's, where its samples
+    end earlier), placed in wall-clock time."""
+    _, last = export.time_range()
+    out = _windows_ending(export, window_s, last)
+    # A GPU whose samples end earlier (its capture stopped first) gets its own last window, not none.
+    for gpu, gpu_last in _last_sample_per_gpu(export, {i for i, info in export.gpus.items()
+                                                       if info.label_uuid not in out}).items():
+        out.update({uuid: found for uuid, found in _windows_ending(export, window_s, gpu_last).items()
+                    if uuid == export.gpus[gpu].label_uuid})
+    return out
+
+
+def _windows_ending(export, window_s: float, last: int) -> dict[str, tuple[GpuIdentity, SpatialReading]]:
     from nsys_ingest.analysis import bucket_means
 
-    _, last = export.time_range()
     start_ns = max(0, last - int(window_s * 1e9))
-    means = bucket_means(export, window_s + 1.0, start_ns=start_ns)  # one bucket holds the whole window
+    means = bucket_means(export, window_s + 1.0, start_ns=start_ns, end_ns=last)  # one bucket: the whole window
     out = {}
     for gpu, rows in means.groupby("gpu"):
         info = export.gpus[int(gpu)]
         row = rows.iloc[-1].to_dict()
         begin, end = (float(x) for x in export.wall_seconds([start_ns, last]))
         out[info.label_uuid] = (_identity(info), _reading(row, begin, end))
+    return out
+
+
+def _last_sample_per_gpu(export, gpus: set[int]) -> dict[int, int]:
+    """The newest sample's timestamp of each of `gpus` that has metric samples at all."""
+    from nsys_ingest.reader import as_int
+
+    table = "GPU_METRICS" if export.era == "gpu_metrics" else "GENERIC_EVENTS"
+    out = {}
+    for gpu in sorted(gpus):
+        type_ids = sorted({m.type_id for m in export.metrics if m.gpu == gpu})
+        if not type_ids:
+            continue
+        (last,) = export.con.execute(f"select max(timestamp) from {table} where typeId in "
+                                     f"({','.join('?' * len(type_ids))})", type_ids).fetchone()
+        if last is not None:
+            out[gpu] = as_int(last, f"{table}.timestamp")
     return out
 
 
@@ -322,8 +350,10 @@ class UploadSpool:
     /api/v1/diagnose (`diagnose`): the same, answered with nsys_ingest's diagnosis, nothing kept."""
 
     def __init__(self, token: str, spool_dir: Path, max_bytes: int, retention=None, window_s: float = 5.0,
-                 budget_s: float = READ_BUDGET_S, idle_s: float = UPLOAD_IDLE_S, max_in_flight: int = MAX_IN_FLIGHT):
+                 budget_s: float = READ_BUDGET_S, idle_s: float = UPLOAD_IDLE_S, max_in_flight: int = MAX_IN_FLIGHT,
+                 refuse_uploads: str | None = None):
         self.token = token
+        self.refuse_uploads = refuse_uploads  # why a stored upload would never be published (409), or None
         self.spool_dir = Path(spool_dir)
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -336,10 +366,13 @@ class UploadSpool:
 
     # -- the two endpoints (Starlette requests in, Starlette responses out) -------------------------
     async def handle(self, request):
-        """POST /api/v1/nsys: 201 with what was stored, or 400/401/408/413/422/503 with one line why."""
+        """POST /api/v1/nsys: 201 with what was stored, or 400/401/408/409/413/422/503 with one line why."""
         from starlette.responses import JSONResponse
 
         async def store(part, size):
+            if self.refuse_uploads:  # after the body: every client reads the answer, none a broken pipe
+                log.info("nsys upload: refused (%d bytes): --replay publishes no other export", size)
+                raise _Refused(409, self.refuse_uploads)
             summary = await self._read(request, self._check, part)
             name = f"upload-{time.strftime('%Y%m%dT%H%M%S')}-{uuidlib.uuid4().hex[:8]}.sqlite"
             os.replace(part, self.spool_dir / name)

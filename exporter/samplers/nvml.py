@@ -4,16 +4,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError
+from exporter.samplers.xid import XidWatcher
 from exporter.snapshot import (
     CollectorHealth,
     ComputeProcess,
     DeviceTelemetry,
+    GpuHealth,
     GpuIdentity,
+    LinkThroughput,
     LogOnce,
     MigDevice,
     ProcessUtilization,
+    as_ratio,
 )
 
 log = logging.getLogger(__name__)
@@ -29,6 +34,32 @@ MIG_EVERY_S = 30.0  # MIG layouts change only when an administrator repartitions
 MPS_SERVER = "nvidia-cuda-mps-server"
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
 LOST_RETRY_S = 10.0  # a lost GPU is asked who it is this often: after a reset it answers again
+# Off the per-tick path: energy, throttle time, encoder/decoder and memory temperature (and NVML's
+# PCIe/NVLink throughput where GPM does not measure them) every HEALTH_EVERY_S; ECC counts, remapped
+# rows and PCIe replays, which change rarely, every ERRORS_EVERY_S; driver version and maximum clocks
+# once. Per tick only the memory clock and the clock event reasons (the throttle verdict's inputs).
+HEALTH_EVERY_S = 10.0
+ERRORS_EVERY_S = 60.0
+POWER_THERMAL_VIOLATIONS = ("power", "thermal")  # the throttle counters behind GpuHealth.throttle_share
+
+
+@dataclass
+class _SlowReads:
+    """What one GPU's slow reads last answered, kept between reads, and their errors (so that a failing
+    slow read stays one logged problem instead of coming and going between its reads)."""
+
+    read_at: dict = field(default_factory=dict)  # read name -> monotonic time of its last read
+    errors: dict = field(default_factory=dict)  # read name -> its errors at its last read
+    static_done: bool = False
+    driver: str | None = None
+    max_clocks: dict = field(default_factory=dict)
+    health: dict = field(default_factory=dict)
+    memory_errors: dict = field(default_factory=dict)
+    gpm: bool | None = None
+    links: LinkThroughput | None = None
+    nvlink_before: tuple | None = None  # (monotonic time, tx bytes, rx bytes)
+    throttle_before: tuple | None = None  # (monotonic time, {reason: seconds})
+    throttle_share: float | None = None
 
 
 class NvmlSampler:
@@ -52,6 +83,12 @@ class NvmlSampler:
         self._lost: dict[int, float] = {}  # index -> monotonic time of the last probe
         self._slow_read_at: dict[str, float] = {}
         self._mig_read_at: dict[str, float] = {}
+        self.slow_every_s = SLOW_EVERY_S
+        self.health_every_s = HEALTH_EVERY_S
+        self.errors_every_s = ERRORS_EVERY_S
+        self._slow: dict[str, _SlowReads] = {}
+        self._unsupported: set[tuple[str, str]] = set()
+        self.xid: XidWatcher | None = None
         self._last_init_try = -REINIT_AFTER_S
         self._unavailable = "NVML unavailable"  # why, once an attempt failed
         self._log = LogOnce(log)
@@ -86,7 +123,7 @@ class NvmlSampler:
         gpus = []
         for index in range(self.backend.device_count()):
             ident = self.backend.identity(index)
-            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"]))
+            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"], ident.get("minor")))
         if not gpus:
             self._log.problem("nvml", "NVML found no GPU on this host")
         self.gpus = tuple(gpus)
@@ -104,6 +141,9 @@ class NvmlSampler:
             self._log.problem("nvml", f"cannot list GPUs: {exc}")
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
             return
+        if self.xid is None and self.gpus:
+            self.xid = XidWatcher(self.backend)
+            self.xid.start()
         errors = []
         telemetry = dict(self.telemetry)
         for gpu in self.gpus:
@@ -112,6 +152,33 @@ class NvmlSampler:
             errors.extend(f"GPU {gpu.index}: {e}" for e in reading.errors)
         self.telemetry = telemetry
         self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
+
+    def close(self) -> None:
+        """Stops the XID watcher (before NVML shuts down)."""
+        if self.xid is not None:
+            self.xid.stop()
+
+    def _xid(self, gpu: GpuIdentity) -> dict:
+        counts, last = self.xid.events(gpu.index) if self.xid is not None else ((), None)
+        return {"xid_counts": counts, "last_xid": last}
+
+    def _call(self, gpu: GpuIdentity, fn, *args):
+        """(answer or None, error or None) of one backend call. Unsupported on this GPU is no error and
+        is logged once; a lost GPU is marked lost."""
+        try:
+            return fn(gpu.index, *args), None
+        except NvmlError as exc:
+            if exc.gpu_lost:
+                self._lost[gpu.index] = time.monotonic()
+            if exc.unsupported:
+                self._note_unsupported(gpu, exc.call, exc.reason)
+                return None, None
+            return None, str(exc)
+
+    def _note_unsupported(self, gpu: GpuIdentity, call: str, reason: str) -> None:
+        if (gpu.uuid, call) not in self._unsupported:
+            self._unsupported.add((gpu.uuid, call))
+            log.info("nvml GPU %d (%s): %s: %s; its values are not published", gpu.index, gpu.uuid, call, reason)
 
     def _still_lost(self, gpu: GpuIdentity, key: str) -> bool:
         """True while the GPU stays lost; every LOST_RETRY_S it is asked for its UUID, and a GPU that
@@ -137,24 +204,19 @@ class NvmlSampler:
     def _read(self, gpu: GpuIdentity) -> DeviceTelemetry:
         key = f"nvml GPU {gpu.index} ({gpu.uuid})"
         if self._still_lost(gpu, key):
-            return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost",))
+            return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost",), **self._xid(gpu))
         b = self.backend
         errors: list[str] = []
         values: dict = {}
 
         def read(name, fn, *args):
-            try:
-                values[name] = fn(gpu.index, *args)
-            except NvmlError as exc:
-                if exc.gpu_lost:
-                    self._lost[gpu.index] = time.monotonic()
-                if not exc.unsupported:  # N/A on this GPU is normal, not a failure
-                    errors.append(str(exc))
-                values[name] = None
+            values[name], error = self._call(gpu, fn, *args)  # N/A on this GPU is normal, not a failure
+            if error:
+                errors.append(error)
 
         taken_at = time.time()
         window = max(2 * self.interval, 1.0)
-        slow = time.monotonic() - self._slow_read_at.get(gpu.uuid, float("-inf")) >= SLOW_EVERY_S
+        slow = time.monotonic() - self._slow_read_at.get(gpu.uuid, float("-inf")) >= self.slow_every_s
         if slow:
             self._slow_read_at[gpu.uuid] = time.monotonic()
         read("samples", b.utilization_samples, max(window, SLOW_EVERY_S + 1.0), slow)
@@ -162,6 +224,10 @@ class NvmlSampler:
         read("power", b.power_watts)
         read("clock", b.sm_clock_hz)
         read("temperature", b.temperature_celsius)
+        read("memory_clock", b.memory_clock_hz)
+        read("reasons", b.clock_event_reasons)
+        health = self._health(gpu, values["reasons"])
+        errors.extend(e for slow_errors in self._slow[gpu.uuid].errors.values() for e in slow_errors)
         previous = self.telemetry.get(gpu.uuid)
         processes = previous.processes if previous else ()
         compute = previous.compute_processes if previous else None
@@ -184,13 +250,14 @@ class NvmlSampler:
             read("mig", b.mig_devices)
             mig = values["mig"]
             mig_enabled = None if mig is None else bool(mig["enabled"])
-            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"))
+            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"),
+                                          d.get("profile_id"), d.get("placement_start"), d.get("placement_size"))
                                 for d in (mig or {}).get("devices", ()))
             mig_sms = (mig or {}).get("sm_count")
         if gpu.index in self._lost:
             self._log.problem(key, f"GPU lost (fell off the bus?): its series stop; asked again every {LOST_RETRY_S:.0f} s",
                               logging.ERROR)
-            return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors))
+            return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors), **self._xid(gpu))
         if errors:
             self._log.problem(key, "; ".join(errors))
         else:
@@ -226,8 +293,87 @@ class NvmlSampler:
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
             mig_sm_count=mig_sms,
+            memory_free_bytes=memory.get("free"),
+            memory_reserved_bytes=memory.get("reserved"),
+            memory_clock_hertz=values["memory_clock"],
+            health=health,
+            **self._xid(gpu),
             errors=tuple(errors),
         )
+
+    # -- the slow reads: off the per-tick path -----------------------------------------------------
+    @staticmethod
+    def _due(slow: _SlowReads, name: str, every: float) -> bool:
+        now = time.monotonic()
+        if now - slow.read_at.get(name, float("-inf")) < every:
+            return False
+        slow.read_at[name] = now
+        return True
+
+    def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
+        """A dict-valued read (several NVML calls): its errors are kept until its next read."""
+        answer, error = self._call(gpu, fn)
+        answer = dict(answer or {})  # a replayed answer is shared between loops: never edit it
+        slow.errors[name] = ([error] if error else []) + answer.pop("_errors", [])
+        return answer
+
+    def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
+        slow = self._slow.setdefault(gpu.uuid, _SlowReads())
+        b = self.backend
+        if not slow.static_done and self._due(slow, "static", self.errors_every_s):  # until it worked once
+            slow.driver, driver_error = self._call(gpu, lambda _index: b.driver_version())
+            slow.max_clocks = self._dict_read(gpu, slow, "static", b.max_clocks)
+            slow.errors["static"] += [driver_error] if driver_error else []
+            slow.static_done = not slow.errors["static"]
+        if slow.gpm is None:
+            support, _error = self._call(gpu, b.gpm_support)
+            slow.gpm = bool(support and support.get("supported"))
+        if self._due(slow, "health", self.health_every_s):
+            slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
+            slow.throttle_share, slow.throttle_before = throttle_share(
+                slow.throttle_before, slow.health.get("throttle_seconds") or {}, time.monotonic())
+            if not slow.gpm:
+                slow.links, slow.nvlink_before = self._nvml_links(gpu, slow)
+        if self._due(slow, "memory_errors", self.errors_every_s):
+            slow.memory_errors = self._dict_read(gpu, slow, "memory_errors", b.memory_errors)
+        h, e = slow.health, slow.memory_errors
+        rows = e.get("remapped_rows") or {}
+        return GpuHealth(
+            driver_version=slow.driver,
+            sm_clock_max_hertz=slow.max_clocks.get("sm_hz"),
+            memory_clock_max_hertz=slow.max_clocks.get("memory_hz"),
+            clock_event_reasons=reasons,
+            memory_temperature_celsius=h.get("memory_temperature_celsius"),
+            energy_joules=h.get("energy_joules"),
+            encoder_utilization=as_ratio(h.get("encoder_percent"), per=100.0),
+            decoder_utilization=as_ratio(h.get("decoder_percent"), per=100.0),
+            throttle_seconds=tuple(sorted((h.get("throttle_seconds") or {}).items())),
+            throttle_share=slow.throttle_share,
+            pcie_replays=e.get("pcie_replays"),
+            ecc_errors=tuple((*key.split("_", 1), count) for key, count in sorted((e.get("ecc") or {}).items())),
+            remapped_rows=tuple((kind, rows[kind]) for kind in ("correctable", "uncorrectable") if kind in rows),
+            row_remap_pending=rows.get("pending"),
+            row_remap_failure=rows.get("failure"),
+            links=slow.links,
+        )
+
+    def _nvml_links(self, gpu: GpuIdentity, slow: _SlowReads):
+        """NVML's PCIe throughput and NVLink rates (from its byte counters between two reads), for a GPU
+        GPM does not serve."""
+        answer = self._dict_read(gpu, slow, "links", self.backend.nvml_throughput)
+        now = time.monotonic()
+        counters = (now, answer.get("nvlink_tx_bytes"), answer.get("nvlink_rx_bytes"))
+        before = slow.nvlink_before
+
+        def rate(i):
+            if before is None or counters[i] is None or before[i] is None or counters[i] < before[i] or now <= before[0]:
+                return None
+            return (counters[i] - before[i]) / (now - before[0])
+
+        pcie_tx, pcie_rx = answer.get("pcie_tx_bytes_per_second"), answer.get("pcie_rx_bytes_per_second")
+        links = LinkThroughput("nvml", pcie_tx, pcie_rx, rate(1), rate(2))
+        known = any(v is not None for v in (pcie_tx, pcie_rx, links.nvlink_tx, links.nvlink_rx))
+        return (links if known else None), counters
 
     @staticmethod
     def _remember(history: deque, taken_at: float, samples) -> None:
@@ -240,6 +386,19 @@ class NvmlSampler:
                 newest = stamp
         while history and history[0][0] < taken_at - SAMPLE_HISTORY_S:
             history.popleft()
+
+
+def throttle_share(before: tuple | None, seconds: dict, now: float) -> tuple[float | None, tuple | None]:
+    """Share of the time since the last read during which power or thermal limits held the clocks down
+    (the larger of the two violation counters' growth), and what to compare the next read with."""
+    if not seconds:
+        return None, None
+    share = None
+    if before is not None and now > before[0]:
+        grown = [seconds[r] - before[1][r] for r in POWER_THERMAL_VIOLATIONS if r in seconds and r in before[1]]
+        if grown:
+            share = round(min(max(max(grown) / (now - before[0]), 0.0), 1.0), 6)
+    return share, (now, dict(seconds))
 
 
 def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:

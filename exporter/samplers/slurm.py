@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from exporter.hostfiles import FileTooLarge, read_capped
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
@@ -84,7 +85,7 @@ def read_mapping(folder: Path, devices: DeviceMap, problems: list[str]) -> dict[
     return {uuid: tuple(sorted(ids)) for uuid, ids in jobs.items() if ids}
 
 
-class SlurmSampler:
+class SlurmSampler(HolderSampler):
     name = "slurm"
 
     def __init__(self, mapping_dir: str, nvml, proc_root="/proc", interval: float = 5.0):
@@ -92,6 +93,7 @@ class SlurmSampler:
         self.nvml = nvml
         self.interval = interval
         self.snapshot = SlurmSnapshot()
+        self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._jobs = CgroupOwners(proc_root, cgroup_job)
         self._log = LogOnce(log)
@@ -119,9 +121,24 @@ class SlurmSampler:
         else:
             self._log.clear("slurm mapping")
         self.snapshot = SlurmSnapshot(jobs=jobs, owners=owners)
+        # Jobs listed for one GPU share it evenly: the mapping says who, not how much.
+        self.holdings = Holdings(
+            gpus={uuid: {Holder(hpc_job=job): Held(round(1.0 / len(ids), 9), EVEN_SPLIT) for job in ids}
+                  for uuid, ids in jobs.items()},
+            owners={pid: Holder(hpc_job=job) for pid, job in owners.items()})
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
 
     def _fail(self, why: str, started: float) -> None:
         self._log.problem("slurm", why)
         self.snapshot = SlurmSnapshot(error=why)  # gone, not frozen: jobs that ended are never shown
+        self.holdings = Holdings(error=why)
         self.health = CollectorHealth(False, time.perf_counter() - started, why)
+
+
+def build(args, nvml, explicit: bool = False):
+    """The Slurm sampler where --hpc-job-mapping-dir is given, else None (an error under --holders slurm)."""
+    if not args.hpc_job_mapping_dir:
+        if explicit:
+            raise SystemExit("error: --holders slurm needs --hpc-job-mapping-dir (the Slurm job mapping directory)")
+        return None
+    return SlurmSampler(args.hpc_job_mapping_dir, nvml, proc_root=args.proc_root, interval=max(args.interval, 1.0))

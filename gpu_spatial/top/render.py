@@ -107,7 +107,8 @@ def detail_lines(gpu: Gpu, width: int) -> list[list[tuple[str, str]]]:
 
 def _workload(record: dict) -> str:
     """A workload record of the exporter, whatever its exact fields: the holder, then its figures."""
-    holder = record.get("pod") or record.get("hpc_job") or record.get("namespace") or record.get("holder") or "?"
+    holder = (record.get("pod") or record.get("hpc_job") or (record.get("user") and f"user {record['user']}")
+              or record.get("namespace") or record.get("holder") or "?")
     figures = [f"{k} {v:.2f}" for k, v in record.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("index",)]
     return f"{holder}  " + "  ".join(figures)

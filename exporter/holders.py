@@ -1,0 +1,143 @@
+"""Holders: who holds each GPU (or a share of it), behind one interface for every kind.
+
+A kind of holder (device-plugin containers and DRA claims from the kubelet, Slurm jobs, Unix users)
+is one sampler module. It runs in its own thread (`tick` every `interval` seconds) and publishes,
+after each tick, `holdings`: per GPU the holders and the share each holds, and per host pid the
+holder owning the process. exporter/workloads.py joins the holdings of every kind without knowing
+where they came from; the engine takes one list of these samplers.
+
+A new kind is one new module with a `build(args, nvml)` function, named in KINDS.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+
+from exporter.snapshot import CollectorHealth
+
+# Why a held share is what it is (gpu_workload_held_share_basis_info, /api/v1/workloads held_share_basis).
+WHOLE = "whole"            # a whole GPU
+REPLICAS = "replicas"      # k of the N device-plugin replicas offered for the GPU (time-slicing, MPS)
+MIG = "mig"                # a MIG device's share of the parent's SMs
+CAPACITY = "capacity"      # a DRA claim's consumed capacity over the device's capacity (API server)
+EVEN_SPLIT = "even_split"  # split evenly among the allocations, jobs or users of the device
+HELD_SHARE_BASES = (WHOLE, MIG, REPLICAS, CAPACITY, EVEN_SPLIT)  # from exact to estimated
+
+
+def weakest_basis(bases) -> str:
+    """The least exact of several bases (a holder holding parts of one GPU on different grounds)."""
+    return max(bases, key=HELD_SHARE_BASES.index, default=WHOLE)
+
+
+@dataclass(frozen=True, order=True)
+class Holder:
+    """A Kubernetes container (with the DRA claim it holds the GPU through, if any), a Slurm job or a
+    Unix user; the labels that do not apply are empty."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    hpc_job: str = ""
+    claim: str = ""
+    user: str = ""
+
+    LABELS = ("namespace", "pod", "container", "hpc_job", "claim", "user")
+
+    def labels(self) -> list[str]:
+        return [self.namespace, self.pod, self.container, self.hpc_job, self.claim, self.user]
+
+    def owner(self) -> "Holder":
+        """Who runs the holder's processes: a claim is held by its container, whose cgroup the pids name."""
+        return dataclasses.replace(self, claim="") if self.claim else self
+
+
+# The holders beyond --holder-series-limit on one GPU, folded into one (a real pod always has a namespace).
+OTHER = Holder(pod="other")
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one holder holds of one GPU."""
+
+    share: float | None  # GPU-equivalents; None: the scheduler's share cannot be known (the sampler logs why)
+    basis: str = WHOLE  # one of HELD_SHARE_BASES
+    mig: tuple[str, ...] = ()  # MIG devices (UUIDs) it holds whole: their instances' SM activity is its own
+
+
+@dataclass(frozen=True)
+class Holdings:
+    """One tick of one holder sampler. On failure it is empty with `error` set: never frozen."""
+
+    gpus: dict[str, dict[Holder, Held]] = field(default_factory=dict)  # GPU UUID -> holder -> held
+    owners: dict[int, Holder] = field(default_factory=dict)  # host pid -> the holder running it (Holder.owner())
+    error: str = ""
+
+
+class HolderSampler:
+    """The interface every holder sampler implements (and inherits its defaults from).
+
+    name: the collector name (gpu_exporter_collector_success{collector}); interval: seconds between
+    ticks; health: CollectorHealth of the last tick; holdings: Holdings of the last tick; snapshot:
+    what /api/v1/gpus shows of this kind under its name (None: nothing).
+    """
+
+    name = ""
+    interval = 5.0
+    health = CollectorHealth(False, 0.0, "not sampled yet")
+    holdings = Holdings()
+    snapshot = None
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def more_health(self) -> dict[str, CollectorHealth]:
+        """Health of helpers a sampler ticks itself (the Kubernetes API reader of the kubelet sampler)."""
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+# Kind -> the module whose build(args, nvml) returns its sampler or None (not configured). Order: the
+# first kinds' process owners win where two kinds claim one pid.
+KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",
+         "users": "exporter.samplers.users"}
+SCHEDULERS = ("kubelet", "slurm")  # where one is configured, users are no holders under --holders auto
+
+
+def build_holders(args, nvml) -> list:
+    """The holder samplers the flags ask for: --holders auto (the schedulers configured on this host,
+    Unix users where there is none), a list of kinds, or none."""
+    wanted = args.holders
+    if wanted == ("none",):
+        return []
+    auto = wanted == ("auto",)
+    samplers = []
+    for kind, module in KINDS.items():
+        if not auto and kind not in wanted:
+            continue
+        if auto and kind not in SCHEDULERS and samplers:
+            continue
+        sampler = importlib.import_module(module).build(args, nvml, explicit=not auto)
+        if sampler is not None:
+            samplers.append(sampler)
+    return samplers
+
+
+def join_owners(holdings) -> dict[int, Holder]:
+    """pid -> holder over every kind; the first kind listing a pid keeps it."""
+    owners: dict[int, Holder] = {}
+    for h in holdings:
+        if not h.error:
+            for pid, holder in h.owners.items():
+                owners.setdefault(pid, holder)
+    return owners
+
+
+def join_gpu(uuid: str, holdings) -> dict[Holder, Held]:
+    out: dict[Holder, Held] = {}
+    for h in holdings:
+        if not h.error:
+            out.update(h.gpus.get(uuid, {}))
+    return out

@@ -1,0 +1,267 @@
+"""A small, bounded reader of the Kubernetes API server: the ResourceSlices of NVIDIA's DRA driver
+(device uuid attributes and capacities) and the ResourceClaims of shared devices (consumed capacity),
+resource.k8s.io/v1. The kubelet sampler asks it at most once per tick, within a time budget.
+
+--kubernetes-api auto: in a pod, the in-cluster service account (token and CA under
+/var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT); off; or a URL (e.g.
+`kubectl proxy`'s http://127.0.0.1:8001). RBAC: get and list resourceclaims and resourceslices.
+Every answer is hostile until checked: a timeout per request and a budget per tick, a size cap per
+answer, an item cap per list, a back-off after a failure, one log line per problem.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import re
+import ssl
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+from exporter.samplers.dra import NVIDIA_DRIVER, ApiView
+from exporter.snapshot import CollectorHealth, LogOnce
+
+log = logging.getLogger(__name__)
+SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+GROUP = "/apis/resource.k8s.io/v1"
+TIMEOUT_S = 2.0
+BUDGET_S = 3.0  # API time one kubelet tick may spend
+MAX_ANSWER_BYTES = 8 * 1024 * 1024
+PAGE = 200  # ResourceSlices per list page
+MAX_SLICE_PAGES = 10
+MAX_CLAIM_GETS = 32  # claims fetched per tick; the rest on the next ones
+SLICES_EVERY_S = 60.0
+BACKOFF_S = 30.0
+FORGET_AFTER_S = 600.0  # device uuids and capacities not confirmed for this long are dropped
+QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|[kMGTPE]|m|u|n|[eE][+-]?[0-9]{1,2})?$")
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "k": 1e3, "M": 1e6,
+         "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18, "m": 1e-3, "u": 1e-6, "n": 1e-9, None: 1}
+
+
+def quantity(text) -> float | None:
+    """A Kubernetes resource quantity ("80Gi", "4", "500m", "1e3") as a number; None if it is none."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    m = QUANTITY.match(text.strip())
+    if not m:
+        return None
+    suffix = m.group(2)
+    if suffix and suffix[0] in "eE":
+        return float(m.group(1)) * 10 ** int(suffix[1:])
+    return float(m.group(1)) * UNITS[suffix]
+
+
+class ApiError(Exception):
+    def __init__(self, message: str, kind: str):
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str  # scheme://host:port
+    token_file: str | None
+    ca_file: str | None
+
+
+def endpoint(mode: str, environ=os.environ, service_account: str = SERVICE_ACCOUNT) -> Endpoint | None:
+    """Where the API server is for --kubernetes-api auto|off|URL; None: off, or auto outside a pod."""
+    if mode == "off":
+        return None
+    token = os.path.join(service_account, "token")
+    ca = os.path.join(service_account, "ca.crt")
+    if mode == "auto":
+        host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT", "443")
+        if not host or not os.path.exists(token):
+            return None
+        host = f"[{host}]" if ":" in host else host
+        return Endpoint(f"https://{host}:{port}", token, ca if os.path.exists(ca) else None)
+    return Endpoint(mode.rstrip("/"), token if os.path.exists(token) else None, ca if os.path.exists(ca) else None)
+
+
+class KubernetesApi:
+    """The API views the kubelet sampler needs, refreshed within a budget, never frozen."""
+
+    name = "kubernetes_api"
+
+    def __init__(self, where: Endpoint, node_name: str | None = None, timeout: float = TIMEOUT_S,
+                 budget: float = BUDGET_S):
+        self.where = where
+        self.node_name = node_name
+        self.timeout = timeout
+        self.budget = budget
+        self.health = CollectorHealth(False, 0.0, "not read yet")
+        self._log = LogOnce(log)
+        parsed = urllib.parse.urlsplit(where.url)
+        self._https = parsed.scheme == "https"
+        self._host, self._port = parsed.hostname or "127.0.0.1", parsed.port or (443 if self._https else 80)
+        self._ssl = None
+        if self._https:
+            self._ssl = ssl.create_default_context(cafile=where.ca_file) if where.ca_file else \
+                ssl.create_default_context()
+        self._uuids: dict[tuple[str, str], str] = {}
+        self._capacity: dict[tuple[str, str], dict[str, float]] = {}
+        self._slices_at = float("-inf")  # monotonic time of the last good slice list
+        self._slices_tried = float("-inf")
+        # (namespace, name) -> (monotonic time read, consumed capacity per (pool, device, share_id))
+        self._claims: dict[tuple[str, str], tuple[float, dict]] = {}
+        self._failed_at = float("-inf")
+
+    # -- one bounded request --------------------------------------------------------------------
+    def _token(self) -> str | None:
+        if not self.where.token_file:
+            return None
+        try:
+            with open(self.where.token_file, "rb") as f:  # re-read: projected tokens rotate
+                return f.read(16384).decode("ascii", "replace").strip() or None
+        except OSError:
+            return None
+
+    def get(self, path: str, deadline: float) -> dict:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ApiError("time budget of this tick spent", "budget")
+        timeout = min(self.timeout, left)
+        conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
+                if self._https else http.client.HTTPConnection(self._host, self._port, timeout=timeout))
+        headers = {"Accept": "application/json"}
+        token = self._token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        try:
+            conn.request("GET", path, headers=headers)
+            answer = conn.getresponse()
+            body = bytearray()
+            while len(body) <= MAX_ANSWER_BYTES:
+                if time.monotonic() > deadline:
+                    raise ApiError(f"GET {path[:120]}: slower than the time budget", "slow")
+                chunk = answer.read(65536)
+                if not chunk:
+                    break
+                body += chunk
+        except (OSError, http.client.HTTPException) as exc:
+            raise ApiError(f"GET {path[:120]}: {type(exc).__name__}: {str(exc)[:200]}", type(exc).__name__) from None
+        finally:
+            conn.close()
+        if len(body) > MAX_ANSWER_BYTES:
+            raise ApiError(f"GET {path[:120]}: answer over {MAX_ANSWER_BYTES} bytes", "large")
+        if answer.status == 404:
+            raise ApiError(f"GET {path[:120]}: 404", "404")
+        if answer.status != 200:
+            hint = " (RBAC: the exporter's service account needs get and list on resourceclaims and " \
+                   "resourceslices of resource.k8s.io)" if answer.status in (401, 403) else ""
+            raise ApiError(f"GET {path[:120]}: HTTP {answer.status}{hint}", str(answer.status))
+        try:
+            data = json.loads(bytes(body))
+        except ValueError:
+            raise ApiError(f"GET {path[:120]}: not JSON", "json") from None
+        if not isinstance(data, dict):
+            raise ApiError(f"GET {path[:120]}: not a JSON object", "json")
+        return data
+
+    # -- what the kubelet sampler asks for ------------------------------------------------------
+    def view(self, devices: set[tuple[str, str]], shared: set[tuple[str, str, str, str, str]]) -> ApiView:
+        """Refreshes what is due within the budget and returns what is known now. `devices`: (pool,
+        device) listed by the kubelet; `shared`: (namespace, claim, pool, device, share_id) of the
+        allocations of shared devices. A claim's allocation never changes; a claim is read again only
+        when it lacks an allocation listed now (deleted and made again), at most every BACKOFF_S."""
+        started = time.monotonic()
+        deadline = started + self.budget
+        wanted: dict[tuple[str, str], set] = {}
+        for namespace, name, *allocation in shared:
+            wanted.setdefault((namespace, name), set()).add(tuple(allocation))
+        self._claims = {k: v for k, v in self._claims.items() if k in wanted}  # gone claims go
+        stale = [k for k in sorted(wanted) if k not in self._claims or
+                 (not wanted[k] <= self._claims[k][1].keys() and started - self._claims[k][0] >= BACKOFF_S)]
+        if started - self._failed_at >= BACKOFF_S and (devices or shared):
+            try:
+                unknown = any(d not in self._uuids for d in devices)
+                due = started - self._slices_at >= SLICES_EVERY_S
+                if due or (unknown and started - self._slices_tried >= SLICES_EVERY_S / 6):
+                    self._slices_tried = started
+                    self._read_slices(deadline)
+                for key in stale[:MAX_CLAIM_GETS]:
+                    self._read_claim(key, deadline)
+                self._log.clear("kubernetes api", "the API server answers again")
+                self.health = CollectorHealth(True, time.monotonic() - started, "")
+            except ApiError as exc:
+                self._failed_at = time.monotonic()
+                why = f"{exc} (shared DRA devices are split evenly; retried in {BACKOFF_S:.0f} s)"
+                self._log.problem("kubernetes api", why, kind=exc.kind)
+                self.health = CollectorHealth(False, time.monotonic() - started, why)
+        if started - self._slices_at > FORGET_AFTER_S:
+            self._uuids, self._capacity = {}, {}
+        consumed = {}
+        for (namespace, name), (_, results) in self._claims.items():
+            for (pool, device, share), amounts in results.items():
+                consumed[(namespace, name, pool, device, share)] = amounts
+        return ApiView(dict(self._uuids), dict(self._capacity), consumed)
+
+    def _read_slices(self, deadline: float) -> None:
+        selector = f"spec.driver={NVIDIA_DRIVER}" + (f",spec.nodeName={self.node_name}" if self.node_name else "")
+        uuids, capacity, token = {}, {}, ""
+        for _ in range(MAX_SLICE_PAGES):
+            query = {"fieldSelector": selector, "limit": str(PAGE), **({"continue": token} if token else {})}
+            data = self.get(f"{GROUP}/resourceslices?{urllib.parse.urlencode(query)}", deadline)
+            for item in _list(data.get("items"))[:PAGE]:
+                spec = _dict(_dict(item).get("spec"))
+                if spec.get("driver") != NVIDIA_DRIVER:
+                    continue
+                pool = _dict(spec.get("pool")).get("name")
+                for device in _list(spec.get("devices"))[:1024]:
+                    device = _dict(device)
+                    name = device.get("name")
+                    if not isinstance(pool, str) or not isinstance(name, str):
+                        continue
+                    attrs = _dict(device.get("attributes"))
+                    uuid = _dict(attrs.get("uuid") or attrs.get(f"{NVIDIA_DRIVER}/uuid")).get("string")
+                    if isinstance(uuid, str) and len(uuid) < 128:
+                        uuids[(pool, name)] = uuid
+                    caps = {k: quantity(_dict(v).get("value")) for k, v in list(_dict(device.get("capacity")).items())[:64]}
+                    capacity[(pool, name)] = {k: v for k, v in caps.items() if v}
+            token = _dict(data.get("metadata")).get("continue") or ""
+            if not isinstance(token, str) or not token:
+                break
+        else:
+            self._log.problem("kubernetes api slices", f"more than {MAX_SLICE_PAGES * PAGE} ResourceSlices of "
+                              f"{NVIDIA_DRIVER}: the rest are not read (set NODE_NAME to list this node's only)")
+        self._uuids, self._capacity = uuids, capacity
+        self._slices_at = time.monotonic()
+
+    def _read_claim(self, key: tuple[str, str], deadline: float) -> None:
+        namespace, name = (urllib.parse.quote(k, safe="") for k in key)
+        try:
+            data = self.get(f"{GROUP}/namespaces/{namespace}/resourceclaims/{name}", deadline)
+        except ApiError as exc:
+            if exc.kind == "404":  # deleted meanwhile: nothing to know about it
+                self._claims[key] = (time.monotonic(), {})
+                return
+            raise
+        results = {}
+        allocation = _dict(_dict(data.get("status")).get("allocation"))
+        for result in _list(_dict(allocation.get("devices")).get("results"))[:256]:
+            result = _dict(result)
+            if result.get("driver") != NVIDIA_DRIVER:
+                continue
+            consumed = {k: quantity(v) for k, v in list(_dict(result.get("consumedCapacity")).items())[:64]}
+            results[(str(result.get("pool")), str(result.get("device")), str(result.get("shareID") or ""))] = \
+                {k: v for k, v in consumed.items() if v}
+        self._claims[key] = (time.monotonic(), results)
+
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def build(args) -> KubernetesApi | None:
+    where = endpoint(args.kubernetes_api)
+    if where is None:
+        return None
+    log.info("DRA claim details from the Kubernetes API at %s", where.url)
+    return KubernetesApi(where, node_name=os.environ.get("NODE_NAME") or None)

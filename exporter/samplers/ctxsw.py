@@ -1,0 +1,301 @@
+"""Live per-process time and SM shares of time-sliced GPUs, from the GPU's own context switches.
+
+Opt-in (`--workload-ctxsw`): every `--ctxsw-period` (60 s) it runs, in its own thread and never on the
+scrape path,
+
+    nsys profile --gpuctxsw=true --trace=none --gpu-metrics-devices=I,J --gpu-metrics-frequency=1000 \\
+        --sample=none --cpuctxsw=none -o DIR/ctxsw -f true sleep WINDOW
+    nsys export --type sqlite -o DIR/ctxsw.sqlite -f true DIR/ctxsw.nsys-rep
+
+system-wide (as root), attributes the export with nsys_ingest.ctxsw.attribute (the same function as
+`gpu-spatial nsys workloads`), removes its files, and keeps per GPU: each pid's time share and SM
+active (as a share of the GPU) over the window, the window's wall time, and the pids NVML listed on
+the GPU during it. exporter/workloads.py joins them with the holders (basis "ctxsw").
+
+Where it cannot run it says why per GPU (state unsupported: no nsys, not root, MPS, MIG, DCGM
+profiling the GPU, a GPU or driver that records no switches; error: a capture that failed) and the
+workload view keeps the NVML basis. A window older than `max_age` (2 periods and a window) is dropped.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporter.snapshot import OK, CollectorHealth, LogOnce
+
+log = logging.getLogger(__name__)
+ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED = "active", "standby", "unsupported", "error", "disabled"
+STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED)
+STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
+EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 1 kHz takes a few seconds
+READ_BUDGET_S = 60.0
+NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
+MPS = "MPS: all clients share one context, so the trace has no per-client slices"
+MIG = "MIG: every instance is its own GPU; the GPU has no time slices to split"
+DCGM = ("DCGM profiles this GPU and nsys cannot sample its metrics at the same time "
+        "(pause DCGM profiling: dcgmi profile --pause)")
+NOT_ROOT = "needs root: nsys traces GPU context switches system-wide only as root"
+NO_SWITCHES = ("no context switches recorded while {n} processes ran on it: this GPU or its driver does not "
+               "trace them")
+ALONE = "fewer than two processes ran in the window: nothing to split (a process alone is exact without it)"
+
+
+@dataclass(frozen=True)
+class CtxswReading:
+    """One GPU's window: pid -> (time share, SM active as a share of the GPU, None: not sampled)."""
+
+    window_start: float
+    window_end: float
+    shares: dict[int, tuple[float, float | None]]
+    listed: frozenset[int]  # pids NVML listed on the GPU at the window's start or end
+
+
+@dataclass(frozen=True)
+class CtxswState:
+    state: str
+    reason: str
+    window_start: float | None = None
+    window_end: float | None = None
+
+
+def profile_command(binary: str, devices: str, frequency: int, out: Path, seconds: float) -> list[str]:
+    """The capture: context switches and GPU metrics of `devices` ("0,1"), system-wide, for `seconds`;
+    nothing else traced (no CUDA API, no CPU sampling), so the cost to the workloads stays small."""
+    return [binary, "profile", "--gpuctxsw=true", "--trace=none", f"--gpu-metrics-devices={devices}",
+            f"--gpu-metrics-frequency={frequency}", "--sample=none", "--cpuctxsw=none", "-o", str(out), "-f", "true",
+            "sleep", f"{seconds:g}"]
+
+
+class CaptureError(Exception):
+    """A capture that failed as a whole: one line why."""
+
+
+class CtxswSampler:
+    name = "ctxsw"
+
+    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 60.0,
+                 frequency: int = 1000, estimator: str | None = None, other_sources=None):
+        from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
+
+        self._nvml = nvml  # NvmlSampler: the GPUs, their process lists and modes
+        self.binary = binary
+        self.window_s = window_s
+        self.interval = period_s
+        self.frequency = frequency
+        self.estimator = estimator or DEFAULT_ESTIMATOR
+        self.max_age = 2 * period_s + window_s
+        self._others = other_sources or {}  # name -> spatial source (dcgm: its profiling excludes ours)
+        self.readings: dict[str, CtxswReading] = {}  # GPU UUID -> the last window
+        self.states: dict[str, CtxswState] = {}
+        self.health = CollectorHealth(True, 0.0, "")
+        self._log = LogOnce(log)
+        self._stopping = threading.Event()
+        self._running: subprocess.Popen | None = None
+        self._work: Path | None = None  # the capture's directory while one runs
+
+    # -- what the accountant reads ------------------------------------------------------------------
+    def fresh(self, uuid: str, now: float) -> CtxswReading | None:
+        reading = self.readings.get(uuid)
+        return reading if reading is not None and now - reading.window_end <= self.max_age else None
+
+    def state(self, uuid: str, now: float) -> CtxswState:
+        state = self.states.get(uuid)
+        if state is None:
+            return CtxswState(STANDBY, "the first window has not been captured yet")
+        if state.state == ACTIVE and self.fresh(uuid, now) is None:
+            return CtxswState(STANDBY, f"the last window is older than {self.max_age:g} s (captures stalled)",
+                              state.window_start, state.window_end)
+        return state
+
+    # -- one tick: one window -----------------------------------------------------------------------
+    def tick(self) -> None:
+        started = time.perf_counter()
+        try:
+            self._tick()
+            self.health = CollectorHealth(True, time.perf_counter() - started)
+            self._log.clear("ctxsw")
+        except (CaptureError, OSError, subprocess.SubprocessError) as exc:
+            self._log.problem("ctxsw", str(exc))
+            self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
+
+    def _set(self, uuid: str, state: CtxswState, quiet: bool = False) -> None:
+        """`quiet`: the problem is the whole source's, logged once under "ctxsw", not per GPU."""
+        self.states[uuid] = state
+        if state.state != ACTIVE:
+            self.readings.pop(uuid, None)  # a window that cannot be refreshed is not kept
+        if state.state in (UNSUPPORTED, ERROR) and not quiet:
+            self._log.problem(f"ctxsw GPU {uuid}", f"{state.state}: {state.reason}")
+        else:
+            self._log.clear(f"ctxsw GPU {uuid}")
+
+    def _nvml_ready(self) -> list:
+        """The GPUs with NVML's telemetry of them (their processes and modes decide what is captured). At
+        start every sampler ticks at once: the first capture waits for NVML's first tick, not a period."""
+        deadline = time.monotonic() + NVML_WAIT_S
+        while True:
+            gpus = list(getattr(self._nvml, "gpus", ()))
+            telemetry = getattr(self._nvml, "telemetry", {})
+            if (gpus and all(g.uuid in telemetry for g in gpus)) or time.monotonic() > deadline:
+                return gpus
+            if self._stopping.wait(0.2):
+                return []
+
+    def _tick(self) -> None:
+        gpus = self._nvml_ready()
+        for uuid in set(self.states) - {g.uuid for g in gpus}:  # GPUs that left
+            self.states.pop(uuid, None)
+            self.readings.pop(uuid, None)
+        binary = shutil.which(self.binary)
+        refusal = (f"nsys not found ({self.binary}): install Nsight Systems or give --nsys-binary" if binary is None
+                   else NOT_ROOT if os.geteuid() != 0 else None)
+        if refusal and gpus:
+            for gpu in gpus:
+                self._set(gpu.uuid, CtxswState(UNSUPPORTED, refusal), quiet=True)
+            raise CaptureError(refusal)
+        targets = []
+        for gpu in gpus:
+            why = self._refused(gpu.uuid)
+            if why:
+                self._set(gpu.uuid, CtxswState(UNSUPPORTED, why))
+            else:
+                targets.append(gpu)
+        if not targets:
+            return
+        before = self._listed(targets)
+        try:
+            result, ended = self._capture(binary, targets)
+        except CaptureError as exc:
+            for gpu in targets:
+                self._set(gpu.uuid, CtxswState(ERROR, str(exc)), quiet=True)
+            raise
+        if result is None:  # stopping
+            return
+        after = self._listed(targets)
+        found = {g["uuid"]: g for g in result["gpus"] if g.get("uuid")}
+        by_index = {g["gpu"]: g for g in result["gpus"]}
+        start, end = ended - (result["window_s"][1] - result["window_s"][0]), ended
+        for gpu in targets:
+            entry = found.get(gpu.uuid) or (by_index.get(gpu.index) if not found else None)
+            listed = frozenset(before[gpu.uuid] | after[gpu.uuid])
+            if entry is None:
+                many = len(listed)
+                self._set(gpu.uuid, CtxswState(STANDBY, ALONE) if many < 2 else
+                          CtxswState(UNSUPPORTED, NO_SWITCHES.format(n=many)))
+                continue
+            shares = {p["pid"]: (p["time_share"], p["of_gpu"].get("sm_active")) for p in entry["processes"]
+                      if p["pid"] is not None}
+            self.readings[gpu.uuid] = CtxswReading(start, end, shares, listed)
+            self._set(gpu.uuid, CtxswState(
+                ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
+                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}", start, end))
+
+    def _refused(self, uuid: str) -> str | None:
+        tel = getattr(self._nvml, "telemetry", {}).get(uuid)
+        if tel is not None and tel.mig_enabled:
+            return MIG
+        if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
+            return MPS
+        dcgm = self._others.get("dcgm")
+        result = dcgm.results.get(uuid) if dcgm is not None else None
+        if result is not None and result.state == OK:
+            return DCGM
+        return None
+
+    def _listed(self, targets) -> dict[str, set[int]]:
+        telemetry = getattr(self._nvml, "telemetry", {})
+        out = {}
+        for gpu in targets:
+            tel = telemetry.get(gpu.uuid)
+            out[gpu.uuid] = {p.pid for p in (tel.compute_processes or ())} if tel is not None else set()
+        return out
+
+    def _capture(self, binary: str, targets) -> tuple[dict | None, float]:
+        """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
+        from exporter.samplers.nsys import read_export
+        from nsys_ingest.ctxsw import EVENTS, attribute
+        from nsys_ingest.reader import Budget, IngestError
+
+        work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
+        try:
+            devices = ",".join(str(g.index) for g in targets)
+            self._run(profile_command(binary, devices, self.frequency, work / "ctxsw", self.window_s),
+                      self.window_s + STARTUP_GRACE_S, "nsys profile")
+            # the window's wall time is ours: a replayed or clock-skewed export's own start time is not
+            ended = time.time()
+            if self._stopping.is_set():
+                return None, ended
+            rep = work / "ctxsw.nsys-rep"
+            if not rep.is_file():
+                raise CaptureError("nsys profile wrote no report (ctxsw.nsys-rep)")
+            self._run([binary, "export", "--type", "sqlite", "-o", str(work / "ctxsw.sqlite"), "-f", "true", str(rep)],
+                      EXPORT_TIMEOUT_S, "nsys export")
+            if self._stopping.is_set():
+                return None, ended
+
+            def work_on(export):
+                if EVENTS not in export.tables:  # no switch at all: every target says why below
+                    return {"gpus": [], "window_s": [0.0, self.window_s]}
+                return attribute(export, estimator=self.estimator)
+
+            try:
+                result = read_export(work / "ctxsw.sqlite", work_on, binary, require_metrics=False,
+                                     budget=Budget(READ_BUDGET_S, self._stopping))
+            except IngestError as exc:
+                if self._stopping.is_set():
+                    return None, ended
+                if "no GPU context switches" in str(exc):
+                    return {"gpus": [], "window_s": [0.0, self.window_s]}, ended
+                raise CaptureError(f"the capture's export is unreadable: {exc}") from None
+            return result, ended
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+            self._work = None
+
+    def _run(self, cmd: list[str], timeout: float, what: str) -> None:
+        if self._stopping.is_set():
+            return
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        self._running = proc
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise CaptureError(f"{what} did not finish within {timeout:g} s; it was stopped") from None
+        finally:
+            self._running = None
+        if proc.returncode != 0 and not self._stopping.is_set():
+            tail = [line.strip() for line in (out or "").splitlines() if line.strip()][-1:] or ["no output"]
+            raise CaptureError(f"{what} failed (exit {proc.returncode}): {tail[0][:300]}")
+
+    def close(self) -> None:
+        """Stops a capture in progress (its files go with the tick's clean-up)."""
+        self._stopping.set()
+        proc = self._running
+        if proc is not None:
+            _kill(proc)
+        work = self._work
+        if work is not None:  # the exporter may exit before the capture's thread cleans up
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stops nsys and what it started (its own process group: start_new_session)."""
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)

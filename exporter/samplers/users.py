@@ -1,0 +1,133 @@
+"""Users sampler: on a host without a scheduler (a lab server people log into, a workstation), the
+holders of a GPU are the Unix users with a CUDA context on it.
+
+A user holds a GPU while one of their processes has a context on it (NVML's compute and MPS-client
+lists; the MPS server is infrastructure). Held share: the GPU split evenly among the users holding
+it (1/number of users with contexts): nobody allocated it, so presence is what is held. A user who
+keeps a context open and runs nothing holds the GPU idle.
+
+The uid is the real uid of /proc/PID/status (under --proc-root); the name comes from the host's user
+database where it is readable (--passwd FILE, else <proc-root>/1/root/etc/passwd: the host's, seen
+through its init process), the uid otherwise. Every read is capped and non-blocking.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
+from exporter.hostfiles import FileTooLarge, read_capped, read_text_capped
+from exporter.snapshot import CollectorHealth, LogOnce
+
+log = logging.getLogger(__name__)
+MAX_STATUS_BYTES = 16384  # /proc/PID/status is ~1.5 KB
+MAX_PASSWD_BYTES = 4 * 1024 * 1024
+MAX_USERS = 100_000
+PASSWD_EVERY_S = 60.0  # the user database is read again at most once a minute
+
+
+def status_uid(text: str) -> int | None:
+    """The real uid of a /proc/PID/status text."""
+    for line in text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def parse_passwd(text: str) -> dict[int, str]:
+    """uid -> name from passwd lines (name:password:uid:...); the first line of a uid wins."""
+    names: dict[int, str] = {}
+    for line in text.splitlines()[:MAX_USERS]:
+        fields = line.split(":")
+        if len(fields) >= 3 and fields[0] and fields[2].isdigit() and not line.startswith(("#", "+", "-")):
+            names.setdefault(int(fields[2]), fields[0][:64])
+    return names
+
+
+def context_pids(telemetry) -> dict[str, set[int]]:
+    """GPU UUID -> pids with a context on it (compute processes and MPS clients, not the MPS server)."""
+    return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != "mps_server"}
+            for uuid, tel in telemetry.items() if not tel.lost}
+
+
+class UsersSampler(HolderSampler):
+    name = "users"
+
+    def __init__(self, nvml, proc_root="/proc", passwd: str | None = None, interval: float = 5.0):
+        self.nvml = nvml
+        self.proc_root = Path(proc_root)
+        self.passwd = Path(passwd) if passwd else self.proc_root / "1" / "root" / "etc" / "passwd"
+        self.interval = interval
+        self.holdings = Holdings()
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._uids: dict[int, int | None] = {}  # pid -> uid, kept while the pid is on a GPU
+        self._names: dict[int, str] = {}
+        self._names_read = -PASSWD_EVERY_S
+        self._log = LogOnce(log)
+
+    def _uid(self, pid: int) -> int | None:
+        if pid not in self._uids:
+            try:
+                text = read_text_capped(self.proc_root / str(pid) / "status", MAX_STATUS_BYTES, truncate=True)
+                self._uids[pid] = status_uid(text)
+            except (OSError, ValueError):  # gone, another PID namespace, or not a proc file
+                return None
+        return self._uids[pid]
+
+    def _user_names(self) -> dict[int, str]:
+        if time.monotonic() - self._names_read >= PASSWD_EVERY_S:
+            self._names_read = time.monotonic()
+            try:
+                try:
+                    data = read_capped(self.passwd, MAX_PASSWD_BYTES, follow=True)  # a mounted secret is a link
+                except FileTooLarge:
+                    raise OSError(f"larger than {MAX_PASSWD_BYTES} bytes, not a user database") from None
+                self._names = parse_passwd(data.decode("utf-8", "replace"))
+                self._log.clear("users passwd", f"user names from {self.passwd}")
+            except OSError as exc:
+                self._names = {}
+                self._log.problem("users passwd", f"cannot read {self.passwd} ({exc.strerror or exc}): users are "
+                                  "labelled by uid (pass --passwd FILE, or mount the host's / at <proc-root>/1/root)",
+                                  logging.INFO)
+        return self._names
+
+    def tick(self) -> None:
+        started = time.perf_counter()
+        contexts = context_pids(self.nvml.telemetry)
+        everyone = set().union(*contexts.values()) if contexts else set()
+        self._uids = {pid: uid for pid, uid in self._uids.items() if pid in everyone}
+        names = self._user_names()
+        owners: dict[int, Holder] = {}
+        for pid in sorted(everyone):
+            uid = self._uid(pid)
+            if uid is not None:
+                owners[pid] = Holder(user=names.get(uid, str(uid)))
+        gpus = {}
+        for uuid, pids in contexts.items():
+            users = {owners[pid] for pid in pids if pid in owners}
+            if users:
+                gpus[uuid] = {user: Held(round(1.0 / len(users), 9), EVEN_SPLIT) for user in users}
+        unknown = len(everyone) - len(owners)
+        if unknown:  # processes of another PID namespace, or already gone
+            self._log.problem("users", f"{unknown} GPU process(es) not found under {self.proc_root}: they hold "
+                              "nothing (pass the host's /proc as --proc-root)", logging.INFO, kind="unknown")
+        else:
+            self._log.clear("users")
+        self.holdings = Holdings(gpus=gpus, owners=owners)
+        self.health = CollectorHealth(True, time.perf_counter() - started, "")
+
+
+def build(args, nvml, explicit: bool = False):
+    """The users sampler. Under --holders auto it runs only where no scheduler is configured (see
+    exporter/holders.py), and not on a replay read against this host's /proc: a recording's pids are
+    another host's processes."""
+    if args.no_nvml:
+        return None
+    if not explicit and args.nvml_replay and os.path.realpath(args.proc_root) == "/proc":
+        log.info("users as holders: off for an NVML replay against this host's /proc (pass --proc-root with the "
+                 "recording's processes, or --holders users)")
+        return None
+    return UsersSampler(nvml, proc_root=args.proc_root, passwd=args.passwd, interval=max(args.interval, 1.0))

@@ -1,0 +1,43 @@
+"""What every command of this distribution shares (nsys-ingest, gpu-spatial, gpu-spatial-exporter):
+--version from the package metadata, the program name as it was typed, and a quiet end when the
+reader of its output leaves (`| head -1`). Here because nsys_ingest is the package the others import."""
+from __future__ import annotations
+
+import os
+import sys
+from importlib import metadata
+
+DISTRIBUTION = "gpu-spatial-exporter"
+SCRIPTS = ("gpu-spatial", "gpu-spatial-exporter", "nsys-ingest")  # pyproject.toml, [project.scripts]
+
+
+def version() -> str:
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install .)"
+
+
+def add_version(parser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
+                        help="print the version and exit")
+
+
+def prog_name(module: str) -> str:
+    """The command as typed: the console script's name, else `python3 -m MODULE`."""
+    typed = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return typed if typed in SCRIPTS else f"python3 -m {module}"
+
+
+def quiet_on_closed_pipe(run) -> int:
+    """run()'s exit code; 0 when whoever read the output went away (`| head -1`): that reader has
+    what it wanted, so no error and no traceback. stdout then points at /dev/null, so that the
+    interpreter's last flush does not fail too."""
+    try:
+        code = run()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0

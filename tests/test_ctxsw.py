@@ -1,0 +1,323 @@
+"""Per-process attribution from GPU context switches (nsys_ingest/ctxsw.py): exact figures on small
+synthetic exports whose attribution is computed by hand, the edges of the trace (windows, unmatched
+and unknown events, order), and the hostile ones (a 10 M-row switch table)."""
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from nsys_ingest.ctxsw import NO_SWITCHES, attribute
+from nsys_ingest.reader import Budget, Export, IngestError
+from tests import synthetic_exports as synth
+from tests.helpers import FIXTURES, ROOT
+
+A, B = 100, 200  # GPU 0: A 0-2.5 ms and 7.5-10 ms, gap, B 2.8-7.0 ms, gap; 1 kHz samples
+GPU0_SLICES = [(0, 0.0, 2.5, A, 1), (0, 2.8, 7.0, B, 2), (0, 7.5, 10.0, A, 1)]
+# What each 1 ms interval reads when A's slices run at SM active 0.8, B's at 0.2, the gaps at 0, keyed by
+# its end: (2,3]: 0.5 ms of A, 0.3 of gap, 0.2 of B = 0.44; (7,8]: 0.5 gap, 0.5 A = 0.4. A sample is
+# stamped at the start of the interval it describes (nsys_ingest/ctxsw.py).
+GPU0_SM = {1: 0.8, 2: 0.8, 3: 0.44, 4: 0.2, 5: 0.2, 6: 0.2, 7: 0.2, 8: 0.4, 9: 0.8, 10: 0.8}
+# GPU 1: C 0-5, D 5-8, E's RESTORE_START at 8.2 followed by D's SAVE_END at 8.5 (another context: both
+# unmatched), an unmatched RESTORE_START (E) at 9, D 9.5-10;
+# an unknown tag and a RESTORE_END (ignored); SM active 0.6 throughout.
+C, D, E = 400, 500, 600
+GPU1_SLICES = [(1, 0.0, 5.0, C, 5), (1, 5.0, 8.0, D, 6), (1, 9.5, 10.0, D, 6)]
+GPU1_EVENTS = [(1, 8.2, "RESTORE_START", 7, E), (1, 8.5, "SAVE_END", 6, D), (1, 9.0, "RESTORE_START", 7, E), (1, 2.0, 99, 5, C),
+               (1, 0.1, "RESTORE_END", 5, C)]
+def approx(value, abs=1e-6):  # the output is rounded to 6 digits
+    return pytest.approx(value, abs=abs)
+
+
+PROCESSES = {A: "python3 train.py", B: "spin", C: "matmul", D: "launch", E: "never-ran", 700: "no-gpu"}
+
+
+def build(tmp_path, name="ctxsw.sqlite", **kw):
+    samples = [(0, ms - 1, {"sm_active": v, "gr_active": 1.0, "tensor_active": v / 2}) for ms, v in GPU0_SM.items()]
+    samples += [(1, ms, {"sm_active": 0.6, "gr_active": 1.0}) for ms in range(0, 10)]
+    args = dict(slices=GPU0_SLICES + GPU1_SLICES, events=GPU1_EVENTS, samples=samples, processes=PROCESSES)
+    return synth.ctxsw_export(tmp_path / name, **{**args, **kw})
+
+
+def edited(tmp_path, script: str):
+    """build(), then the SQL `script` run on it."""
+    path = build(tmp_path)
+    con = sqlite3.connect(path)
+    con.executescript(script)
+    con.close()
+    return path
+
+
+def run(path, **kw):
+    with Export(path, require_metrics=False) as export:
+        return attribute(export, **kw)
+
+
+def procs(result, gpu=0):
+    return {p["pid"]: p for p in result["gpus"][gpu]["processes"]}
+
+
+def test_overlap_splits_straddling_samples_by_the_time_each_slice_covers(tmp_path):
+    result = run(build(tmp_path), estimator="overlap")
+    g0 = result["gpus"][0]
+    assert result["estimator"] == "overlap" and result["window_s"] == [0.0, 0.01]
+    assert (g0["gpu"], g0["slices"], g0["samples"], g0["uuid"]) == (0, 3, 10, "GPU-00000000-0000-4000-8000-000000000000")
+    a, b = procs(result)[A], procs(result)[B]
+    assert (a["command"], a["slices"], a["resident_s"], a["time_share"]) == ("python3 train.py", 2, 0.005, 0.5)
+    assert (b["resident_s"], b["time_share"]) == (0.0042, 0.42)
+    assert g0["switch_gap_s"] == approx(0.0008) and g0["switch_gap_share"] == approx(0.08)
+    # A: 4 whole samples at 0.8, half of (2,3] at 0.44, half of (7,8] at 0.4 -> 3.62 / 5
+    assert a["while_resident"]["sm_active"] == approx(0.724)
+    assert a["of_gpu"]["sm_active"] == approx(0.724 * 0.5)
+    assert a["while_resident"]["tensor_active"] == approx(0.362)
+    assert a["while_resident"]["gr_active"] == approx(1.0)
+    # B: 0.2 ms of (2,3] at 0.44, 4 whole samples at 0.2 -> 0.888 / 4.2
+    assert b["while_resident"]["sm_active"] == approx(0.888 / 4.2)
+    # the gaps: 0.3 ms at 0.44, 0.5 ms at 0.4
+    assert g0["gap_means"]["sm_active"] == approx((0.3 * 0.44 + 0.5 * 0.4) / 0.8)
+    assert g0["gpu_means"]["sm_active"] == approx(sum(GPU0_SM.values()) / 10)
+    assert set(procs(result)) == {A, B}  # the processes without slices are not there
+
+
+def test_at_gives_each_sample_to_the_slice_at_its_timestamp(tmp_path):
+    result = run(build(tmp_path), estimator="at")
+    a, b = procs(result)[A], procs(result)[B]
+    # (2,3] is stamped 2 ms, inside A's first slice; (7,8] 7 ms, in the gap after B's
+    assert a["while_resident"]["sm_active"] == approx((4 * 0.8 + 0.44) / 5)
+    assert b["while_resident"]["sm_active"] == approx(0.2)
+    assert result["gpus"][0]["gap_means"]["sm_active"] == approx(0.4)
+    assert (a["time_share"], b["time_share"]) == (0.5, 0.42)  # time shares do not depend on the estimator
+
+
+def test_fit_recovers_each_processes_density(tmp_path):
+    result = run(build(tmp_path))
+    assert result["estimator"] == "fit"  # the default
+    a, b = procs(result)[A], procs(result)[B]
+    assert a["while_resident"]["sm_active"] == approx(0.8, abs=1e-9)
+    assert b["while_resident"]["sm_active"] == approx(0.2, abs=1e-9)
+    assert result["gpus"][0]["gap_means"]["sm_active"] == approx(0.0, abs=1e-9)
+
+
+def test_unmatched_and_unknown_events_count_as_gap_and_are_reported(tmp_path):
+    g1 = run(build(tmp_path))["gpus"][1]
+    c, d = (p for p in g1["processes"])
+    assert (c["pid"], c["time_share"], d["pid"], d["time_share"], d["slices"]) == (C, 0.5, D, 0.35, 2)
+    assert g1["switch_gap_share"] == approx(0.15)  # 8-9.5 ms: the unmatched events' time
+    assert g1["unmatched_events"] == 3
+    assert g1["other_events"] == {"RESTORE_END": 1, "unknown tag 99": 1}
+    assert c["while_resident"]["sm_active"] == approx(0.6) and E not in {p["pid"] for p in g1["processes"]}
+
+
+@pytest.mark.parametrize("chunk_rows", [1, 2, 3, 7])
+def test_chunk_size_and_row_order_change_nothing(tmp_path, chunk_rows):
+    whole = run(build(tmp_path))
+    assert run(build(tmp_path, "small.sqlite"), chunk_rows=chunk_rows)["gpus"] == whole["gpus"]
+    assert run(build(tmp_path, "reversed.sqlite", reverse=True), chunk_rows=chunk_rows)["gpus"] == whole["gpus"]
+
+
+def test_windows_cut_slices_at_their_edges(tmp_path):
+    # 1-9 ms: A's first slice is seen by its SAVE_END alone (resident since the window opened), its last by
+    # its RESTORE_START alone (resident until the window closed)
+    result = run(build(tmp_path), start_ns=1 * synth.MS, end_ns=9 * synth.MS, estimator="overlap")
+    a, b = procs(result)[A], procs(result)[B]
+    assert result["window_s"] == [0.001, 0.009]
+    assert a["resident_s"] == approx(0.003) and a["time_share"] == approx(0.375)
+    assert b["time_share"] == approx(4.2 / 8)
+    assert result["gpus"][0]["samples"] == 8
+    assert a["while_resident"]["sm_active"] == approx((0.8 + 0.5 * 0.44 + 0.5 * 0.4 + 0.8) / 3)
+
+
+def test_tags_are_read_by_name_and_default_to_the_devices_numbers(tmp_path):
+    renumbered = {1: "RESTORE_START", 2: "SAVE_END", 3: "RESTORE_END"}
+    whole = run(build(tmp_path))["gpus"]
+    assert run(build(tmp_path, "renumbered.sqlite", enum=renumbered))["gpus"][0] == whole[0]
+    assert run(build(tmp_path, "no-enum.sqlite", enum=None))["gpus"][0] == whole[0]
+    with pytest.raises(IngestError, match="names no RESTORE_START"):
+        run(build(tmp_path, "bad-enum.sqlite", enum={1: "SOMETHING", 2: "ELSE"}, slices=[], events=[(0, 1.0, 1, 1, A)]))
+
+
+def test_switches_without_gpu_metrics_give_time_shares_only(tmp_path):
+    result = run(build(tmp_path, samples=[]))
+    a = procs(result)[A]
+    assert a["time_share"] == 0.5 and a["while_resident"] == {} and result["quantities"] == []
+
+
+def test_combining_samples_averages_consecutive_ones(tmp_path):
+    # every 2 samples -> one 2 ms sample stamped at its first: (0,2] 0.8, (2,4] 0.32, (4,6] 0.2, (6,8] 0.3, (8,10] 0.8
+    result = run(build(tmp_path), combine=2, estimator="overlap")
+    a = procs(result)[A]
+    # A: (0,2] whole, 0.5 ms of (2,4], 0.5 ms of (6,8], (8,10] whole
+    assert a["while_resident"]["sm_active"] == approx((2 * 0.8 + 0.5 * 0.32 + 0.5 * 0.3 + 2 * 0.8) / 5)
+    assert result["gpus"][0]["samples"] == 5
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "nsys_ingest", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, env={"NSYS_INGEST_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
+
+
+def test_cli_text_json_and_windows(tmp_path):
+    path = build(tmp_path)
+    done = cli("workloads", path)
+    assert done.returncode == 0, done.stderr
+    assert "python3 train.py" in done.stdout and "(switch gaps)" in done.stdout and "estimator fit" in done.stdout
+    done = cli("workloads", path, "--json", "--start", "0.001", "--end", "0.009", "--estimator", "overlap")
+    result = json.loads(done.stdout)
+    assert result["window_s"] == [0.001, 0.009] and result["estimator"] == "overlap"
+    assert procs(result)[A]["while_resident"]["sm_active"] == approx((0.8 + 0.5 * 0.44 + 0.5 * 0.4 + 0.8) / 3)
+    gpu_spatial = subprocess.run([sys.executable, "-m", "gpu_spatial", "nsys", "workloads", path, "--json"], cwd=ROOT,
+                                 capture_output=True, text=True, env={"NSYS_INGEST_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
+    assert json.loads(gpu_spatial.stdout)["gpus"] == json.loads(cli("workloads", path, "--json").stdout)["gpus"]
+
+
+def test_an_export_without_context_switches_names_the_flag(tmp_path):
+    done = cli("workloads", edited(tmp_path, "drop table GPU_CONTEXT_SWITCH_EVENTS"))
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {NO_SWITCHES}" and "--gpuctxsw=true" in done.stderr
+    empty = synth.ctxsw_export(tmp_path / "empty.sqlite", samples=[(0, 1, {"sm_active": 0.5})])  # MPS: no events
+    done = cli("workloads", empty)
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {NO_SWITCHES}"
+
+
+# -- hostile exports --------------------------------------------------------------------------------
+TEN_MILLION = 10_000_000
+ATTRIBUTE_AND_MEASURE = """
+import json, resource, sys
+from nsys_ingest.ctxsw import attribute
+from nsys_ingest.reader import Export
+with Export(sys.argv[1], require_metrics=False) as export:
+    result = attribute(export)
+print(json.dumps({"result": result, "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+@pytest.fixture(scope="module")
+def ten_million_switches(tmp_path_factory):
+    """10 M switch events (5 us slices and gaps, two processes taking turns, 50 s) under 60 ms of samples."""
+    path = synth.ctxsw_export(tmp_path_factory.mktemp("big") / "big.sqlite", slices=[(0, 0.0, 1.0, A, 1)],
+                              samples=[(0, ms, {"sm_active": 0.5}) for ms in range(1, 61)])
+    con = sqlite3.connect(path)
+    con.execute(f"""insert into GPU_CONTEXT_SWITCH_EVENTS
+        with recursive i(k) as (select 0 union all select k + 1 from i where k < {TEN_MILLION} - 1)
+        select case when k % 2 = 0 then 8 else 7 end, 0, k + 10, (k / 2) % 2 + 10, 2000000 + k * 5000,
+               {synth.global_pid(300)} + ((k / 2) % 2) * 16777216, 0 from i""")
+    con.commit()
+    con.close()
+    return path
+
+
+def test_ten_million_switch_events_are_read_in_bounded_memory(ten_million_switches):
+    done = subprocess.run([sys.executable, "-c", ATTRIBUTE_AND_MEASURE, ten_million_switches], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    g0 = answer["result"]["gpus"][0]
+    window_ns = 2_000_000 + (TEN_MILLION - 1) * 5000
+    assert g0["slices"] == TEN_MILLION // 2 + 1 and g0["unmatched_events"] == 0
+    shares = {p["pid"]: p["time_share"] for p in g0["processes"]}
+    assert shares == {300: approx(TEN_MILLION // 4 * 5000 / window_ns), 301: approx(TEN_MILLION // 4 * 5000 / window_ns),
+                      A: approx(1e6 / window_ns)}
+    # the whole table is ~340 MB on disk and 5 M slices would be 120 MB as arrays: neither is held
+    assert answer["max_rss_kb"] < 400_000, answer["max_rss_kb"]
+
+
+def test_reading_switches_stops_at_the_budget(ten_million_switches):
+    with Export(ten_million_switches, require_metrics=False, budget=Budget(0.5)) as export:
+        with pytest.raises(IngestError, match="longer than its budget"):
+            try:
+                attribute(export)
+            except sqlite3.DatabaseError as exc:  # SQLite stopped mid-statement: explained as the CLI does
+                raise export.explain(exc) from None
+
+
+# -- the estimators on a time-sliced GPU (bench/ctxsw_estimators.py) ------------------------------------
+def test_estimator_bench_against_the_10khz_truth(tmp_path):
+    """Constant densities: at 1 kHz the fit finds each process's own (1 ms samples straddle ~half the
+    switches); the overlap split leans each toward its neighbours'; at (whole samples) more so."""
+    path, real = synth.time_sliced(tmp_path / "s10k.sqlite", {1: 0.5, 2: 0.9, 3: 0.06}, duration_ms=400)
+    done = subprocess.run([sys.executable, "bench/ctxsw_estimators.py", path, tmp_path / "out", "--truth", "within"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    result = json.loads((tmp_path / "out" / "ctxsw_estimators.json").read_text())
+    assert (result["sampling_hz"], result["candidate_hz"], result["combined_samples"]) == (10000, 1000, 10)
+    worst = {name: found["max_abs_error"]["sm_active_while_resident_error"] for name, found in result["estimators"].items()}
+    assert worst["fit"] < 0.005 < 0.03 < worst["overlap"] < worst["at"], worst
+    assert all(found["max_abs_error"]["time_share_error"] == 0 for found in result["estimators"].values())
+    truth = {r["pid"]: r["sm_active_while_resident"] for r in result["estimators"]["fit"]["processes"]}
+    assert truth == {pid: approx(value, abs=0.003) for pid, value in real.items()}  # 'within' at 10 kHz is the truth
+
+
+def test_the_fit_keeps_every_density_within_0_and_1():
+    import numpy as np
+
+    from nsys_ingest.ctxsw import bounded_least_squares
+
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0, 1, (40, 3))
+    y = x @ np.array([0.5, -0.3, 0.8])  # unconstrained, the second density is negative
+    fitted = bounded_least_squares(x.T @ x, x.T @ y)
+    assert fitted[1] == 0.0
+    kept = np.linalg.lstsq(x[:, [0, 2]], y, rcond=None)[0]  # the best fit with that density at its bound
+    assert fitted[[0, 2]] == pytest.approx(kept, abs=1e-9)
+    assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1])))[1] == 1.0
+
+
+# -- the H200 captures (bench/record_ctxsw.sh): jobs whose SM footprint is known by construction ------------
+# 516 spins 4 ms kernels on 66 of 132 SMs, 515 2 ms kernels on 8 SMs (100 ms on, 150 ms off), 518 is a launch
+# loop (one block: one SM), 514 runs bf16 8192^3 products back to back, a fifth holds a context and launches nothing.
+H200_10KHZ, H200_1KHZ = FIXTURES / "h200_ctxsw_10khz.sqlite", FIXTURES / "h200_ctxsw_1khz.sqlite"
+FOOTPRINT = {516: 66 / 132, 515: 8 / 132, 518: 1 / 132}
+
+
+@pytest.mark.parametrize("path", [H200_10KHZ, H200_1KHZ])
+def test_h200_captures_give_each_job_the_sm_footprint_it_was_built_with(path):
+    result = run(path)
+    g0 = result["gpus"][0]
+    jobs = procs(result)
+    assert set(jobs) == {514, 515, 516, 518} and g0["unmatched_events"] == 0  # the idle holder had no slice
+    assert sum(p["time_share"] for p in jobs.values()) + g0["switch_gap_share"] == approx(1.0, abs=1e-5)
+    for pid, footprint in FOOTPRINT.items():  # while resident, within 1.5 points (the kernels' own gaps)
+        assert jobs[pid]["while_resident"]["sm_active"] == approx(footprint, abs=0.015), pid
+    assert jobs[514]["while_resident"]["sm_active"] > 0.9 and jobs[514]["while_resident"]["tensor_active"] > 0.85
+    assert jobs[516]["while_resident"]["tensor_active"] < 0.01  # spin kernels do not touch the tensor cores
+
+
+def test_h200_estimators_at_1khz_against_the_10khz_truth(tmp_path):
+    done = subprocess.run([sys.executable, "bench/ctxsw_estimators.py", H200_10KHZ, tmp_path], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    worst = {name: found["max_abs_error"]["sm_active_of_gpu_error"]
+             for name, found in json.loads((tmp_path / "ctxsw_estimators.json").read_text())["estimators"].items()}
+    # the fit (the default) is within the issue's 0.02 of the GPU for every job; splitting by overlap is not
+    assert worst["fit"] < 0.01 and worst["overlap"] > 0.02 and worst["at"] > 0.02, worst
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("alter table GPU_CONTEXT_SWITCH_EVENTS rename to E; create view GPU_CONTEXT_SWITCH_EVENTS as select * from E",
+     "GPU_CONTEXT_SWITCH_EVENTS is a view"),
+    ("alter table GPU_CONTEXT_SWITCH_EVENTS drop column seqNo", "GPU_CONTEXT_SWITCH_EVENTS has no column seqNo"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set timestamp = 'soon' where rowid = 3",
+     "GPU_CONTEXT_SWITCH_EVENTS.timestamp holds 'soon' where"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set tag = x'00ff' where rowid = 2", "GPU_CONTEXT_SWITCH_EVENTS.tag holds"),
+    ("update GPU_CONTEXT_SWITCH_EVENTS set gpuId = 'gpu0' where rowid = 1", "GPU_CONTEXT_SWITCH_EVENTS.gpuId holds"),
+    ("update ENUM_GPU_CTX_SWITCH set name = 'RESTORE_START' || zeroblob(300) where id = 8", "ENUM_GPU_CTX_SWITCH.name"),
+])
+def test_hostile_switch_tables_get_one_line(tmp_path, edit, message):
+    done = cli("workloads", edited(tmp_path, edit))
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_more_processes_than_the_cap_are_refused(tmp_path):
+    from nsys_ingest.ctxsw import MAX_PROCESSES
+
+    slices = [(0, i * 0.1, i * 0.1 + 0.05, 1000 + i, i) for i in range(MAX_PROCESSES + 1)]
+    path = synth.ctxsw_export(tmp_path / "many.sqlite", slices=slices, samples=[(0, 0, {"sm_active": 0.5})])
+    with pytest.raises(IngestError, match=f"more than {MAX_PROCESSES} processes"):
+        run(path)
+    assert len(procs(run(synth.ctxsw_export(tmp_path / "enough.sqlite", slices=slices[:-1])))) == MAX_PROCESSES
+
+
+def test_text_inside_the_switch_table_is_named(tmp_path):
+    done = cli("workloads", edited(tmp_path, "update GPU_CONTEXT_SWITCH_EVENTS set contextId = 'ctx' where rowid = 2"))
+    assert done.returncode == 2 and "GPU_CONTEXT_SWITCH_EVENTS.contextId holds 'ctx' where a number belongs" in done.stderr

@@ -1,0 +1,354 @@
+"""The live context-switch source (--workload-ctxsw): per-holder time share and SM activity with basis
+ctxsw, end to end with a fake `nsys` that follows nsys' command-line contract and replays an export
+(tests/fixtures/fake-nsys), the NVML answers recorded on the H100 (time-sliced, pids 417-420) and a
+Slurm mapping directory with cgroup files; the join's rules on small exact cases."""
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from exporter.samplers.ctxsw import (ACTIVE, ALONE, DCGM, ERROR, MIG, MPS, NOT_ROOT, STANDBY, UNSUPPORTED,
+                                     CtxswReading, CtxswSampler)
+from exporter.snapshot import OK, ComputeProcess, DeviceTelemetry, GpuIdentity, SourceResult
+from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountant, gpu_shares
+from tests import synthetic_exports as synth
+from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
+from tests.test_metric_contract import CONTRACT, undocumented
+from tests.test_workloads import IDLE, NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
+
+FAKE_NSYS = FIXTURES / "fake-nsys"
+NVML_UUID = "GPU-0cc7d789-89a7-98d7-87e6-31b003867920"  # nvml_h100_time_sliced.json
+# 20 ms at 1 kHz on GPU 0: 417 [0,4] [10,14] at SM 0.5; 418 [4.5,6.5] at 1.0; 419 [7,10] [14,20] at 0.2;
+# 420 never resident; gaps 4-4.5 and 6.5-7 at 0. Samples (4,5] and (6,7] straddle 418 and a gap: 0.5.
+LIVE_SLICES = [(0, 0.0, 4.0, 417, 1), (0, 4.5, 6.5, 418, 2), (0, 7.0, 10.0, 419, 3), (0, 10.0, 14.0, 417, 1),
+               (0, 14.0, 20.0, 419, 3)]
+LIVE_SM = {**{ms: 0.5 for ms in (1, 2, 3, 4, 5, 7, 11, 12, 13, 14)}, 6: 1.0,
+           **{ms: 0.2 for ms in (8, 9, 10, 15, 16, 17, 18, 19, 20)}}
+LIVE_SM[7] = 0.5  # (6,7]: 0.5 ms of 418 at 1.0, 0.5 ms of gap
+# by hand (the fit, exact here since every sample is its slices' densities mixed by time): 417 share 0.4, SM
+# while resident 0.5; 418 share 0.1 at 1.0; 419 share 0.45 at 0.2. Job 4242 (417, 418): 0.5 of the time, SM
+# 0.4*0.5 + 0.1*1.0 = 0.3 of the GPU; job 5151: 0.45, 0.09. (The overlap split would give 418 0.75.)
+
+
+def live_export(path: Path) -> Path:
+    synth.ctxsw_export(path, slices=LIVE_SLICES, samples=[(0, ms - 1, {"sm_active": v, "gr_active": 1.0})
+                                                          for ms, v in sorted(LIVE_SM.items())],
+                       processes={417: "python3", 418: "python3", 419: "python3", 420: "python3"})
+    import sqlite3
+
+    con = sqlite3.connect(path)  # the GPU as NVML knows it on the host that "recorded" it
+    con.execute("update TARGET_INFO_GPU set uuid = ? where id = 0", (NVML_UUID.removeprefix("GPU-"),))
+    con.commit()
+    con.close()
+    return path
+
+
+def reading(shares, listed=(), end=1000.0):
+    return CtxswReading(end - 10.0, end, shares, frozenset(listed))
+
+
+# -- the join: exact figures ------------------------------------------------------------------------
+def test_ctxsw_time_shares_and_sm_of_own_slices_replace_nvml_for_covered_holders():
+    ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
+    shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}, OWNERS, None, ctx)
+    trainer, notebook, idle = shares[TRAINER], shares[NOTEBOOK], shares[IDLE]
+    assert (trainer["time_share"], trainer["time_share_basis"], trainer["window"]) == (0.4, CTXSW, (990.0, 1000.0))
+    assert (trainer["sm_active"], trainer["basis"]) == (pytest.approx(0.17), CTXSW)
+    assert (notebook["time_share"], notebook["sm_active"], notebook["basis"]) == (0.45, 0.09, CTXSW)
+    assert (idle["time_share"], idle["sm_active"], idle["basis"]) == (0.0, 0.0, EXACT)  # runs nothing
+
+
+def test_a_process_the_window_did_not_see_keeps_the_holder_on_nvml():
+    # 418 started after the window: the trainer's ctxsw sum would miss it, so its NVML share stays
+    ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 419, 420))
+    shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)
+    assert (shares[TRAINER]["time_share"], shares[TRAINER]["time_share_basis"]) == (pytest.approx(0.396), NVML)
+    assert shares[TRAINER]["basis"] == TIME_SHARE
+    assert shares[NOTEBOOK]["time_share_basis"] == CTXSW
+    # listed by NVML during the window but never resident: it held a context and got no slice
+    ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
+    assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]["time_share"] == 0.3
+    # a pid that left (418 is no longer on the GPU): its slices are no longer the trainer's
+    gone = dict(processes={417: 0.3, 419: 0.4}, compute={417: "time_sliced", 419: "time_sliced"})
+    ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419))
+    entry = gpu_shares(view(**gone), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
+    assert (entry["time_share"], entry["sm_active"], entry["pids"]) == (0.3, 0.15, (417,))
+
+
+def test_the_holder_alone_on_the_gpu_keeps_the_exact_sm():
+    alone = dict(processes={417: 0.5, 418: 0.3}, compute={417: "time_sliced", 418: "time_sliced"})
+    ctx = reading({417: (0.6, 0.2), 418: (0.3, 0.1)}, listed=(417, 418))
+    entry = gpu_shares(view(**alone), {TRAINER: 1.0}, OWNERS, None, ctx)[TRAINER]
+    assert (entry["time_share"], entry["time_share_basis"], entry["sm_active"], entry["basis"]) == (0.9, CTXSW, 0.05, EXACT)
+
+
+class Sampler:
+    """What the accountant reads of the ctxsw sampler."""
+    name, interval, health = "ctxsw", 60.0, None
+
+    def __init__(self, readings, max_age=130.0):
+        self.readings, self.max_age = readings, max_age
+
+    fresh = CtxswSampler.fresh
+    state = CtxswSampler.state
+    states = {}
+
+
+def test_busy_counters_integrate_the_best_basis_and_keep_it_and_old_windows_disappear():
+    class Kubelet:
+        error = ""
+        shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5}}
+        owners = {417: None, 418: None}
+
+    from exporter.samplers.kubelet import PodRef
+
+    Kubelet.owners = {417: PodRef("team-a", "train-0", "trainer"), 418: PodRef("team-a", "train-0", "trainer")}
+    sampler = Sampler({})
+    acc = WorkloadAccountant(ctxsw=sampler)
+    busy = view(**TIME_SLICED)
+    acc.update(100.0, (busy,), Kubelet())  # no window yet: nvml, 0.396
+    acc.update(110.0, (busy,), Kubelet())
+    sampler.readings["GPU-aaaa"] = reading({417: (0.3, 0.15), 418: (0.1, 0.02)}, listed=(417, 418, 419, 420), end=109.0)
+    first = acc.update(120.0, (busy,), Kubelet())[0]  # from here on ctxsw, 0.4
+    assert (first.time_share, first.time_share_basis, first.ctxsw_window) == (0.4, CTXSW, (99.0, 109.0))
+    last = acc.update(125.0, (busy,), Kubelet())[0]
+    assert last.counters["busy_basis"] == {NVML: pytest.approx(0.396 * 20), CTXSW: pytest.approx(0.4 * 5)}
+    assert last.counters["busy"] == pytest.approx(0.396 * 20 + 0.4 * 5)
+    assert last.counters["sm_active"][CTXSW] == pytest.approx(0.17 * 5)
+    # the window is older than max_age: back to NVML, the ctxsw value is gone
+    gone = acc.update(109.0 + 130.5, (busy,), Kubelet())[0]
+    assert (gone.time_share, gone.time_share_basis, gone.ctxsw_window) == (pytest.approx(0.396), NVML, None)
+    assert acc.ctxsw_states[0][1].state == STANDBY
+
+
+# -- the sampler: where it cannot run, it says why ------------------------------------------------------
+class Nvml:
+    def __init__(self, kinds=("time_sliced", "time_sliced"), mig=False):
+        self.gpus = [GpuIdentity(0, NVML_UUID, "NVIDIA H100 80GB HBM3")]
+        processes = tuple(ComputeProcess(417 + i, "python3", kind) for i, kind in enumerate(kinds))
+        self.telemetry = {NVML_UUID: DeviceTelemetry(self.gpus[0], 0.0, compute_processes=processes, mig_enabled=mig)}
+
+
+@pytest.fixture
+def fake_nsys(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_NSYS_EXPORT", str(live_export(tmp_path / "recorded.sqlite")))
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "calls.log"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # TMPDIR is read again
+    return tmp_path
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="nsys traces context switches only as root")
+
+
+@root_only
+def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys):
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.2, period_s=5.0)
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert state.state == ACTIVE and sampler.health.success, (state, sampler.health)
+    got = sampler.readings[NVML_UUID]
+    assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.1), 419: (0.45, 0.09)}
+    assert got.listed == {417, 418} and got.window_end - got.window_start == pytest.approx(0.02)
+    calls = (fake_nsys / "calls.log").read_text().splitlines()
+    assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=1000")
+    assert calls[0].endswith("sleep 0.2") and calls[1].startswith("export --type sqlite -o ")
+    assert not list(fake_nsys.glob("gpu-exporter-ctxsw-*"))  # the report and the export are removed
+
+
+@pytest.mark.parametrize("nvml, others, state, reason", [
+    (Nvml(kinds=("mps", "mps")), {}, UNSUPPORTED, MPS),
+    (Nvml(mig=True), {}, UNSUPPORTED, MIG),
+    (Nvml(), {"dcgm": type("Dcgm", (), {"results": {NVML_UUID: SourceResult(OK, "")}})()}, UNSUPPORTED, DCGM),
+])
+@root_only
+def test_gpus_it_must_not_capture(fake_nsys, nvml, others, state, reason):
+    sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1, other_sources=others)
+    sampler.tick()
+    assert (sampler.states[NVML_UUID].state, sampler.states[NVML_UUID].reason) == (state, reason)
+    assert not (fake_nsys / "calls.log").exists()  # nothing ran
+
+
+def test_no_nsys_or_no_root_is_unsupported_with_one_line(tmp_path, caplog, monkeypatch):
+    sampler = CtxswSampler(Nvml(), str(tmp_path / "no-such-nsys"), window_s=0.1)
+    for _ in range(3):
+        sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert state.state == UNSUPPORTED and "nsys not found" in state.reason and not sampler.health.success
+    assert sum("nsys not found" in r.getMessage() for r in caplog.records) == 1
+    caplog.clear()
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # a user: nsys would trace nothing system-wide
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    for _ in range(3):
+        sampler.tick()
+    assert (sampler.states[NVML_UUID].state, sampler.states[NVML_UUID].reason) == (UNSUPPORTED, NOT_ROOT)
+    assert sampler.readings == {} and [r.getMessage() for r in caplog.records] == [f"ctxsw: {NOT_ROOT}"]
+
+
+@root_only
+def test_a_failing_capture_is_an_error_and_drops_the_last_window(fake_nsys, monkeypatch):
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    assert NVML_UUID in sampler.readings
+    monkeypatch.setenv("FAKE_NSYS_FAIL", "export")
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert state.state == ERROR and state.reason == "nsys export failed (exit 1): Error: export failed (FAKE_NSYS_FAIL)"
+    assert NVML_UUID not in sampler.readings and not list(fake_nsys.glob("gpu-exporter-ctxsw-*"))
+
+
+@root_only
+def test_no_switches_is_standby_for_one_process_and_unsupported_for_several(fake_nsys, monkeypatch):
+    empty = synth.ctxsw_export(fake_nsys / "none.sqlite", samples=[(0, 1, {"sm_active": 0.5})])
+    monkeypatch.setenv("FAKE_NSYS_EXPORT", str(empty))
+    sampler = CtxswSampler(Nvml(kinds=("time_sliced",)), str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    assert (sampler.states[NVML_UUID].state, sampler.states[NVML_UUID].reason) == (STANDBY, ALONE)
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == UNSUPPORTED and "no context switches recorded while 2" in \
+        sampler.states[NVML_UUID].reason
+
+
+# -- end to end: the exporter over HTTP -----------------------------------------------------------------
+def slurm_node(tmp_path, recorded: Path, jobs: dict[int, str], renamed: dict[int, int] | None = None,
+               uuid: str | None = None):
+    """The exporter's flags and environment for a Slurm node: the time-sliced H100 NVML recording (frame 0,
+    pids 417-420, renamed by `renamed`, the GPU's UUID set to `uuid`), cgroups under --proc-root putting
+    each pid in its job of `jobs` (the others in a login session), a mapping file listing the jobs on
+    GPU 0, and the fake nsys replaying `recorded`."""
+    from exporter.nvml_replay import cut
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
+    if renamed or uuid:
+        data = json.loads((tmp_path / "nvml.json").read_text())
+        for call in ("compute_processes/0", "process_utilization/0"):
+            for frame in data["calls"][call]:
+                listed = frame["value"]["compute"] if call.startswith("compute") else frame["value"]
+                for process in listed:
+                    process["pid"] = (renamed or {}).get(process["pid"], process["pid"])
+        if uuid:
+            data["calls"]["identity/0"][0]["value"]["uuid"] = uuid
+        (tmp_path / "nvml.json").write_text(json.dumps(data))
+    proc = tmp_path / "proc"
+    for pid in [(renamed or {}).get(p, p) for p in (417, 418, 419, 420)]:
+        (proc / str(pid)).mkdir(parents=True)
+        job = jobs.get(pid)
+        (proc / str(pid) / "cgroup").write_text(f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"
+                                                if job else "0::/user.slice/session-1.scope\n")
+    mapping = tmp_path / "map"
+    mapping.mkdir()
+    (mapping / "0").write_text("".join(f"{job}\n" for job in sorted(set(jobs.values()))))
+    work = tmp_path / "tmp"
+    work.mkdir()
+    args = ["--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--kubelet-socket", "none",
+            "--proc-root", str(proc), "--hpc-job-mapping-dir", str(mapping), "--workload-ctxsw", "--ctxsw-window", "1s",
+            "--ctxsw-period", "2s", "--nsys-binary", str(FAKE_NSYS)]
+    return args, {"FAKE_NSYS_EXPORT": str(recorded), "TMPDIR": str(work)}, work
+
+
+def workloads_answer(exporter):
+    status, body = http_get(exporter.url + "/api/v1/workloads")
+    return json.loads(body) if status == 200 else None
+
+
+def ctxsw_everywhere(exporter, seconds=60):
+    """/api/v1/workloads once every holder's time share comes from a context-switch window."""
+    return wait_for(lambda: (a := workloads_answer(exporter)) and a["ctxsw"] and a["ctxsw"][0]["state"] == "active"
+                    and all(w["time_share_basis"] == "ctxsw" for w in a["workloads"]) and a, seconds, 0.2, "ctxsw windows")
+
+
+def test_slurm_jobs_get_ctxsw_time_shares_and_sm_from_the_replayed_capture(tmp_path):
+    args, env, work = slurm_node(tmp_path, live_export(tmp_path / "recorded.sqlite"), {417: "4242", 418: "4242", 419: "5151"})
+    with Exporter(*args, env=env) as exporter:
+        if os.geteuid() != 0:  # not root: it says so, and the NVML basis stays
+            found = wait_for(lambda: (a := workloads_answer(exporter)) and a["ctxsw"] and a["ctxsw"][0]["state"] == "unsupported" and a,
+                             30, 0.2, "ctxsw unsupported")
+            assert found["ctxsw"][0]["reason"] == NOT_ROOT
+            assert {w["time_share_basis"] for w in found["workloads"]} == {"nvml"}
+            return
+        found = ctxsw_everywhere(exporter)
+        jobs = {w["hpc_job"]: w for w in found["workloads"]}
+        assert (jobs["4242"]["time_share"], jobs["4242"]["sm_active"], jobs["4242"]["sm_active_basis"]) == (0.5, 0.3, "ctxsw")
+        assert (jobs["5151"]["time_share"], jobs["5151"]["sm_active"], jobs["5151"]["sm_active_basis"]) == (0.45, 0.09, "ctxsw")
+        window = jobs["4242"]["ctxsw_window"]
+        assert window[1] - window[0] == pytest.approx(0.02) and abs(window[1] - time.time()) < 60
+        state = found["ctxsw"][0]
+        assert (state["gpu"], state["uuid"]) == (0, NVML_UUID) and "5 slices of 3 processes" in state["reason"]
+
+        samples = parse_metrics(exporter.metrics())
+        share = {(l["hpc_job"], l["basis"]): v for l, v in samples["gpu_workload_time_share_ratio"]}
+        assert share == {("4242", "ctxsw"): 0.5, ("5151", "ctxsw"): 0.45}
+        assert {(l["hpc_job"], l["basis"]): v for l, v in samples["gpu_workload_sm_active_ratio"]} == \
+            {("4242", "ctxsw"): 0.3, ("5151", "ctxsw"): 0.09}
+        assert {l["basis"] for l, _ in samples["gpu_workload_busy_gpu_seconds_total"]} <= {"ctxsw", "nvml"}
+        states = {l["state"]: v for l, v in samples["gpu_workload_ctxsw_state"]}
+        assert states == {"active": 1.0, "standby": 0.0, "unsupported": 0.0, "error": 0.0, "disabled": 0.0}
+        assert samples["gpu_workload_ctxsw_sample_timestamp_seconds"][0][1] == pytest.approx(window[1], abs=1e-3)
+        assert {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}["ctxsw"] == 1.0
+        assert not undocumented(exporter.metrics(), CONTRACT.read_text())  # every family in docs/metrics.md
+        assert "Traceback" not in exporter.log()
+    assert not list(work.glob("gpu-exporter-ctxsw-*"))  # stopped mid-capture: its files go too
+
+
+def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(capsys):
+    from exporter.config import parse_args
+    from nsys_ingest.ctxsw import ESTIMATORS
+
+    for estimator in ESTIMATORS:
+        assert parse_args(["--ctxsw-estimator", estimator]).ctxsw_estimator == estimator
+    args = parse_args(["--workload-ctxsw"])
+    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 60.0, 1000, "fit")
+    with pytest.raises(SystemExit):
+        parse_args(["--workload-ctxsw", "--ctxsw-window", "1m", "--ctxsw-period", "1m"])
+    assert "--ctxsw-window 60s must be at least 1 s and shorter than --ctxsw-period 60s" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--workload-ctxsw", "--nsys-live"])
+    assert "choose one" in capsys.readouterr().err
+
+
+@root_only
+def test_the_h200_capture_replayed_gives_each_job_its_processes_shares(tmp_path):
+    """The real capture (five jobs time-sliced on an H200): pids 514 (matmul) and 518 (launch loop) in job
+    201, 516 (66-SM spin) in 202, 515 (8-SM spin) in 203; NVML's recording renamed to those pids."""
+    from nsys_ingest.ctxsw import attribute
+    from nsys_ingest.reader import Export
+
+    recorded = FIXTURES / "h200_ctxsw_1khz.sqlite"
+    with Export(recorded) as export:
+        truth = {p["pid"]: p for p in attribute(export)["gpus"][0]["processes"]}
+    renamed = {417: 514, 418: 518, 419: 516, 420: 515}
+    args, env, _ = slurm_node(tmp_path, recorded, {514: "201", 518: "201", 516: "202", 515: "203"}, renamed,
+                              uuid="GPU-915c814a-f1dc-3deb-0741-1665ee6a8727")
+    with Exporter(*args, env=env) as exporter:
+        jobs = {w["hpc_job"]: w for w in ctxsw_everywhere(exporter)["workloads"]}
+    expected = {"201": (514, 518), "202": (516,), "203": (515,)}
+    for job, pids in expected.items():
+        assert jobs[job]["time_share"] == approx(sum(truth[p]["time_share"] for p in pids)), job
+        assert jobs[job]["sm_active"] == approx(sum(truth[p]["of_gpu"]["sm_active"] for p in pids)), job
+        assert jobs[job]["sm_active_basis"] == "ctxsw"
+    # what the jobs were built to do, read back through the exporter: a full-GPU matmul, 66 and 8 of 132 SMs
+    assert jobs["202"]["sm_active"] / jobs["202"]["time_share"] == approx(66 / 132, abs=0.015)
+    assert jobs["203"]["sm_active"] / jobs["203"]["time_share"] == approx(8 / 132, abs=0.015)
+    assert jobs["201"]["time_share"] == approx(0.46, abs=0.01) and jobs["201"]["sm_active"] > 0.35
+
+
+def approx(value, abs=1e-6):  # the API rounds to 6 digits
+    return pytest.approx(value, abs=abs)
+
+
+@root_only
+def test_the_first_capture_waits_for_nvmls_first_look_at_the_gpus(fake_nsys):
+    """Every sampler ticks at once when the exporter starts: the first window is not a period late."""
+    import threading
+
+    nvml, ready = Nvml(), Nvml()
+    nvml.gpus, nvml.telemetry = [], {}
+    threading.Timer(0.5, lambda: (setattr(nvml, "telemetry", ready.telemetry), setattr(nvml, "gpus", ready.gpus))).start()
+    sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == ACTIVE

@@ -1,0 +1,120 @@
+"""Unix users as holders on a host without Kubernetes or Slurm: uid from /proc/PID/status under
+--proc-root, name from the host's user database, held share 1/number of users with a context on the
+GPU. The real exporter over HTTP replaying the H100 recorded with 4 time-sliced processes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from exporter.hostfiles import read_capped
+from exporter.samplers.users import MAX_STATUS_BYTES, parse_passwd, status_uid
+from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+
+PROC = FIXTURES / "proc_users"
+FLAGS = ("--no-mps", "--interval", "0.2", "--kubelet-socket", "none")
+
+
+@pytest.fixture(scope="module")
+def frame(tmp_path_factory):
+    """One frame of the recording (pids 417-420 at 30/10/40/20 % SM time, the GPU at 99 %)."""
+    from exporter.nvml_replay import cut
+
+    path = tmp_path_factory.mktemp("nvml") / "nvml.json"
+    cut(FIXTURES / "nvml_h100_time_sliced.json", path, frame=0)
+    return ("--nvml-replay", str(path), *FLAGS)
+
+
+def test_uid_and_names():
+    assert status_uid((PROC / "417" / "status").read_text()) == 1001
+    assert status_uid("Name:\tx\nUid:\tabc\t1\n") is None and status_uid("") is None
+    assert parse_passwd("root:x:0:0::/:/bin/sh\n# c\n+nis::::\nbad\nalice:x:1001:1001::/:/bin/sh\n"
+                        "alice2:x:1001:1::/:/bin/sh\n") == {0: "root", 1001: "alice"}
+
+
+def test_reads_are_capped_and_never_block_on_a_fifo(tmp_path):
+    fifo = tmp_path / "status"
+    os.mkfifo(fifo)
+    done = []
+    reader = threading.Thread(target=lambda: done.append(pytest.raises(OSError, read_capped, fifo, 100)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert done, "read_capped blocked on a FIFO"
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * (MAX_STATUS_BYTES * 4))
+    assert len(read_capped(big, MAX_STATUS_BYTES, truncate=True)) == MAX_STATUS_BYTES
+
+
+def workloads(exporter):
+    status, body = http_get(exporter.url + "/api/v1/workloads")
+    assert status == 200
+    return {w["user"]: w for w in json.loads(body)["workloads"]}
+
+
+def test_users_hold_the_gpu_they_have_contexts_on_over_http(tmp_path, frame):
+    REPLAY = frame
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC, proc)
+    with Exporter(*REPLAY, "--proc-root", str(proc), "--held-idle-after", "1s") as exporter:
+        found = wait_for(lambda: len(workloads(exporter)) == 3 and workloads(exporter), 15, 0.2, "three users")
+        alice, bob, nameless = found["alice"], found["bob"], found["1003"]
+        third = round(1 / 3, 9)
+        assert (alice["held_share"], alice["held_share_basis"], alice["pids"]) == (third, "even_split", [417, 418])
+        assert alice["time_share"] == pytest.approx(0.396) and bob["time_share"] == pytest.approx(0.396)
+        assert nameless["time_share"] == pytest.approx(0.198) and nameless["pids"] == [420]
+        assert alice["sm_active_basis"] == "time_share" and alice["namespace"] == alice["pod"] == ""
+        samples = parse_metrics(exporter.metrics())
+        assert {l["user"]: v for l, v in samples["gpu_workload_held_share_ratio"]} == {
+            "alice": third, "bob": third, "1003": third}
+        assert {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}["users"] == 1.0
+
+        # A process's status turns into a FIFO (a hostile /proc): the tick goes on, that pid holds nothing.
+        (proc / "420" / "status").unlink()
+        os.mkfifo(proc / "420" / "status")
+        exporter_restart = Exporter(*REPLAY, "--proc-root", str(proc))
+        with exporter_restart as again:
+            found = wait_for(lambda: len(workloads(again)) == 2 and workloads(again), 15, 0.2, "two users")
+            assert set(found) == {"alice", "bob"} and found["alice"]["held_share"] == 0.5
+            wait_for(lambda: "1 GPU process(es) not found" in again.log(), 10, 0.2, "one line")
+            assert "Traceback" not in again.log()
+
+
+def test_without_a_user_database_users_are_their_uid_and_holders_can_be_chosen(tmp_path, frame):
+    REPLAY = frame
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC, proc)
+    shutil.rmtree(proc / "1")
+    with Exporter(*REPLAY, "--proc-root", str(proc)) as exporter:
+        found = wait_for(lambda: len(workloads(exporter)) == 3 and workloads(exporter), 15, 0.2, "uids")
+        assert set(found) == {"1001", "1002", "1003"}
+        assert exporter.log().count("users are labelled by uid") == 1
+    passwd = tmp_path / "passwd"
+    passwd.write_text("carol:x:1001:1001::/:/bin/sh\n")
+    with Exporter(*REPLAY, "--proc-root", str(proc), "--passwd", str(passwd)) as exporter:
+        assert set(wait_for(lambda: len(workloads(exporter)) == 3 and workloads(exporter), 15, 0.2, "names")) == \
+            {"carol", "1002", "1003"}
+    with Exporter(*REPLAY, "--proc-root", str(proc), "--holders", "none") as exporter:
+        wait_for(lambda: exporter.gpus()["gpus"], 15, 0.2, "a snapshot")
+        samples = parse_metrics(exporter.metrics())
+        assert "gpu_workload_held_share_ratio" not in exporter.metrics() and "users" not in {
+            l["collector"] for l, _ in samples["gpu_exporter_collector_success"]}
+    # On a replay read against this host's /proc, the recording's pids are nobody's here: no users.
+    with Exporter(*REPLAY) as exporter:
+        wait_for(lambda: exporter.gpus()["gpus"], 15, 0.2, "a snapshot")
+        assert "users as holders: off for an NVML replay" in exporter.log()
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("slurm", "--holders slurm needs --hpc-job-mapping-dir"),
+    ("users,pods", "want auto, none or a list of distinct kinds"),
+])
+def test_bad_holder_choices_are_one_line(flag, message):
+    replay = ("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), *FLAGS)
+    done = subprocess.run([sys.executable, "-m", "exporter", "--holders", flag, "--port", "0", *replay],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
