@@ -239,6 +239,15 @@ def number(column: str, null: str = "null") -> str:
             f"else {_DESCRIBED.format(c=column)} end)")
 
 
+def numbers_only(con, table: str, column: str) -> None:
+    """Raises an IngestError naming the first value of `column` that is no number (its type is looked
+    at, never the value: a blob is not read); for aggregates such as max(), which would read it."""
+    row = con.execute(f"select {number(column)} from {table} where typeof({column}) not in ('integer', 'real', 'null') "
+                      "limit 1").fetchone()
+    if row is not None:
+        as_int(row[0], f"{table}.{column}")
+
+
 def text(column: str, longest: int) -> str:
     """SQL for a column that holds names: the text when it has at most `longest` characters, NULL, else
     its description as a blob (bytes in Python: never mistaken for a name; see _text)."""

@@ -154,20 +154,20 @@ def test_generated_exports_uploaded_cost_the_exporter_a_bounded_amount(generated
 
 
 def test_every_table_read_is_checked_whichever_module_reads_it(tmp_path):
-    """A reader added later (a context-switch table, say) goes through the same check: the guard sits on
+    """A reader added later (of a table no list names) goes through the same check: the guard sits on
     the connection, not on a list of tables."""
     from nsys_ingest.reader import Export
 
-    path = tmp_path / "ctxsw.sqlite"
+    path = tmp_path / "later.sqlite"
     shutil.copyfile(CORPUS / "wal_mode.sqlite", path)
     con = sqlite3.connect(path)
-    con.execute("create table GPU_CONTEXT_SWITCH_EVENTS (start INTEGER, globalPid INTEGER, pad TEXT "
+    con.execute("create table CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start INTEGER, globalPid INTEGER, pad TEXT "
                 "GENERATED ALWAYS AS (printf('%.*c', 200000000, 'x')) VIRTUAL)")
     con.execute("create view LATER_TABLE as select * from GPU_METRICS")
     con.commit()
     con.close()
     with Export(path) as export:
-        for sql, why in (("select start from GPU_CONTEXT_SWITCH_EVENTS", "GPU_CONTEXT_SWITCH_EVENTS.pad is a generated column"),
+        for sql, why in (("select start from CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION.pad is a generated column"),
                          ("select timestamp from LATER_TABLE", "LATER_TABLE is a view, not a table")):
             export.guard.refused = None
             with pytest.raises(sqlite3.DatabaseError) as raised:
