@@ -11,6 +11,10 @@ from exporter.chain import build_view
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
 log = logging.getLogger(__name__)
+# A tick running longer than this (or a source's own max_tick_seconds, or two intervals) is stuck: its
+# values are withdrawn until it returns. A thread cannot be killed in Python, so ticks run in a worker
+# thread each and the loop itself never waits past the deadline.
+TICK_DEADLINE_S = 10.0
 # Loops that map processes to holders on NVML's GPUs: started once NVML's first tick has listed them
 # (or failed to), so their first tick does not report "no GPU" on a host that has some.
 AFTER_NVML = ("kubelet", "slurm")
@@ -46,7 +50,9 @@ class Engine:
         self._threads: list[threading.Thread] = []
         self._version = 0
         self._log = LogOnce(log)
-        self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised
+        self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised or is stuck
+        self._withdrawn: set[str] = set()  # loops whose tick is stuck: none of their values are published
+        self.tick_deadline = TICK_DEADLINE_S
         self.snapshot = Snapshot(version=0, created=time.time())
 
     # -- sampling -------------------------------------------------------------------------------
@@ -103,15 +109,18 @@ class Engine:
 
     def _run(self, name, fn, interval) -> None:
         next_at = time.monotonic()
+        deadline = max(self.tick_deadline, 2 * interval, getattr(getattr(fn, "__self__", None), "max_tick_seconds", 0))
         while not self._stop.is_set():
-            try:
-                fn()
-                self._crashed.pop(name, None)
-                self._log.clear(f"sampler {name}")
-            except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
-                # Its own health still says how its last good tick went: a raising tick overrides it.
-                self._crashed[name] = CollectorHealth(False, 0.0, f"tick failed: {exc!r}")
-                self._log.problem(f"sampler {name}", f"tick failed: {exc!r}", logging.ERROR)
+            done = threading.Event()
+            threading.Thread(target=self._tick, args=(name, fn, done), name=f"tick-{name}", daemon=True).start()
+            started = time.monotonic()
+            while not done.wait(0.2):  # a stuck tick returns when it returns; then a fresh one starts
+                if self._stop.is_set():
+                    done.wait(5)  # a tick in flight ends before stop() shuts NVML down (a stuck one is left)
+                    return
+                if name not in self._withdrawn and time.monotonic() - started > deadline:
+                    self._stuck(name, deadline)
+            self._withdrawn.discard(name)
             self.publish()
             next_at += interval
             delay = next_at - time.monotonic()
@@ -120,22 +129,47 @@ class Engine:
                 delay = 0
             self._stop.wait(delay)
 
+    def _tick(self, name, fn, done: threading.Event) -> None:
+        try:
+            fn()
+            self._crashed.pop(name, None)
+            self._log.clear(f"sampler {name}")
+        except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
+            # Its own health still says how its last good tick went: a raising tick overrides it.
+            self._crashed[name] = CollectorHealth(False, 0.0, f"tick failed: {exc!r}")
+            self._log.problem(f"sampler {name}", f"tick failed: {exc!r}", logging.ERROR)
+        finally:
+            done.set()
+
+    def _stuck(self, name: str, deadline: float) -> None:
+        """A tick past its deadline: what the source published goes (never frozen), its success is 0."""
+        why = f"tick stuck for more than {deadline:g} s: its values are withdrawn until it returns"
+        self._crashed[name] = CollectorHealth(False, deadline, why)
+        self._withdrawn.add(name)
+        self._log.problem(f"sampler {name}", why, logging.ERROR)
+        self.publish()
+
+    def _fresh(self, name: str, value):
+        """`value`, or None while the loop `name` is stuck (GPM ticks in the NVML loop)."""
+        return None if (name if name != "gpm" else "nvml") in self._withdrawn else value
+
     # -- publishing -----------------------------------------------------------------------------
     def publish(self) -> Snapshot:
         with self._lock:
             self._version += 1
             now = time.time()
             views = self._views()
+            holders = [h for h in self.holders if h.name not in self._withdrawn]
             self.snapshot = Snapshot(
                 version=self._version,
                 created=now,
                 gpus=views,
-                mps=getattr(self.mps, "snapshot", None),
-                holders={h.name: h.snapshot for h in self.holders if h.snapshot is not None},
-                spool=getattr(self.spool, "stats", None),
+                mps=self._fresh("mps", getattr(self.mps, "snapshot", None)),
+                holders={h.name: h.snapshot for h in holders if h.snapshot is not None},
+                spool=self._fresh("spool", getattr(self.spool, "stats", None)),
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, [h.holdings for h in self.holders],
-                                      getattr(self.gpm, "instances", None)),
+                self.workloads.update(now, views, [h.holdings for h in holders],
+                                      self._fresh("gpm", getattr(self.gpm, "instances", None))),
                 health=self._health(),
             )
             return self.snapshot
@@ -179,10 +213,10 @@ class Engine:
                 identities[uuid] = ident
         views = []
         for uuid, ident in identities.items():
-            results = {name: src.results.get(uuid) for name, src in sources.items()}
+            results = {name: self._fresh(name, src.results.get(uuid)) for name, src in sources.items()}
             views.append(
-                build_view(ident, self.nvml.telemetry.get(uuid), results, self.order,
-                           self._reasons(), self.interval, getattr(self.mps, "snapshot", None))
+                build_view(ident, self._fresh("nvml", self.nvml.telemetry.get(uuid)), results, self.order,
+                           self._reasons(), self.interval, self._fresh("mps", getattr(self.mps, "snapshot", None)))
             )
         return tuple(views)
 

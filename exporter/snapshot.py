@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -208,8 +209,36 @@ class Snapshot:
         return self.holders.get("slurm")
 
 
+MAX_LOGGED_CHARS = 2000  # of one logged message: what it quotes (a path, a kubelet's device IDs) may be huge
+# Characters that would end or rewrite a log line (newlines, escapes, Unicode line separators).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def loggable(text: str, limit: int = MAX_LOGGED_CHARS) -> str:
+    """`text` as one log line: control characters escaped (a path holding a newline cannot forge a
+    line), and at most about `limit` characters: a longer one keeps its start and its end (where a
+    message usually says what is wrong) around a fixed note, so two messages alike but for the middle
+    read the same."""
+    text = str(text)
+    if len(text) <= limit:
+        escaped = _escaped(text)
+        if len(escaped) <= limit:
+            return escaped
+    tail = limit // 4
+    head = _escaped(text[:limit])[:limit - tail]
+    end = _escaped(text[-tail:])[-tail:]
+    return f"{head} [... cut to {limit} characters ...] {end}"
+
+
+def _escaped(text: str) -> str:
+    return _CONTROL.sub(lambda m: _ESCAPES.get(m.group(), f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                                else f"\\u{ord(m.group()):04x}"), text)
+
+
 class LogOnce:
-    """Logs a condition when it starts or changes, and when it clears: never once per tick."""
+    """Logs a condition when it starts or changes, and when it clears: never once per tick. Every
+    line is loggable(): escaped and capped, and two messages alike up to the cap are one problem."""
 
     def __init__(self, logger: logging.Logger):
         self._logger = logger
@@ -218,6 +247,7 @@ class LogOnce:
 
     def problem(self, key: str, message: str, level: int = logging.WARNING, kind: str | None = None) -> None:
         """`kind`: what makes two messages the same problem when their details vary (an error code)."""
+        key, message = loggable(key, 200), loggable(message)
         with self._lock:
             if self._current.get(key) == (kind or message):
                 return
@@ -225,7 +255,8 @@ class LogOnce:
         self._logger.log(level, "%s: %s", key, message)
 
     def clear(self, key: str, message: str = "recovered") -> None:
+        key = loggable(key, 200)
         with self._lock:
             if self._current.pop(key, None) is None:
                 return
-        self._logger.info("%s: %s", key, message)
+        self._logger.info("%s: %s", key, loggable(message))

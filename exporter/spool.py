@@ -6,6 +6,7 @@ and never the export the nsys source publishes now."""
 from __future__ import annotations
 
 import logging
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +63,11 @@ class SpoolRetention:
         found = []
         for path in self.spool_dir.glob(pattern):
             try:
-                stat = path.stat()
+                info = path.lstat()  # the server writes regular files: a link (a loop) is none of its own
             except FileNotFoundError:
                 continue
-            found.append((stat.st_mtime, stat.st_size, path))
+            if stat.S_ISREG(info.st_mode):
+                found.append((info.st_mtime, info.st_size, path))
         return sorted(found)
 
     def _doomed(self, uploads, now: float, partials=()) -> list[Path]:

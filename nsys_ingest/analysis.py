@@ -24,15 +24,17 @@ def wide_samples(export: Export, quantities, start_ns=None, end_ns=None, chunk_r
     """Yields DataFrames with one row per (gpu, timestamp) and one column per quantity.
 
     A sample's rows can straddle two chunks: the newest timestamp of each GPU in a chunk waits for
-    the next chunk (or the end) before it is emitted."""
+    the next chunk (or the end) before it is emitted, folded into one row per metric (its sum and
+    count), so rows that share a timestamp, however many, hold one row per metric in memory."""
     names = np.array([m.quantity for m in export.metrics], dtype=object)
     carry = None
     for chunk in export.chunks(quantities, start_ns, end_ns, chunk_rows, progress, ordered):
+        chunk = chunk.assign(n=chunk["value"].notna().to_numpy(dtype=np.int64))  # NaN: no value, not a zero
         if carry is not None:
             chunk = pd.concat([carry, chunk], ignore_index=True)
         newest = chunk.groupby("gpu")["timestamp"].transform("max")
         held = chunk["timestamp"].to_numpy() == newest.to_numpy()
-        carry = chunk[held]
+        carry = chunk[held].groupby(["timestamp", "gpu", "code"], as_index=False, sort=False)[["value", "n"]].sum()
         ready = chunk[~held]
         if len(ready):
             yield _pivot(ready, names)
@@ -41,8 +43,12 @@ def wide_samples(export: Export, quantities, start_ns=None, end_ns=None, chunk_r
 
 
 def _pivot(rows: pd.DataFrame, names) -> pd.DataFrame:
+    """One row per (gpu, timestamp), one column per quantity: the mean of its rows there (`value` holds
+    the sum of `n` rows)."""
     frame = rows.assign(quantity=names[rows["code"].to_numpy()])
-    wide = frame.pivot_table(index=["gpu", "timestamp"], columns="quantity", values="value", aggfunc="mean")
+    sums = frame.pivot_table(index=["gpu", "timestamp"], columns="quantity", values=["value", "n"], aggfunc="sum")
+    wide = sums["value"] / sums["n"]
+    wide.columns.name = "quantity"
     present = [wide[q].fillna(0) for q in ("dram_read", "dram_write") if q in wide]
     if present:  # an export may have either one alone
         wide["dram_active"] = sum(present).clip(upper=1.0)

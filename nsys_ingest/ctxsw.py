@@ -28,7 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Export, IngestError, _column, window_clauses
+from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Export, IngestError, _column, number,
+                                 numbers_only, text, window_clauses)
 
 EVENTS = "GPU_CONTEXT_SWITCH_EVENTS"
 TAGS = "ENUM_GPU_CTX_SWITCH"
@@ -66,14 +67,16 @@ def tag_codes(export: Export) -> tuple[int, int, dict[int, str]]:
     if TAGS not in export.tables:
         names = dict(DEVICE_TAGS)
     else:
-        rows = export.con.execute(f"select id, name from {TAGS} limit ?", (MAX_TAGS + 1,)).fetchall()
+        rows = export.con.execute(f"select {number('id')}, {text('name', MAX_NAME)} from {TAGS} limit ?",
+                                  (MAX_TAGS + 1,)).fetchall()
         if len(rows) > MAX_TAGS:
             raise IngestError(f"{TAGS} has more than {MAX_TAGS} tags: {NOT_NSYS}")
         names = {}
         for code, name in rows:
             code = _int(code, f"{TAGS}.id")
             if not isinstance(name, str) or len(name) > MAX_NAME:
-                raise IngestError(f"{TAGS}.name holds {str(name)[:40]!r} where a tag name belongs: {NOT_NSYS}")
+                shown = name.decode() if isinstance(name, bytes) else repr(str(name)[:40])  # bytes: text() described it
+                raise IngestError(f"{TAGS}.name holds {shown} where a tag name belongs: {NOT_NSYS}")
             names[code] = name
     by_name = {name: code for code, name in names.items()}
     if RESTORE_START not in by_name or SAVE_END not in by_name:
@@ -92,7 +95,7 @@ def switch_gpus(export: Export) -> list[int]:
     TARGET_INFO_GPU.id as the device ID, and GPU_METRICS' typeId & 0xFF as the GPU: on the H100 and
     H200 exports we have, TARGET_INFO_GPU.id and typeId & 0xFF agree (GPU 0), so gpuId is taken as
     the same index. A gpuId no metrics belong to still gets its time shares (no spatial values)."""
-    rows = export.con.execute(f"select distinct gpuId from {EVENTS} limit ?", (MAX_GPUS + 2,)).fetchall()
+    rows = export.con.execute(f"select distinct {number('gpuId')} from {EVENTS} limit ?", (MAX_GPUS + 2,)).fetchall()
     gpus = sorted({_int(g, f"{EVENTS}.gpuId") for g, in rows if g is not None})
     if len(gpus) > MAX_GPUS:
         raise IngestError(f"{EVENTS} names more than {MAX_GPUS} GPUs: {NOT_NSYS}")
@@ -102,6 +105,7 @@ def switch_gpus(export: Export) -> list[int]:
 def default_window(export: Export, start_ns=None, end_ns=None) -> tuple[int, int]:
     """[start, end] in ns from the capture start: the given bounds, else the span of the context
     switches and of the GPU metrics (the last sample covers one period after its timestamp)."""
+    numbers_only(export.con, EVENTS, "timestamp")  # before max(), which would read a blob
     low, high = export.con.execute(f"select min(timestamp), max(timestamp) from {EVENTS}").fetchone()
     lows, highs = [_int(low, f"{EVENTS}.timestamp")], [_int(high, f"{EVENTS}.timestamp")]
     if export.era is not None:
@@ -136,7 +140,8 @@ class _Slices:
         clauses, params = window_clauses(*window)
         where = "".join(f" and {c}" for c in clauses)
         self._cursor = export.con.execute(
-            f"select timestamp, tag, contextId, globalPid from {EVENTS} where gpuId = ?{where} "
+            f"select {number('timestamp')}, {number('tag')}, {number('contextId')}, {number('globalPid')} "
+            f"from {EVENTS} where gpuId = ?{where} "
             "order by timestamp, seqNo", (gpu, *params))
         self.chunk_rows = chunk_rows
         self._carry = None  # the last RESTORE_START of the previous chunk: (ts, ctx, gpid)
@@ -471,7 +476,8 @@ def _commands(export: Export, gpids) -> dict[int, str]:
     if "PROCESSES" not in export.tables or not gpids:
         return {}
     out = {}
-    rows = export.con.execute(f"select globalPid, name from PROCESSES where globalPid in ({','.join('?' * len(gpids))}) "
+    rows = export.con.execute(f"select globalPid, iif(typeof(name) = 'text', substr(name, 1, {MAX_NAME}), null) "
+                              f"from PROCESSES where globalPid in ({','.join('?' * len(gpids))}) "
                               "limit ?", (*gpids, len(gpids) * 4 + 1)).fetchall()
     for gpid, name in rows:
         if isinstance(name, str) and isinstance(gpid, int):

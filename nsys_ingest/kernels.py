@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nsys_ingest.analysis import nearest_rank_bin
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, NOT_NSYS, Export, IngestError, window_clauses
+from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPU_INDEX, MAX_GPUS, MAX_NAME, NOT_NSYS, Export, IngestError,
+                                 as_int, number, text, window_clauses)
 from nsys_ingest.verdicts import LONG_GAP_S, SHORT_KERNEL_S
 
 KERNEL_TABLE = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -25,6 +26,10 @@ LONG_GAP_NS = int(LONG_GAP_S * 1e9)  # an idle gap this long waits on the host
 SHORT_KERNEL_NS = int(SHORT_KERNEL_S * 1e9)  # kernels this short never span another context's time slice
 BINS_PER_DECADE = 100  # log histograms: 2.3 % resolution; integers up to 43 get a bin of their own
 DECADES = 13  # 1 ns .. 10^13 ns (durations); 1 .. 10^13 blocks (grids)
+# What one export's trace may hold (each process costs two histograms, ~21 KB, and a row of the answer):
+MAX_PROCESSES = 1024  # (process, GPU) pairs with kernels
+MAX_COPY_KINDS = 256  # rows of ENUM_CUDA_MEMCPY_OPER: nsys writes about ten
+MAX_LISTED = 65536  # rows of PROCESSES and TARGET_INFO_CUDA_DEVICE read
 
 
 class LogHistogram:
@@ -165,27 +170,55 @@ def kernel_row_estimate(export: Export) -> int:
                for table in (KERNEL_TABLE, *COPY_TABLES) if table in export.tables)
 
 
+def _listed(export: Export, table: str, sql: str, most: int, what: str) -> list:
+    """At most `most` rows of `sql`; more is refused with one line."""
+    rows = export.con.execute(f"{sql} limit ?", (most + 1,)).fetchall()
+    if len(rows) > most:
+        raise IngestError(f"{table} lists more than {most} {what}: {NOT_NSYS}")
+    return rows
+
+
 def _copy_kind_names(export: Export) -> dict[int, str]:
     names = {MEMSET_KIND: "memset"}
     if "ENUM_CUDA_MEMCPY_OPER" in export.tables:
-        names.update({int(i): str(label) for i, label in export.con.execute("select id, label from ENUM_CUDA_MEMCPY_OPER")
-                      if i is not None})
+        rows = _listed(export, "ENUM_CUDA_MEMCPY_OPER", f"select {number('id')}, {text('label', MAX_NAME)} "
+                       "from ENUM_CUDA_MEMCPY_OPER where id is not null", MAX_COPY_KINDS, "copy kinds")
+        names.update({as_int(i, "ENUM_CUDA_MEMCPY_OPER.id"): _name(label, "ENUM_CUDA_MEMCPY_OPER.label")
+                      for i, label in rows})
     return names
+
+
+def _name(value, where: str) -> str:
+    if isinstance(value, bytes):  # text() described what is stored instead of reading it
+        raise IngestError(f"{where} holds {value.decode()} where a name of at most {MAX_NAME} characters belongs: "
+                          f"{NOT_NSYS}")
+    return "?" if value is None else str(value)
 
 
 def _cuda_devices(export: Export) -> dict[tuple[int, int], int]:
     """(pid, CUDA device ID in that process) -> GPU: CUDA_VISIBLE_DEVICES renumbers devices per process."""
     if "TARGET_INFO_CUDA_DEVICE" not in export.tables:
         return {}
-    rows = export.con.execute("select pid, cudaId, gpuId from TARGET_INFO_CUDA_DEVICE where gpuId is not null")
-    return {(int(pid), int(cuda)): int(gpu) for pid, cuda, gpu in rows}
+    rows = _listed(export, "TARGET_INFO_CUDA_DEVICE", f"select {number('pid')}, {number('cudaId')}, {number('gpuId')} "
+                   "from TARGET_INFO_CUDA_DEVICE where gpuId is not null", MAX_LISTED, "devices")
+    return {(as_int(pid, "TARGET_INFO_CUDA_DEVICE.pid"), as_int(cuda, "TARGET_INFO_CUDA_DEVICE.cudaId")):
+            _gpu_index(as_int(gpu, "TARGET_INFO_CUDA_DEVICE.gpuId"), "TARGET_INFO_CUDA_DEVICE.gpuId")
+            for pid, cuda, gpu in rows}
+
+
+def _gpu_index(value: int, where: str) -> int:
+    if not 0 <= value <= MAX_GPU_INDEX:
+        raise IngestError(f"{where} holds {value}, not a GPU index (0-{MAX_GPU_INDEX}): {NOT_NSYS}")
+    return value
 
 
 def _process_names(export: Export) -> dict[int, str]:
     if "PROCESSES" not in export.tables:
         return {}
-    return {int(g): name or "?" for g, name in export.con.execute("select globalPid, name from PROCESSES")
-            if g is not None}
+    # A name is cut at MAX_NAME characters (substr reads at most the value's declared length, itself capped).
+    rows = _listed(export, "PROCESSES", f"select {number('globalPid')}, iif(typeof(name) = 'text', substr(name, 1, "
+                   f"{MAX_NAME}), null) from PROCESSES where globalPid is not null", MAX_LISTED, "processes")
+    return {as_int(g, "PROCESSES.globalPid"): name or "?" for g, name in rows}
 
 
 def kernel_stats(export: Export, start_ns=None, end_ns=None, chunk_rows=DEFAULT_CHUNK_ROWS, progress=None):
@@ -221,11 +254,12 @@ ROW = np.dtype([("start", "i8"), ("end", "i8"), ("device", "i8"), ("gpid", "i8")
 KERNEL_KIND, MEMSET_KIND = -1, -2  # `kind` of a row: a kernel, a memset, or a copy's copyKind (0 and up)
 # Per table: the columns read (the fewer, the faster SQLite hands rows over) and the `kind` of its rows,
 # None where the row brings its own (a copy's copyKind).
+# Every column through reader.number(): a value of another type arrives as text, never as its content.
+_COMMON = f"{number('start')}, {number('end')}, {number('deviceId')}, {number('globalPid', '0')}"
 _STREAMS = (
-    (KERNEL_TABLE, "start, end, deviceId, coalesce(globalPid, 0), gridX * gridY * gridZ", KERNEL_KIND),
-    ("CUPTI_ACTIVITY_KIND_MEMCPY", "start, end, deviceId, coalesce(globalPid, 0), coalesce(bytes, 0), "
-                                   "coalesce(copyKind, 0)", None),
-    ("CUPTI_ACTIVITY_KIND_MEMSET", "start, end, deviceId, coalesce(globalPid, 0), coalesce(bytes, 0)", MEMSET_KIND),
+    (KERNEL_TABLE, f"{_COMMON}, {number('gridX')} * {number('gridY')} * {number('gridZ')}", KERNEL_KIND),
+    ("CUPTI_ACTIVITY_KIND_MEMCPY", f"{_COMMON}, {number('bytes', '0')}, {number('copyKind', '0')}", None),
+    ("CUPTI_ACTIVITY_KIND_MEMSET", f"{_COMMON}, {number('bytes', '0')}", MEMSET_KIND),
 )
 _READ = {KERNEL_KIND: ("start", "end", "device", "gpid", "blocks"), MEMSET_KIND: ("start", "end", "device", "gpid", "bytes"),
          None: ("start", "end", "device", "gpid", "bytes", "kind")}
@@ -298,6 +332,8 @@ def _reduce(export, chunks, start_ns, end_ns, devices, names, has_copies):
         span[1] = int(end.max()) if span[1] is None else max(span[1], int(end.max()))
         gpu_of = _gpu_per_row(pid_of(chunk["gpid"]), chunk["device"], devices)
         for gpu in np.unique(gpu_of):
+            if len(gpus) >= MAX_GPUS and int(gpu) not in gpus:
+                raise IngestError(f"kernels or copies on more than {MAX_GPUS} GPUs in one export: {NOT_NSYS}")
             mine = gpu_of == gpu
             acc = gpus.get(int(gpu))
             if acc is None:
@@ -305,7 +341,8 @@ def _reduce(export, chunks, start_ns, end_ns, devices, names, has_copies):
                 acc = gpus[int(gpu)] = GpuKernels(int(gpu), info.sm_count if info else None,
                                                   copies=Copies() if has_copies else None)
                 acc.work.origin_ns = start_ns  # the window starts at its bound, or at this GPU's first work
-            _add(acc, chunk[mine], begin[mine], end[mine], names, kind_names)
+            others = sum(len(g.processes) for g in gpus.values()) - len(acc.processes)
+            _add(acc, chunk[mine], begin[mine], end[mine], names, kind_names, MAX_PROCESSES - others)
     low = start_ns if start_ns is not None else span[0]
     high = end_ns if end_ns is not None else span[1]
     for acc in gpus.values():
@@ -320,6 +357,10 @@ def pid_of(global_pid):
 
 
 def _gpu_per_row(pids: np.ndarray, device: np.ndarray, devices: dict) -> np.ndarray:
+    bad = (device < 0) | (device > MAX_GPU_INDEX)
+    if bad.any():
+        raise IngestError(f"a kernel or copy's deviceId holds {int(device[bad][0])}, not a GPU index "
+                          f"(0-{MAX_GPU_INDEX}): {NOT_NSYS}")
     if not devices:
         return device
     key = pids * 4096 + device  # one integer per (process, CUDA device): a 1-D unique is a hash, not a sort
@@ -328,7 +369,8 @@ def _gpu_per_row(pids: np.ndarray, device: np.ndarray, devices: dict) -> np.ndar
     return mapped[inverse]
 
 
-def _add(acc: GpuKernels, rows, begin, end, names, kind_names) -> None:
+def _add(acc: GpuKernels, rows, begin, end, names, kind_names, room: int) -> None:
+    """Adds one chunk's rows of this GPU; `room`: how many processes this GPU may hold in all."""
     acc.work.add(begin, end)
     kernel = rows["kind"] == KERNEL_KIND
     if acc.copies is not None and not kernel.all():
@@ -342,6 +384,10 @@ def _add(acc: GpuKernels, rows, begin, end, names, kind_names) -> None:
     acc.short_busy.add(begin[short], end[short])
     # A block runs on one SM: a grid of B blocks can occupy at most min(B, SMs) of them.
     weighted = duration * (np.minimum(blocks / acc.sm_count, 1.0) if acc.sm_count else 1.0)
+    new = np.setdiff1d(np.unique(gpids), np.fromiter(acc.processes, np.int64, len(acc.processes)))
+    if len(acc.processes) + new.size > room:  # checked before any is added: memory stays bounded
+        raise IngestError(f"kernels of more than {MAX_PROCESSES} processes in one export (a process counted once per "
+                          "GPU): profile fewer processes at once (one nsys profile per job)")
     for gpid in np.unique(gpids):
         mine = gpids == gpid
         proc = acc.processes.setdefault(int(gpid), ProcessKernels(int(pid_of(gpid)), names.get(int(gpid), "?")))

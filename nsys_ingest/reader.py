@@ -24,6 +24,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
+from exporter.hostfiles import read_capped
 from nsys_ingest.names import clock_scale, normalise
 
 DEFAULT_CHUNK_ROWS = 200_000  # ~50 MB of Python rows in flight: bounded memory on any export
@@ -55,6 +56,9 @@ SQLITE_LIMITS = {  # per connection; the schema's own expressions are parsed und
     sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER: 2 * MAX_METRICS + 16,
     sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH: 1,
 }
+MAX_EVENT_CHARS = 8192  # an old-era event's JSON: a few dozen metrics are under 1 KB
+EVENT_FETCH_ROWS = 4096  # old-era events fetched at once: at most 32 MB of JSON in flight
+MAX_SCHEMA_OBJECTS = 10_000  # tables and views of one export: nsys writes a few hundred
 HEAP_LIMIT_BYTES = 256 << 20  # SQLite's own memory, process-wide (sorts spill to temporary files)
 PROGRESS_EVERY = 20_000  # SQLite instructions between two looks at the clock and the cancel flag
 # The tables (and their columns) this package reads: each must be a plain table with these columns.
@@ -111,16 +115,32 @@ class Budget:
             raise IngestError(self.stopped)
 
 
-def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True) -> sqlite3.Connection:
+class UntrustedConnection(sqlite3.Connection):
+    """What connect_untrusted returns: `guard` is the TableGuard every read passes (None for scrub's copy)."""
+
+    guard = None
+
+
+def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True) -> UntrustedConnection:
     """A connection to an export that nothing in the file can abuse: read-only and immutable (no
     lock, no -wal/-shm sidecars, no journal replayed), the schema's functions untrusted, lengths and
-    expression depths bounded, and every statement stopped when `budget` is spent.
-    `readonly=False` is for scrub's private copy."""
+    expression depths bounded, every statement stopped when `budget` is spent, and every table read,
+    by whichever module, passing TableGuard. `readonly=False` is for scrub's private copy (it checks
+    every table itself: it rewrites them all)."""
     if readonly:
         uri = f"file:{quote(Path(path).resolve().as_posix())}?mode=ro&immutable=1"  # '?', '#', '%' in names
-        con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        con = sqlite3.connect(uri, uri=True, check_same_thread=False, factory=UntrustedConnection)
     else:
-        con = sqlite3.connect(path, check_same_thread=False)
+        con = sqlite3.connect(path, check_same_thread=False, factory=UntrustedConnection)
+    try:
+        _harden(con, budget, readonly)
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def _harden(con: UntrustedConnection, budget: Budget | None, readonly: bool) -> None:
     for limit, value in SQLITE_LIMITS.items():
         con.setlimit(limit, value)
     if not readonly:
@@ -134,7 +154,9 @@ def connect_untrusted(path, budget: Budget | None = None, readonly: bool = True)
         con.execute("pragma query_only = on")
     if budget is not None:
         con.set_progress_handler(budget.spent, PROGRESS_EVERY)
-    return con
+    if readonly:
+        con.guard = TableGuard(con, schema_objects(con))
+        con.set_authorizer(con.guard)
 
 
 def check_tables(con, tables: dict[str, str], wanted=COLUMNS) -> None:
@@ -158,13 +180,79 @@ def check_tables(con, tables: dict[str, str], wanted=COLUMNS) -> None:
 
 
 def schema_objects(con) -> dict[str, str]:
-    """name -> 'table', 'view' or 'virtual table' for every table-like object of the schema."""
-    out = {}
-    for name, kind, sql in con.execute("select name, type, sql from sqlite_master where type in ('table', 'view')"):
-        if kind == "table" and (sql or "").lstrip()[:20].upper().startswith("CREATE VIRTUAL"):
-            kind = "virtual table"
-        out[name] = kind
-    return out
+    """name -> 'table', 'view' or 'virtual table' for every table-like object of the schema (names
+    longer than MAX_NAME are left out: no table read here has one)."""
+    rows = con.execute("select name, type, ltrim(substr(sql, 1, 40)) like 'CREATE VIRTUAL%' from sqlite_master "
+                       f"where type in ('table', 'view') and length(name) <= {MAX_NAME} limit ?",
+                       (MAX_SCHEMA_OBJECTS + 1,)).fetchall()
+    if len(rows) > MAX_SCHEMA_OBJECTS:
+        raise IngestError(f"the export holds more than {MAX_SCHEMA_OBJECTS} tables and views: {NOT_NSYS}")
+    return {name: "virtual table" if virtual else kind for name, kind, virtual in rows}
+
+
+class TableGuard:
+    """SQLite's authorizer on a reading connection: every column any statement reads (in this module,
+    kernels.py, or a reader added later) must come from a plain table without generated columns. A view,
+    virtual table or generated column would run the file's own SQL on every read. A refused statement
+    fails when it is prepared, and `refused` says why (Export.explain makes it the one line)."""
+
+    INTERNAL = ("sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_sequence")
+
+    def __init__(self, con, objects: dict[str, str]):
+        self.objects = objects
+        self.generated: dict[str, str] = {}  # table -> its first generated column
+        for table, column in con.execute(
+                "select m.name, p.name from sqlite_master m, pragma_table_xinfo(m.name) p "
+                "where m.type = 'table' and ltrim(substr(m.sql, 1, 40)) not like 'CREATE VIRTUAL%' "
+                "and p.hidden in (2, 3) limit ?", (MAX_SCHEMA_OBJECTS,)):
+            self.generated.setdefault(table, column)
+        self.refused: str | None = None
+
+    def __call__(self, action, table, column, database, source):
+        if action != sqlite3.SQLITE_READ or table in self.INTERNAL:
+            return sqlite3.SQLITE_OK
+        why = None
+        if source is not None:  # read on behalf of a view or trigger
+            why = f"{source} is a view, not a table"
+        elif self.objects.get(table, "table") != "table":
+            why = f"{table} is a {self.objects[table]}, not a table"
+        elif table in self.generated:
+            why = f"{table}.{self.generated[table]} is a generated column"
+        if why is None:
+            return sqlite3.SQLITE_OK
+        self.refused = self.refused or f"{why}: {NOT_NSYS}"
+        return sqlite3.SQLITE_DENY
+
+
+# A value's declared size is checked before it is read: typeof() and length() of a blob read only the
+# record header, never the value (nor an overflow chain that claims a megabyte per row). Values come back
+# as Python numbers and short strings only; anything else as a description of what is stored.
+_DESCRIBED = "typeof({c}) || ' of ' || length({c}) || iif(typeof({c}) = 'text', ' characters', ' bytes')"
+
+
+def number(column: str, null: str = "null") -> str:
+    """SQL for a column that holds numbers: the number, `null` for NULL, a text of up to 40 characters
+    as stored (to name it in the error), else its description ('blob of 999264 bytes')."""
+    return (f"(case when typeof({column}) in ('integer', 'real') then {column} "
+            f"when typeof({column}) = 'null' then {null} "
+            f"when typeof({column}) = 'text' and length({column}) <= 40 then {column} "
+            f"else {_DESCRIBED.format(c=column)} end)")
+
+
+def numbers_only(con, table: str, column: str) -> None:
+    """Raises an IngestError naming the first value of `column` that is no number (its type is looked
+    at, never the value: a blob is not read); for aggregates such as max(), which would read it."""
+    row = con.execute(f"select {number(column)} from {table} where typeof({column}) not in ('integer', 'real', 'null') "
+                      "limit 1").fetchone()
+    if row is not None:
+        as_int(row[0], f"{table}.{column}")
+
+
+def text(column: str, longest: int) -> str:
+    """SQL for a column that holds names: the text when it has at most `longest` characters, NULL, else
+    its description as a blob (bytes in Python: never mistaken for a name; see _text)."""
+    return (f"(case when typeof({column}) = 'text' and length({column}) <= {longest} then {column} "
+            f"when typeof({column}) = 'null' then null else cast({_DESCRIBED.format(c=column)} as blob) end)")
 
 
 def as_int(value, where: str) -> int:
@@ -245,23 +333,28 @@ class Export:
         self.require_metrics = require_metrics
         self.budget = budget or Budget()
         self.source_path = Path(path)
-        self.path, self.con = self.source_path, None
+        self.path, self.con, self.guard = self.source_path, None, None
         if not self.source_path.exists():
             raise IngestError(f"{path}: no such file")
         if self.source_path.is_dir():
             raise IngestError(f"{path} is a directory: give an export file (.sqlite)")
         self.path = export_rep(self.source_path, nsys) if self.source_path.suffix == ".nsys-rep" else self.source_path
-        with open(self.path, "rb") as f:
-            head = f.read(16)
+        try:  # a FIFO or device named x.sqlite must not block or stream forever
+            head = read_capped(self.path, len(SQLITE_MAGIC), follow=True, truncate=True)
+        except OSError as exc:
+            self.close()
+            raise IngestError(f"{path}: {exc.strerror or exc}: give an export file (.sqlite)") from None
         if head != SQLITE_MAGIC:
             self.close()
             raise IngestError(f"{path} is not a SQLite file: give an Nsight Systems export "
                               "(nsys export --type sqlite REPORT.nsys-rep)")
         try:
             self.con = connect_untrusted(self.path, self.budget)
-            objects = schema_objects(self.con)
-            check_tables(self.con, objects)
-            self.tables = {name for name, kind in objects.items() if kind == "table"}
+            self.guard = self.con.guard  # kept past close(): explain() names what it refused
+            objects = self.guard.objects
+            check_tables(self.con, {name: kind for name, kind in objects.items() if kind == "table"})
+            # Views and virtual tables too: a read of one is refused by the guard, naming it.
+            self.tables = set(objects)
             self._load()
         except sqlite3.DatabaseError as exc:
             self.close()
@@ -276,6 +369,8 @@ class Export:
             raise KeyboardInterrupt
         if self.budget.stopped:
             return IngestError(self.budget.stopped)
+        if self.guard is not None and self.guard.refused:
+            return IngestError(self.guard.refused)
         text = str(exc)
         if "too big" in text:
             return IngestError(f"{self.source_path} holds a value longer than {SQLITE_LIMITS[sqlite3.SQLITE_LIMIT_LENGTH]} "
@@ -288,8 +383,8 @@ class Export:
     def _load(self) -> None:
         if "GPU_METRICS" in self.tables and "TARGET_INFO_GPU_METRICS" in self.tables:
             self.era = "gpu_metrics"
-            rows = self.con.execute("select typeId, metricId, metricName from TARGET_INFO_GPU_METRICS "
-                                    "limit ?", (MAX_METRICS + 1,)).fetchall()
+            rows = self.con.execute(f"select {number('typeId')}, {number('metricId')}, {text('metricName', MAX_NAME)} "
+                                    "from TARGET_INFO_GPU_METRICS limit ?", (MAX_METRICS + 1,)).fetchall()
             if len(rows) > MAX_METRICS:
                 raise IngestError(f"TARGET_INFO_GPU_METRICS describes more than {MAX_METRICS} metrics: {NOT_NSYS}")
             rows = [(as_int(t, "TARGET_INFO_GPU_METRICS.typeId"), as_int(m, "TARGET_INFO_GPU_METRICS.metricId"),
@@ -322,7 +417,7 @@ class Export:
                               "sample?): profile for longer, or at a higher --gpu-metrics-frequency")
 
     def _generic_catalogue(self):
-        type_ids = [r[0] for r in self.con.execute("select distinct typeId from GENERIC_EVENTS limit ?",
+        type_ids = [r[0] for r in self.con.execute(f"select distinct {number('typeId')} from GENERIC_EVENTS limit ?",
                                                    (MAX_METRICS + 1,))]
         if len(type_ids) > MAX_METRICS:
             raise IngestError(f"GENERIC_EVENTS has more than {MAX_METRICS} event types: {NOT_NSYS}")
@@ -334,13 +429,9 @@ class Export:
             # A type's first event can hold a part of its metrics (a clock alone): its keys are the union
             # over its first CATALOGUE_EVENTS events, in the order they first appear.
             keys = {}
-            for (data,) in self.con.execute("select data from GENERIC_EVENTS where typeId=? limit ?",
-                                            (type_id, CATALOGUE_EVENTS)):
-                try:
-                    event = json.loads(data) if data else {}
-                except (TypeError, ValueError, RecursionError):
-                    continue
-                keys.update(dict.fromkeys(event if isinstance(event, dict) else ()))
+            for (data,) in self.con.execute(f"select {text('data', MAX_EVENT_CHARS)} from GENERIC_EVENTS "
+                                            "where typeId=? limit ?", (type_id, CATALOGUE_EVENTS)):
+                keys.update(dict.fromkeys(_event(data) if data else {}))
                 if len(keys) > MAX_METRICS:
                     break
             keys = list(keys)
@@ -359,16 +450,19 @@ class Export:
 
     def _raw_values(self, metric: MetricInfo, limit: int):
         if self.era == "gpu_metrics":
-            return self.con.execute("select value from GPU_METRICS where typeId=? and metricId=? limit ?",
+            return self.con.execute(f"select {number('value')} from GPU_METRICS where typeId=? and metricId=? limit ?",
                                     (metric.type_id, metric.metric_id, limit)).fetchall()
-        rows = self.con.execute("select data from GENERIC_EVENTS where typeId=? limit ?", (metric.type_id, limit))
+        rows = self.con.execute(f"select {text('data', MAX_EVENT_CHARS)} from GENERIC_EVENTS where typeId=? limit ?",
+                                (metric.type_id, limit))
         return [(_event(d).get(metric.name),) for d, in rows]
 
     def _gpus(self) -> dict[int, GpuInfo]:
         found = {}
         if "TARGET_INFO_GPU" in self.tables:
             cols = {r[1] for r in self.con.execute("pragma table_info(TARGET_INFO_GPU)")}
-            pick = [c if c in cols else "NULL" for c in ("id", "name", "uuid", "smCount")]
+            pick = [guarded if c in cols else "NULL" for c, guarded in (
+                ("id", number("id")), ("name", text("name", MAX_NAME)), ("uuid", text("uuid", MAX_UUID)),
+                ("smCount", number("smCount")))]
             described = self.con.execute(f"select {', '.join(pick)} from TARGET_INFO_GPU limit ?", (MAX_GPUS + 1,))
             for index, name, uuid, sms in described:
                 index = as_int(index, "TARGET_INFO_GPU.id")
@@ -391,7 +485,7 @@ class Export:
 
     def _start_ns(self) -> int | None:
         if "TARGET_INFO_SESSION_START_TIME" in self.tables:
-            row = self.con.execute("select utcEpochNs from TARGET_INFO_SESSION_START_TIME").fetchone()
+            row = self.con.execute(f"select {number('utcEpochNs')} from TARGET_INFO_SESSION_START_TIME").fetchone()
             if row and row[0]:
                 return as_int(row[0], "TARGET_INFO_SESSION_START_TIME.utcEpochNs")
         return None
@@ -399,7 +493,7 @@ class Export:
     def _sampling_hz(self) -> float | None:
         if "META_DATA_CAPTURE" not in self.tables:
             return None
-        row = self.con.execute("select value from META_DATA_CAPTURE "
+        row = self.con.execute(f"select {text('value', 64)} from META_DATA_CAPTURE "
                                "where name = 'GPU_METRICS_OPTIONS:SAMPLING_FREQUENCY'").fetchone()
         try:
             hz = float(row[0]) if row else None
@@ -422,7 +516,9 @@ class Export:
 
     def time_range(self) -> tuple[int, int]:
         table = "GPU_METRICS" if self.era == "gpu_metrics" else "GENERIC_EVENTS"
-        low, high = self.con.execute(f"select min(timestamp), max(timestamp) from {table}").fetchone()
+        # Numbers only (comparing blobs would read them): a row of another type is refused when read.
+        low, high = self.con.execute(f"select min(timestamp), max(timestamp) from {table} "
+                                     "where typeof(timestamp) in ('integer', 'real')").fetchone()
         return as_int(low or 0, f"{table}.timestamp"), as_int(high or 0, f"{table}.timestamp")
 
     def span(self) -> tuple[int, int] | None:
@@ -430,7 +526,8 @@ class Export:
         if self.era is not None:
             return self.time_range()
         if "CUPTI_ACTIVITY_KIND_KERNEL" in self.tables:
-            low, high = self.con.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+            low, high = self.con.execute("select min(start), max(end) from CUPTI_ACTIVITY_KIND_KERNEL "
+                                         "where typeof(start) = 'integer' and typeof(end) = 'integer'").fetchone()
             if low is not None and high is not None:
                 return as_int(low, "CUPTI_ACTIVITY_KIND_KERNEL.start"), as_int(high, "CUPTI_ACTIVITY_KIND_KERNEL.end")
         return None
@@ -485,7 +582,7 @@ class Export:
         order = np.argsort(keys)
         keys, code_of, scale_of = keys[order], np.array(codes)[order], np.array([m.scale for m in chosen])[order]
         where, params = self._where(start_ns, end_ns)
-        sql = (f"select timestamp, typeId, metricId, value from GPU_METRICS "
+        sql = (f"select {number('timestamp')}, typeId, metricId, {number('value')} from GPU_METRICS "
                f"where typeId in ({','.join('?' * len(type_ids))}) and metricId in ({','.join('?' * len(metric_ids))})"
                f"{where}{' order by timestamp' if ordered else ''}")
         cursor = self.con.execute(sql, [*type_ids, *metric_ids, *params])
@@ -516,12 +613,13 @@ class Export:
         for m in chosen:
             by_type.setdefault(m.type_id, []).append(m)
         where, params = self._where(start_ns, end_ns)
-        sql = (f"select timestamp, typeId, data from GENERIC_EVENTS where typeId in ({','.join('?' * len(by_type))})"
+        sql = (f"select {number('timestamp')}, typeId, {text('data', MAX_EVENT_CHARS)} from GENERIC_EVENTS "
+               f"where typeId in ({','.join('?' * len(by_type))})"
                f"{where}{' order by timestamp' if ordered else ''}")
         cursor = self.con.execute(sql, [*by_type, *params])
         per_event = max(1, len(chosen) // max(1, len(by_type)))
         while True:
-            rows = cursor.fetchmany(max(1, chunk_rows // per_event))
+            rows = cursor.fetchmany(max(1, min(chunk_rows // per_event, EVENT_FETCH_ROWS)))
             if not rows:
                 break
             if progress:
@@ -529,10 +627,14 @@ class Export:
             parts = []
             frame = pd.DataFrame.from_records(rows, columns=["timestamp", "typeId", "data"])
             for type_id, group in frame.groupby("typeId", sort=False):
-                decoded = pd.DataFrame.from_records([_event(d) for d in group["data"]])
-                for m in by_type[int(type_id)]:
-                    if m.name in decoded:
-                        values = pd.to_numeric(decoded[m.name], errors="coerce").to_numpy(dtype=np.float64)
+                wanted = by_type[int(type_id)]
+                events = [_event(d) for d in group["data"]]
+                # Only the metrics asked for: an event's other keys (any number, up to its size) are never tabled.
+                decoded = pd.DataFrame([[event.get(m.name) for m in wanted] for event in events],
+                                       columns=range(len(wanted)), dtype=object)
+                for i, m in enumerate(wanted):
+                    if decoded[i].notna().any():
+                        values = pd.to_numeric(decoded[i], errors="coerce").to_numpy(dtype=np.float64)
                         stamps = _column(group["timestamp"], slice(None), np.int64, "GENERIC_EVENTS.timestamp")
                         parts.append(pd.DataFrame({"timestamp": stamps,
                                                    "gpu": m.gpu, "code": m.code, "value": values * m.scale}))
@@ -568,7 +670,11 @@ def _column(series: pd.Series, rows, dtype, where: str) -> np.ndarray:
 
 
 def _event(data) -> dict:
-    """An old-era event's JSON payload; anything else reads as an event with no metrics."""
+    """An old-era event's JSON payload; anything else reads as an event with no metrics, except one
+    too long to read (text() described it as bytes)."""
+    if isinstance(data, bytes):
+        raise IngestError(f"GENERIC_EVENTS.data holds {data.decode()} where an event of at most {MAX_EVENT_CHARS} "
+                          f"characters belongs: {NOT_NSYS}")
     try:
         event = json.loads(data)
     except (TypeError, ValueError, RecursionError):
@@ -579,6 +685,9 @@ def _event(data) -> dict:
 def _text(value, where: str, longest: int) -> str | None:
     if value is None:
         return None
+    if isinstance(value, bytes):  # text() described what is stored instead of reading it
+        raise IngestError(f"{where} holds {value.decode()} where a name of at most {longest} characters belongs: "
+                          f"{NOT_NSYS}")
     if not isinstance(value, str) or len(value) > longest:
         raise IngestError(f"{where} holds {_shown(value)}{f' ({len(value)} characters)' if isinstance(value, str) else ''}"
                           f" where a name of at most {longest} characters belongs: {NOT_NSYS}")

@@ -64,13 +64,14 @@ class Exporter:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.proc = None
         self.log_path = None
+        self.cwd = ROOT  # the source tree run (bench/hostile_cases.py --code measures another one)
 
     def __enter__(self):
         import tempfile
 
         self.log_path = Path(tempfile.mkstemp(prefix="exporter-", suffix=".log")[1])
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", *self.args], cwd=ROOT, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", *self.args], cwd=self.cwd, env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for(self._ready, 20, what=f"exporter on {self.url}")

@@ -23,7 +23,7 @@ from tests.helpers import FIXTURES, ROOT, Exporter, free_port, wait_for
 from tests.test_faults import Scraper  # /metrics answers in under a second throughout, or it fails
 
 sys.path.insert(0, str(ROOT / "tools"))
-from make_hostile_corpus import CASES, UUID  # noqa: E402
+from make_hostile_corpus import CASES, DIAGNOSE_REFUSES, GENERATED, UUID, build_generated  # noqa: E402
 
 CORPUS = FIXTURES / "hostile"
 QUARTER = FIXTURES / "h100_quarter_sms_50hz.sqlite"
@@ -34,7 +34,8 @@ CASE_SECONDS = 10.0
 CASE_RSS_MB = 300.0
 REFUSED = {name: words for name, (_, words) in CASES.items() if words}
 # A correct answer for these, except where the file attacks that command's own reading:
-CLI_REFUSES = {("kernel_trace_with_text", "diagnose"): "CUPTI_ACTIVITY_KIND_KERNEL holds a start",
+CLI_REFUSES = {**{(case, "diagnose"): words for case, words in DIAGNOSE_REFUSES.items()},
+               **{(case, "scrub"): words for case, words in DIAGNOSE_REFUSES.items() if "generated column" in words},
                ("generated_column_elsewhere", "scrub"): "Junk.y is a generated column"}
 # The exporter reads the last window only (WHERE timestamp >= ...): rows without a time are in no
 # window, so what it publishes is right; the CLI reads every row and refuses them.
@@ -52,7 +53,7 @@ def test_the_corpus_is_what_the_script_makes(tmp_path):
 
 # -- every nsys_ingest command, each case in a fresh process (its time and peak RSS) ------------------
 CHILD = """
-import contextlib, io, json, resource, sys, time, traceback
+import contextlib, io, json, re, sys, time, traceback
 sys.path.insert(0, {root!r})
 from nsys_ingest.__main__ import main
 path, out = sys.argv[1], sys.argv[2]
@@ -71,19 +72,26 @@ for name, args in commands.items():
             code = "raised"
     results[name] = {{"code": code, "stdout": stdout.getvalue(), "stderr": stderr.getvalue(),
                      "seconds": time.perf_counter() - started}}
-results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM: this process's own peak since exec (ru_maxrss would start from the parent's RSS at fork).
+results["peak_rss_mb"] = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
 print(json.dumps(results))
 """
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
-    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(CORPUS / f"{case}.sqlite"),
-                           str(tmp_path)], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
+def every_command(path: Path, out: Path, timeout: float) -> dict:
+    """CHILD on one export in a fresh process: each command's result, its peak RSS asserted (from outside
+    the commands: the process's own ru_maxrss after all five)."""
+    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(path), str(out)],
+                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert results.pop("peak_rss_mb") < CASE_RSS_MB
+    return results
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
+    results = every_command(CORPUS / f"{case}.sqlite", tmp_path, 120)
     for command, result in results.items():
         err = result["stderr"]
         assert "Traceback" not in err and result["code"] != "raised", (command, err)
@@ -100,6 +108,100 @@ def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
         gpu = json.loads(results["diagnose"]["stdout"])["gpus"][0]
         assert gpu["gpu_metrics"]["dram_active"] == 0.2
         assert "gpu_dram_active_ratio{" in (tmp_path / "o.om").read_text()
+
+
+# -- exports too large to keep in the repository (GENERATED): built once per session ---------------------
+ONE_TIMESTAMP_ROWS = 4_000_000  # before the fold, 4 M rows at one timestamp held ~400 MB in the CLI
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("generated")
+    build_generated(out, ONE_TIMESTAMP_ROWS)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(GENERATED))
+def test_exports_that_expand_stay_within_the_bound(case, generated, tmp_path):
+    """A 4 MB file whose values claim 1 MB each through one self-linked overflow page (400 MB if they
+    were read), and millions of rows at one timestamp: the CLI stays under CASE_RSS_MB, measured
+    from outside (the child's peak RSS), with one line or the right answer."""
+    results = every_command(generated / f"{case}.sqlite", tmp_path, 600)
+    words = GENERATED[case][1]
+    for command, result in results.items():
+        assert "Traceback" not in result["stderr"] and result["code"] != "raised", (command, result["stderr"])
+        if words and command != "scrub":
+            assert result["code"] == 2 and words in result["stderr"], (command, result["stderr"])
+        else:
+            assert result["code"] == 0, (command, result["stderr"])
+    if case == "rows_at_one_timestamp":  # all those rows (50 %) are one sample, beside 100 samples at 90 %
+        gpu = json.loads(results["diagnose"]["stdout"])["gpus"][0]
+        assert gpu["gpu_metrics"]["gr_active"] == round((100 * 0.9 + 0.5) / 101, 6)
+
+
+def test_generated_exports_uploaded_cost_the_exporter_a_bounded_amount(generated, tmp_path):
+    spool = tmp_path / "spool"
+    with uploading_exporter(spool, "--nsys-upload-max-bytes", "1G") as exporter, Scraper(exporter):
+        for case in sorted(GENERATED):
+            status, body, _ = post(exporter.url + "/api/v1/nsys", (generated / f"{case}.sqlite").read_bytes(), timeout=300)
+            words = GENERATED[case][1]
+            if words:
+                assert status == 400 and words in body["error"], body
+            else:
+                assert status == 201, body
+        assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
+    assert "Traceback" not in exporter.log()
+
+
+def test_every_table_read_is_checked_whichever_module_reads_it(tmp_path):
+    """A reader added later (of a table no list names) goes through the same check: the guard sits on
+    the connection, not on a list of tables."""
+    from nsys_ingest.reader import Export
+
+    path = tmp_path / "later.sqlite"
+    shutil.copyfile(CORPUS / "wal_mode.sqlite", path)
+    con = sqlite3.connect(path)
+    con.execute("create table CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start INTEGER, globalPid INTEGER, pad TEXT "
+                "GENERATED ALWAYS AS (printf('%.*c', 200000000, 'x')) VIRTUAL)")
+    con.execute("create view LATER_TABLE as select * from GPU_METRICS")
+    con.commit()
+    con.close()
+    with Export(path) as export:
+        for sql, why in (("select start from CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION.pad is a generated column"),
+                         ("select timestamp from LATER_TABLE", "LATER_TABLE is a view, not a table")):
+            export.guard.refused = None
+            with pytest.raises(sqlite3.DatabaseError) as raised:
+                export.con.execute(sql).fetchall()
+            assert str(export.explain(raised.value)).startswith(why)
+        assert export.con.execute("select count(*) from GPU_METRICS").fetchone()[0] > 0  # plain tables read on
+
+
+@pytest.mark.parametrize("over", [False, True])
+def test_the_process_and_copy_kind_caps_at_their_boundaries(over, tmp_path):
+    from make_hostile_corpus import kernel_trace
+
+    from nsys_ingest.diagnose import diagnose
+    from nsys_ingest.kernels import MAX_COPY_KINDS, MAX_PROCESSES
+    from nsys_ingest.reader import Export, IngestError
+
+    for name, build, words in (
+            ("processes", lambda con: kernel_trace(con, MAX_PROCESSES + over, pid_of=lambda i: (1000 + i) << 24),
+             f"kernels of more than {MAX_PROCESSES} processes"),
+            ("kinds", lambda con: (kernel_trace(con), con.executemany(
+                "insert into ENUM_CUDA_MEMCPY_OPER values (?, 'K', 'kind')", ((i,) for i in range(2, MAX_COPY_KINDS + 1 + over)))),
+             f"more than {MAX_COPY_KINDS} copy kinds")):
+        path = tmp_path / f"{name}.sqlite"
+        con = sqlite3.connect(path)
+        build(con)
+        con.commit()
+        con.close()
+        with Export(path, require_metrics=False) as export:
+            if over:
+                with pytest.raises(IngestError, match=words):
+                    diagnose(export)
+            else:
+                gpu = diagnose(export)["gpus"][0]
+                assert len(gpu["processes"]) == (MAX_PROCESSES if name == "processes" else 1)
 
 
 def test_the_200k_type_ids_file_is_refused_at_once():
@@ -182,7 +284,7 @@ def test_every_case_uploaded_is_stored_or_refused_with_one_line_and_metrics_keep
                 assert status == 201, (case, body)
                 assert body["gpus"] == [UUID]
             status, body, _ = post(exporter.url + "/api/v1/diagnose", (CORPUS / f"{case}.sqlite").read_bytes())
-            if case in REFUSED or case == "kernel_trace_with_text":
+            if case in REFUSED or case in DIAGNOSE_REFUSES:
                 assert status in (400, 413, 422) and "\n" not in body["error"], (case, body)
             else:
                 assert status == 200 and body["gpus"][0]["uuid"] == UUID and body["file"] == "upload", (case, body)

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from exporter.samplers.users import MAX_STATUS_BYTES, parse_passwd, read_capped, status_uid
+from exporter.hostfiles import read_capped
+from exporter.samplers.users import MAX_STATUS_BYTES, parse_passwd, status_uid
 from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
 
 PROC = FIXTURES / "proc_users"
@@ -45,7 +46,7 @@ def test_reads_are_capped_and_never_block_on_a_fifo(tmp_path):
     assert done, "read_capped blocked on a FIFO"
     big = tmp_path / "big"
     big.write_bytes(b"x" * (MAX_STATUS_BYTES * 4))
-    assert len(read_capped(big, MAX_STATUS_BYTES)) == MAX_STATUS_BYTES + 1
+    assert len(read_capped(big, MAX_STATUS_BYTES, truncate=True)) == MAX_STATUS_BYTES
 
 
 def workloads(exporter):

@@ -3,6 +3,7 @@ Systems exports (issue 17). tests/test_hostile.py runs every one through the upl
 watched directory, --replay and every nsys_ingest command.
 
     python3 tools/make_hostile_corpus.py [OUT_DIR]
+    python3 tools/make_hostile_corpus.py --generated OUT_DIR   # GENERATED: 4 MB and 300 MB more
 
 The files are built from scratch (a minimal export of the 2023.4+ schema: one H100, 10 s of GPU
 metrics at 10 Hz), so the corpus is deterministic and a few KB per case; CASES says, per file, the
@@ -203,6 +204,177 @@ def wal_mode(con):
     con.execute("pragma journal_mode=wal")
 
 
+# -- exports that expand far beyond their size (issue 25, items 4-7) ----------------------------------
+KERNEL_SCHEMA = """
+create table CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER, deviceId INTEGER, globalPid INTEGER,
+                                         gridX INTEGER, gridY INTEGER, gridZ INTEGER);
+create table CUPTI_ACTIVITY_KIND_MEMCPY (start INTEGER, end INTEGER, deviceId INTEGER, globalPid INTEGER,
+                                         bytes INTEGER, copyKind INTEGER);
+create table ENUM_CUDA_MEMCPY_OPER (id INTEGER, name TEXT, label TEXT);
+"""
+GLOBAL_PID = 1234 << 24  # nsys' GlobalId: the pid in bits 24-47
+
+
+def kernel_trace(con, kernels=100, pid_of=lambda i: GLOBAL_PID, device_of=lambda i: 0):
+    """A CUDA trace beside the GPU metrics: `kernels` kernels of 50 us every 100 us, one copy."""
+    normal(con)
+    con.executescript(KERNEL_SCHEMA)
+    con.executemany("insert into CUPTI_ACTIVITY_KIND_KERNEL values (?, ?, ?, ?, 132, 1, 1)",
+                    [(100_000_000 + i * 100_000, 100_050_000 + i * 100_000, device_of(i), pid_of(i))
+                     for i in range(kernels)])
+    con.execute("insert into CUPTI_ACTIVITY_KIND_MEMCPY values (100000000, 100010000, 0, ?, 4096, 1)", (GLOBAL_PID,))
+    con.execute("insert into ENUM_CUDA_MEMCPY_OPER values (1, 'CUDA_MEMCPY_KIND_HTOD', 'Host-to-Device')")
+
+
+def generated_column_in_memcpy(con):
+    """A table the reader once left unchecked: every table read goes through the same check."""
+    kernel_trace(con)
+    con.execute(f"alter table CUPTI_ACTIVITY_KIND_MEMCPY add column pad {BOMB}")
+
+
+def generated_column_in_memcpy_enum(con):
+    kernel_trace(con)
+    con.execute(f"alter table ENUM_CUDA_MEMCPY_OPER add column pad {BOMB}")
+
+
+def generated_label_in_memcpy_enum(con):
+    """The generated column is the one read (label), in a table whose other columns are plain."""
+    normal(con)
+    con.executescript(KERNEL_SCHEMA.replace(", label TEXT", ""))
+    con.execute("insert into CUPTI_ACTIVITY_KIND_KERNEL values (100000000, 100050000, 0, ?, 132, 1, 1)", (GLOBAL_PID,))
+    con.execute("insert into CUPTI_ACTIVITY_KIND_MEMCPY values (100000000, 100010000, 0, ?, 4096, 1)", (GLOBAL_PID,))
+    con.execute("insert into ENUM_CUDA_MEMCPY_OPER (id, name) values (1, 'CUDA_MEMCPY_KIND_HTOD')")
+    con.execute(f"alter table ENUM_CUDA_MEMCPY_OPER add column label {BOMB}")  # after the insert: nothing computed
+
+
+def kernels_of_20000_processes(con):
+    """20,000 kernels, each from another process: per-process state for each would be 600 MB."""
+    kernel_trace(con, 20_000, pid_of=lambda i: (1000 + i) << 24)
+
+
+def kernels_on_20000_devices(con):
+    kernel_trace(con, 20_000, device_of=lambda i: i)
+
+
+def enum_of_10000_kinds(con):
+    """A copy-kind table of 10,000 rows (nsys writes about ten), one of them a 1 MB label."""
+    kernel_trace(con)
+    con.executemany("insert into ENUM_CUDA_MEMCPY_OPER values (?, 'K', ?)", ((i, f"kind {i}") for i in range(2, 10_000)))
+    con.execute("update ENUM_CUDA_MEMCPY_OPER set label = ? where id = 7", ("L" * (1 << 20),))
+
+
+def process_names_of_1mb(con):
+    """PROCESSES with 1 MB names: a name is read capped, whatever its size."""
+    kernel_trace(con)
+    con.executescript("create table PROCESSES (globalPid INTEGER, pid INTEGER, name TEXT);")
+    con.execute("insert into PROCESSES values (?, 1234, ?)", (GLOBAL_PID, "p" * (1 << 20)))
+
+
+SELF_LINKED_ROWS = 400
+STORED_BLOB = 9000  # stored bytes of each value: its size fits a 3-byte varint...
+CLAIMED_BLOB = STORED_BLOB + 242 * 4092  # ...and so does the claim (~1 MB), which keeps the local part the same
+
+
+def values_on_a_self_linked_overflow_page(path: Path) -> None:
+    """400 GPU_METRICS values that each claim a 1 MB blob through one overflow page that links to itself:
+    400 MB if the values are fetched, from a 4 MB file. Patched into the file's b-tree after it is written."""
+    con = sqlite3.connect(path)
+    normal(con)
+    con.executemany("insert into GPU_METRICS values (?, ?, ?, 1, ?)",
+                    [(ts, ts, TYPE_ID, b"\x01" * STORED_BLOB) for i in range(SELF_LINKED_ROWS)
+                     for ts in [100_000_000 * (SAMPLES - i % 40)]])
+    (root,) = con.execute("select rootpage from sqlite_master where name = 'GPU_METRICS'").fetchone()
+    con.commit()
+    con.close()
+    data = bytearray(path.read_bytes())
+    size = int.from_bytes(data[16:18], "big")
+    usable = size - data[20]
+    local_min = (usable - 12) * 32 // 255 - 23
+    loop_page = None
+    for page in _leaf_pages(data, root, size):
+        base = page * size - size
+        head = base + (100 if page == 1 else 0)
+        for n in range(int.from_bytes(data[head + 3:head + 5], "big")):
+            cell = base + int.from_bytes(data[head + 8 + 2 * n:head + 10 + 2 * n], "big")
+            payload, at = _varint(data, cell)
+            if payload <= STORED_BLOB:
+                continue
+            _, at = _varint(data, at)  # rowid
+            local = local_min + (payload - local_min) % (usable - 4)
+            local = local if local <= usable - 35 else local_min
+            overflow = at + local
+            loop_page = loop_page or int.from_bytes(data[overflow:overflow + 4], "big")
+            data[cell:cell + 3] = _varint3(payload + CLAIMED_BLOB - STORED_BLOB)
+            # the record header: its size, then serial types; the value's (a blob: 2n + 12) is the last
+            types = at + 1
+            for _ in range(4):
+                _, types = _varint(data, types)
+            data[types:types + 3] = _varint3(2 * CLAIMED_BLOB + 12)
+            data[overflow:overflow + 4] = loop_page.to_bytes(4, "big")
+    data[(loop_page - 1) * size:(loop_page - 1) * size + 4] = loop_page.to_bytes(4, "big")  # its next page: itself
+    path.write_bytes(bytes(data))
+
+
+def _leaf_pages(data, page, size):
+    base = (page - 1) * size
+    head = base + (100 if page == 1 else 0)
+    if data[head] == 0x0D:
+        yield page
+        return
+    for n in range(int.from_bytes(data[head + 3:head + 5], "big")):
+        cell = base + int.from_bytes(data[head + 12 + 2 * n:head + 14 + 2 * n], "big")
+        yield from _leaf_pages(data, int.from_bytes(data[cell:cell + 4], "big"), size)
+    yield from _leaf_pages(data, int.from_bytes(data[head + 8:head + 12], "big"), size)
+
+
+def _varint(data, at) -> tuple[int, int]:
+    value = 0
+    for i in range(9):
+        byte = data[at + i]
+        if i == 8:
+            return (value << 8) | byte, at + 9
+        value = (value << 7) | (byte & 0x7F)
+        if byte < 0x80:
+            return value, at + i + 1
+    raise AssertionError
+
+
+def _varint3(value: int) -> bytes:
+    assert 1 << 14 <= value < 1 << 21
+    return bytes((0x80 | (value >> 14), 0x80 | ((value >> 7) & 0x7F), value & 0x7F))
+
+
+def rows_at_one_timestamp(path: Path, rows: int = 10_000_000) -> None:
+    """`rows` GPU_METRICS rows all at one timestamp (206 MB at 10 M): one sample per GPU that never ends."""
+    con = sqlite3.connect(path)
+    normal(con)
+    con.execute("pragma journal_mode=off")
+    con.execute("insert into GPU_METRICS select 10100000000, 10100000000, ?, n.i % 6, 50 from "
+                "(with recursive n(i) as (select 1 union all select i + 1 from n where i < ?) select i from n) n",
+                (TYPE_ID, rows))
+    con.commit()
+    con.close()
+
+
+# Built on demand into a temporary directory (too large, or too many rows, to keep in the repository):
+# name -> (builder of a path, words of the refusal or None). bench/hostile_cases.py runs them at full size.
+GENERATED = {
+    "values_on_a_self_linked_overflow_page": (values_on_a_self_linked_overflow_page,
+                                              "GPU_METRICS.value holds 'blob of 999264 bytes'"),
+    "rows_at_one_timestamp": (rows_at_one_timestamp, None),
+}
+
+
+def build_generated(out: Path, rows_at_one_timestamp_rows: int = 10_000_000) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, (builder, _) in GENERATED.items():
+        path = out / f"{name}.sqlite"
+        path.unlink(missing_ok=True)
+        builder(path, rows_at_one_timestamp_rows) if builder is rows_at_one_timestamp else builder(path)
+        paths.append(path)
+    return paths
+
 # name -> (builder, words of the refusal, or None: a correct answer is expected)
 CASES = {
     "generated_column_bomb": (generated_column_bomb, "generated column"),
@@ -229,10 +401,30 @@ CASES = {
     "trigger_on_update": (trigger_on_update, None),
     "kernel_trace_with_text": (kernel_trace_with_text, None),
     "wal_mode": (wal_mode, None),
+    # the CUDA trace: only diagnose reads it (DIAGNOSE_REFUSES)
+    "generated_column_in_memcpy": (generated_column_in_memcpy, None),
+    "generated_column_in_memcpy_enum": (generated_column_in_memcpy_enum, None),
+    "generated_label_in_memcpy_enum": (generated_label_in_memcpy_enum, None),
+    "kernels_of_20000_processes": (kernels_of_20000_processes, None),
+    "kernels_on_20000_devices": (kernels_on_20000_devices, None),
+    "enum_of_10000_kinds": (enum_of_10000_kinds, None),
+    "process_names_of_1mb": (process_names_of_1mb, None),
     # not databases at all (written below, not built)
     "truncated": (None, "truncated or corrupt"),
     "zero_bytes": (None, "not a SQLite file"),
     "not_sqlite": (None, "not a SQLite file"),
+}
+
+
+# Cases only diagnose (the CLI's and POST /api/v1/diagnose) refuses: it alone reads the CUDA trace.
+DIAGNOSE_REFUSES = {
+    "kernel_trace_with_text": "CUPTI_ACTIVITY_KIND_KERNEL holds a start",
+    "generated_column_in_memcpy": "CUPTI_ACTIVITY_KIND_MEMCPY.pad is a generated column",
+    "generated_column_in_memcpy_enum": "ENUM_CUDA_MEMCPY_OPER.pad is a generated column",
+    "generated_label_in_memcpy_enum": "ENUM_CUDA_MEMCPY_OPER.label is a generated column",
+    "kernels_of_20000_processes": "kernels of more than 1024 processes in one export",
+    "kernels_on_20000_devices": "deviceId holds 256, not a GPU index",
+    "enum_of_10000_kinds": "ENUM_CUDA_MEMCPY_OPER lists more than 256 copy kinds",
 }
 
 
@@ -260,6 +452,10 @@ def build(out: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
-    paths = build(target)
+    if sys.argv[1:2] == ["--generated"]:
+        target = Path(sys.argv[2])
+        paths = build_generated(target)
+    else:
+        target = Path(sys.argv[1]) if len(sys.argv) > 1 else OUT
+        paths = build(target)
     print(f"wrote {len(paths)} files to {target} ({sum(p.stat().st_size for p in paths) / 1e6:.1f} MB)")

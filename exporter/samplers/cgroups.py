@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from exporter.hostfiles import read_text_capped
+
 MAX_CGROUP_BYTES = 65536  # a cgroup file lists a few hierarchies: more is not one
 
 
@@ -25,9 +27,8 @@ class CgroupOwners:
         self._known = {pid: owner for pid, owner in self._known.items() if pid in pids}
         for pid in pids - self._known.keys():
             try:
-                with open(self._proc_root / str(pid) / "cgroup", "rb") as f:
-                    text = f.read(MAX_CGROUP_BYTES).decode("utf-8", "replace")
-            except OSError:  # gone, or another PID namespace: unattributed
+                text = read_text_capped(self._proc_root / str(pid) / "cgroup", MAX_CGROUP_BYTES, truncate=True)
+            except OSError:  # gone, another PID namespace, or not a regular file (a FIFO): unattributed
                 continue
             self._known[pid] = self._parse(text)
         return dict(self._known)

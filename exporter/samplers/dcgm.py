@@ -131,6 +131,12 @@ class DcgmExporterSource(_DcgmSource):
         self.url = url
         self.timeout = timeout
 
+    @property
+    def max_tick_seconds(self) -> float:
+        """The engine's deadline for a tick (exporter/engine.py): `timeout` bounds each socket operation,
+        not a dcgm-exporter that trickles its answer; past this the tick is stuck and its values go."""
+        return 2 * self.timeout + 5
+
     def _fetch(self) -> str:
         request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
         with urllib.request.urlopen(request, timeout=self.timeout) as response:

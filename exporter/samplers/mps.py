@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from exporter.hostfiles import read_capped, read_text_capped
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,12 @@ COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters: both daemons re
 CONTROL_QUERY_EVERY_S = 2.0
 FAULT_RATE_WINDOW_S = 10.0
 FULL_RESCAN_EVERY_S = 30.0  # pids seen as something else are skipped until then (pid reuse is rare)
+# /proc files are read capped (exporter/hostfiles.py): a process's stat is ~300 bytes, its status ~1.5 KB,
+# the host's stat a few KB per hundred CPUs; argv[0] is all that is read of a command line.
+MAX_STAT_BYTES = 4096
+MAX_STATUS_BYTES = 65536
+MAX_PROC_STAT_BYTES = 1 << 20  # only its btime line matters: a cut-off file still has it near the top
+MAX_ARGV0_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -128,11 +135,17 @@ class MpsSampler:
         self._control_error = ""
         self._log = LogOnce(log)
 
+    @property
+    def max_tick_seconds(self) -> float:
+        """The engine's deadline for a tick: the control queries of a tick (servers, their clients, the
+        thread percentage) may each take `timeout`."""
+        return 4 * self.timeout + 5
+
     # -- /proc ----------------------------------------------------------------------------------
     def _boot_time(self) -> float:
         if self._btime is not None:
             return self._btime
-        for line in (self.proc_root / "stat").read_text().splitlines():
+        for line in read_text_capped(self.proc_root / "stat", MAX_PROC_STAT_BYTES, truncate=True).splitlines():
             if line.startswith("btime "):
                 self._btime = float(line.split()[1])
                 return self._btime
@@ -143,7 +156,8 @@ class MpsSampler:
         if key not in self._roles:
             role = None
             if stat["comm"].startswith(COMM_PREFIX):
-                argv0 = (self.proc_root / str(pid) / "cmdline").read_bytes().split(b"\0", 1)[0]
+                cmdline = read_capped(self.proc_root / str(pid) / "cmdline", MAX_ARGV0_BYTES, truncate=True)
+                argv0 = cmdline.split(b"\0", 1)[0]
                 role = ROLES.get(os.path.basename(argv0.decode(errors="replace")))
             self._roles[key] = role
         return self._roles[key]
@@ -162,14 +176,14 @@ class MpsSampler:
                 continue
             folder = self.proc_root / str(pid)
             try:
-                text = (folder / "stat").read_text(errors="replace")
+                text = read_text_capped(folder / "stat", MAX_STAT_BYTES)
                 stat = parse_stat(text)
                 role = self._role(pid, stat)
                 alive.add((pid, str(stat["starttime"])))
                 if role is None:
                     self._others.add(pid)
                     continue
-                status = parse_status((folder / "status").read_text(errors="replace"))
+                status = parse_status(read_text_capped(folder / "status", MAX_STATUS_BYTES))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited between listing and reading: normal
             except StatError as exc:

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import sqlite3
+import stat
 import subprocess
 import tempfile
 import threading
@@ -22,10 +23,12 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
-from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, SpatialReading, as_ratio
+from exporter.snapshot import (ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult,
+                               SpatialReading, as_ratio, loggable)
 
 log = logging.getLogger(__name__)
 SETTLE_S = 2.0  # a watched file must be this old before it is read: nsys may still be writing it
+MAX_WATCHED_ENTRIES = 100_000  # directory entries looked at per tick: a directory of millions costs no more
 READ_BUDGET_S = 60.0  # what validating or publishing one export may cost; a 512 MB export takes ~5 s
 
 
@@ -135,6 +138,12 @@ class NsysSource:
         if replay:
             self._load_replay(Path(replay))
 
+    @property
+    def max_tick_seconds(self) -> float:
+        """How long a tick may take before the engine calls it stuck: reading an export has its own
+        budget, a live capture its window and nsys' export on top."""
+        return READ_BUDGET_S + 30 + (self.window_s + 120 if self.live else 0)
+
     # -- replay ---------------------------------------------------------------------------------
     def _load_replay(self, path: Path) -> None:
         from nsys_ingest.analysis import bucket_means
@@ -170,18 +179,31 @@ class NsysSource:
         return self._published
 
     def _newest_export(self) -> Path | None:
+        """The newest settled regular file named *.sqlite or *.nsys-rep. Anything else with such a name
+        (a symbolic link loop, a FIFO, a directory) is skipped on its own, with one log line."""
         try:
-            entries = [p for p in self.watch_dir.iterdir() if p.suffix in (".sqlite", ".nsys-rep")]
+            with os.scandir(self.watch_dir) as listing:
+                entries = [Path(e.path) for e, _ in zip(listing, range(MAX_WATCHED_ENTRIES))
+                           if e.name.endswith((".sqlite", ".nsys-rep"))]
         except OSError as exc:
             raise RuntimeError(f"cannot read --nsys-watch-dir {self.watch_dir}: {exc}") from None
-        ready = []
+        ready, skipped = [], []
         for path in entries:
             try:
-                mtime = path.stat().st_mtime
+                info = path.stat()
             except FileNotFoundError:  # removed between listing and looking: not an error
                 continue
-            if time.time() - mtime >= SETTLE_S and path.is_file():
-                ready.append((mtime, path))
+            except OSError as exc:  # e.g. [Errno 40] a symbolic link loop: that file only
+                skipped.append(f"{path.name} ({exc.strerror or exc})")
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                skipped.append(f"{path.name} (not a regular file)")
+            elif time.time() - info.st_mtime >= SETTLE_S:
+                ready.append((info.st_mtime, path))
+        if skipped:
+            self._log.problem("nsys watch", f"skipped in {self.watch_dir}: {', '.join(sorted(skipped))}")
+        else:
+            self._log.clear("nsys watch")
         return max(ready, default=(None, None))[1]
 
     def _tick_watch(self) -> dict[str, SourceResult] | None:
@@ -196,10 +218,10 @@ class NsysSource:
         if newest is None:
             return forgotten
         try:
-            stat = newest.stat()
-        except FileNotFoundError:
+            info = newest.stat()
+        except OSError:  # removed (or replaced by a link loop) since it was listed: the next tick looks again
             return forgotten
-        key = (str(newest), stat.st_mtime, stat.st_size)
+        key = (str(newest), info.st_mtime, info.st_size)
         if key == self._seen:
             return forgotten
         previous, self._seen = self._seen, key
@@ -212,7 +234,7 @@ class NsysSource:
             if forgotten is not None:
                 self.results = forgotten
             raise RuntimeError(f"{newest.name}: {exc}") from None
-        log.info("nsys: published the last %.1f s of %s", self.window_s, newest.name)
+        log.info("nsys: published the last %.1f s of %s", self.window_s, loggable(newest.name))
         # GPUs NVML does not know here (exports from another host, no NVML) are published too, as
         # long as this export is the one published: the next export (or none) replaces them.
         self._published = newest
@@ -223,7 +245,7 @@ class NsysSource:
 
     def _forget_watched(self) -> dict[str, SourceResult]:
         """No export publishes the GPUs the last one brought: they go, like a lost GPU."""
-        log.info("nsys: %s is gone; its GPUs are no longer published", self._published.name)
+        log.info("nsys: %s is gone; its GPUs are no longer published", loggable(self._published.name))
         self._published = None
         self.identities = {}
         results = {uuid: r for uuid, r in self.results.items() if uuid not in self._watched_uuids}
@@ -356,7 +378,7 @@ class UploadSpool:
             os.replace(part, self.spool_dir / name)
             if self.retention is not None:
                 await asyncio.to_thread(self.retention.tick)
-            log.info("nsys upload: stored %s (%d bytes, GPUs %s)", name, size, ", ".join(summary["gpus"]))
+            log.info("nsys upload: stored %s (%d bytes, GPUs %s)", name, size, loggable(", ".join(summary["gpus"])))
             return JSONResponse({"stored": name, "bytes": size, **summary}, status_code=201)
 
         return await self._with_body(request, store)

@@ -6,7 +6,8 @@ file per GPU, named by its index ("0") or UUID ("GPU-..." or "MIG-..."), listing
 it, one per line (a line may go on with more fields, e.g. the user's uid: only the first is read).
 A process's job comes from its cgroup path, in slurmstepd's cgroup v1 layout
 (`/slurm/uid_1000/job_123/step_0/task_0`) or v2 layout (`/system.slice/slurmstepd.scope/job_123/step_0/...`).
-Files are read with a size cap; a garbage, unknown or vanished file is one log line, never a crash.
+Files are read with a size cap, non-blocking, regular files only (exporter/hostfiles.py); a garbage,
+unknown, vanished or FIFO file is one log line, never a crash.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
+from exporter.hostfiles import FileTooLarge, read_capped
 from exporter.samplers.cgroups import CgroupOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
 from exporter.snapshot import CollectorHealth, LogOnce
@@ -66,14 +68,13 @@ def read_mapping(folder: Path, devices: DeviceMap, problems: list[str]) -> dict[
             problems.append(f"{folder / name}: no GPU {name!r} on this node (name a file by GPU index or UUID)")
             continue
         try:
-            with open(folder / name, "rb") as f:
-                data = f.read(MAX_FILE_BYTES + 1)
-        except OSError as exc:  # vanished between listing and reading (an epilog), or unreadable
-            if not isinstance(exc, FileNotFoundError):
-                problems.append(f"{folder / name}: {exc.strerror or exc}")
-            continue
-        if len(data) > MAX_FILE_BYTES:
+            data = read_capped(folder / name, MAX_FILE_BYTES)
+        except FileTooLarge:
             problems.append(f"{folder / name}: larger than {MAX_FILE_BYTES} bytes, not a job mapping: ignored")
+            continue
+        except OSError as exc:  # vanished between listing and reading (an epilog), a FIFO, unreadable
+            if not isinstance(exc, FileNotFoundError):
+                problems.append(f"{folder / name}: {exc.strerror or exc}: ignored")
             continue
         ids = [line.split()[0] for line in data.decode("utf-8", "replace").splitlines() if line.split()]
         bad = [i for i in ids if not JOB_ID.match(i)]

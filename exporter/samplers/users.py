@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
+from exporter.hostfiles import FileTooLarge, read_capped, read_text_capped
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -26,24 +26,6 @@ MAX_STATUS_BYTES = 16384  # /proc/PID/status is ~1.5 KB
 MAX_PASSWD_BYTES = 4 * 1024 * 1024
 MAX_USERS = 100_000
 PASSWD_EVERY_S = 60.0  # the user database is read again at most once a minute
-
-
-def read_capped(path, limit: int) -> bytes:
-    """At most `limit` + 1 bytes of a regular file, opened without blocking (a FIFO never stalls a tick)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path}: not a regular file")
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 65536))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def status_uid(text: str) -> int | None:
@@ -89,8 +71,8 @@ class UsersSampler(HolderSampler):
     def _uid(self, pid: int) -> int | None:
         if pid not in self._uids:
             try:
-                text = read_capped(self.proc_root / str(pid) / "status", MAX_STATUS_BYTES)
-                self._uids[pid] = status_uid(text[:MAX_STATUS_BYTES].decode("utf-8", "replace"))
+                text = read_text_capped(self.proc_root / str(pid) / "status", MAX_STATUS_BYTES, truncate=True)
+                self._uids[pid] = status_uid(text)
             except (OSError, ValueError):  # gone, another PID namespace, or not a proc file
                 return None
         return self._uids[pid]
@@ -99,9 +81,10 @@ class UsersSampler(HolderSampler):
         if time.monotonic() - self._names_read >= PASSWD_EVERY_S:
             self._names_read = time.monotonic()
             try:
-                data = read_capped(self.passwd, MAX_PASSWD_BYTES)
-                if len(data) > MAX_PASSWD_BYTES:
-                    raise OSError(f"larger than {MAX_PASSWD_BYTES} bytes, not a user database")
+                try:
+                    data = read_capped(self.passwd, MAX_PASSWD_BYTES, follow=True)  # a mounted secret is a link
+                except FileTooLarge:
+                    raise OSError(f"larger than {MAX_PASSWD_BYTES} bytes, not a user database") from None
                 self._names = parse_passwd(data.decode("utf-8", "replace"))
                 self._log.clear("users passwd", f"user names from {self.passwd}")
             except OSError as exc:

@@ -11,6 +11,7 @@ import pwd
 import re
 from dataclasses import dataclass, field
 
+from exporter.hostfiles import read_text_capped
 from exporter.snapshot import as_ratio
 
 NA = "n/a"
@@ -189,9 +190,8 @@ class LocalProcesses:
         self.proc_root = proc_root
 
     def _read(self, pid: int, name: str) -> str | None:
-        try:
-            with open(os.path.join(self.proc_root, str(pid), name), encoding="utf-8", errors="replace") as f:
-                return f.read(65536)  # bounded: /proc files are small, a hostile mount need not be
+        try:  # bounded, non-blocking, regular files only: /proc files are small, a hostile mount need not be
+            return read_text_capped(os.path.join(self.proc_root, str(pid), name), 65536, truncate=True)
         except OSError:
             return None
 
