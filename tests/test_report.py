@@ -148,7 +148,7 @@ def check_groups(document: dict, by: str, coverage: bool = True):
 @pytest.mark.parametrize("by", ["namespace", "pod", "hpc_job", "node", "model"])
 def test_counters_equal_the_scenario_for_every_grouping(backfilled, capsys, by):
     document = report_json(capsys, backfilled, "--by", by, "--source", "counters")
-    assert document["source"]["days"] == {"counters": 1}
+    assert set(document["source"]["hours"]) == {"counters"}
     check_groups(document, by)
 
 
@@ -168,10 +168,10 @@ def test_bases_are_carried_through(backfilled, capsys):
 
 def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
     document = report_json(capsys, backfilled, "--by", "namespace")  # auto: the rollups exist
-    assert document["source"]["days"] == {"rules": 1} and document["source"]["rule_interval_seconds"] == 60
-    # the rollups keep the basis of SM-active and hidden idle, but no per-holder coverage: unknown only
-    # where a group has no series at all
-    check_groups(document, "namespace", coverage=False)
+    assert set(document["source"]["hours"]) == {"rules"}, document["source"]
+    assert document["source"]["rule_step_seconds"] == 60 and document["source"]["rule_window_seconds"] == 300
+    # the rollups keep the basis of busy, SM-active and hidden idle, and the held hours without them
+    check_groups(document, "namespace")
     counted = {g["name"]: g for g in report_json(capsys, backfilled, "--by", "namespace", "--source", "counters")["groups"]}
     for group in document["groups"]:
         for quantity in ("sm_active", "hidden_idle"):
@@ -180,28 +180,37 @@ def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
                 close(group[quantity]["basis"][basis], want, f"{group['name']} {quantity} {basis}")
     for by in ("hpc_job", "node", "model"):
         rolled = report_json(capsys, backfilled, "--by", by)
-        assert rolled["source"]["days"] == {"rules": 1}, by
-        check_groups(rolled, by, coverage=False)
+        assert set(rolled["source"]["hours"]) == {"rules"}, by
+        check_groups(rolled, by)
     # --match on a label the rollup keeps stays on the rules; on another label it falls back to the counters
     kept = report_json(capsys, backfilled, "--by", "namespace", "--match", 'namespace=~"team-(a|b)"')
-    assert kept["source"]["days"] == {"rules": 1} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
+    assert set(kept["source"]["hours"]) == {"rules"} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
     other = report_json(capsys, backfilled, "--by", "namespace", "--match", 'instance="node-b"')
-    assert other["source"]["days"] == {"counters": 1} and "instance" in other["source"]["notes"][0]
+    assert set(other["source"]["hours"]) == {"counters"} and "instance" in other["source"]["notes"][0]
     close(next(g for g in other["groups"] if g["name"] == "team-c")["held"]["gpu_hours"], 0.75, "team-c on node-b")
 
 
 def test_long_ranges_go_day_by_day_with_progress(backfilled, capsys):
-    """Two days cut through the middle of the scenario: the halves add up to the whole, from the rollups
-    and from the counters; --progress prints a line per day on stderr, nothing without it."""
+    """Two days cut through the middle of the scenario: the halves add up to the whole, from the counters,
+    and from the rollups where they exist (the counters before); --progress prints a line per part on
+    stderr, nothing without it."""
     start = str(backfilled["t0"] + 20 * 60 - 86400)
     for source in ("rules", "counters"):
         code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start,
                                     "--end", backfilled["end"], "--format", "json", "--progress", "--source", source)
         assert code == 0, err
-        assert re.findall(r"day (\d)/2 read", err) == ["1", "2"] and err.count("\n") == 2, err
         document = json.loads(out)
-        assert document["source"]["days"] == {source: 2}
-        check_groups(document, "namespace", coverage=source == "counters")
+        parts = len([s for s in document["source"]["spans"] for _ in
+                     range(1 if s["source"] == "rules" else math.ceil((s["end_unix"] - s["start_unix"]) / 86400))])
+        assert re.findall(r"part (\d+)/(\d+) read", err) == [(str(i), str(parts)) for i in range(1, parts + 1)], err
+        assert err.count("\n") == parts
+        if source == "counters":
+            assert [s["source"] for s in document["source"]["spans"]] == ["counters"] and parts == 2
+        else:  # the rollups were backfilled from 10 minutes before the scenario: the day before from the counters
+            sources = [s["source"] for s in document["source"]["spans"]]
+            assert sources[0] == "counters" and set(sources[1:]) == {"rules"}, document["source"]
+            assert document["source"]["held_gpu_hours"]["counters"] == 0  # nothing held the day before
+        check_groups(document, "namespace")
     code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start, "--end", backfilled["end"])
     assert code == 0 and err == ""  # not a terminal and no --progress: nothing on stderr
 
@@ -406,7 +415,7 @@ def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server,
             # --end on a scrape: Prometheus extrapolates nothing past it (VictoriaMetrics never does)
             stores[name] = report_json(capsys, {"url": url, "start": str(start), "end": f"{end:.3f}"},
                                        "--by", "namespace")
-            assert stores[name]["source"]["days"] == {"counters": 1}  # no rollups recorded here: the fallback
+            assert set(stores[name]["source"]["hours"]) == {"counters"}  # no rollups recorded here: the fallback
             check_groups(stores[name], "namespace")
         strip = lambda d: json.dumps([d["groups"], d["total"]], sort_keys=True)  # noqa: E731
         assert strip(stores["prometheus"]) == strip(stores["victoria-metrics"])
