@@ -4,7 +4,7 @@ held its GPU while its exporter ran.
 
 Cases: holders whole / time-sliced (busy basis nvml, SM time_share) / a MIG slice (no busy) / two MPS
 clients (no busy, no SM: unknown) / an idle notebook / a Unix user's process on a host without a scheduler / a Slurm job measured from context switches (busy and
-SM basis ctxsw) that ends at hour 20 / a holder that starts at hour 12.5 / twelve short jobs (11-26 min) /
+SM basis ctxsw) that ends at hour 20 / a holder that starts at hour 33.25 / fifteen short jobs (10-26 min) /
 node-a's exporter restarting at hour 36 (down 60 s, its counters start again from 0) / a scrape and rules
 outage from hour 40 to 41 (the exporters keep counting) / rollups only from hour 30 (rules added later).
 Samples every 15 s; a holder's series ends with its last scrape (the value it reached then).
@@ -81,10 +81,13 @@ class Hold:
         return None if rate is None else rate * sum(b - a for a, b in self.counting())
 
 
-SHORT = [(2 * HOUR + i * 3.7 * HOUR, (11 + 1.5 * i) * 60 + 30) for i in range(12)]  # (start, length): none in the outage
+# (start, length): every 3.7 h, and three across the edges of the rollups' spans (hour 30 + 2 min, hour 40 - 8 min,
+# hour 48 - 7 min), where a wrong lag or a missed edge would count them twice or not at all
+SHORT = [(2 * HOUR + i * 3.7 * HOUR, (11 + 1.5 * i) * 60 + 30) for i in range(12)] + \
+    [(29.95 * HOUR, 14.5 * 60), (39.8 * HOUR, 10.5 * 60), (47.8 * HOUR, 10.5 * 60)]
 HOLDS = (
     Hold("node-a", "0", 0, LENGTH, 1.0, busy=0.9, sm=0.6, namespace="team-a", pod="train-0"),
-    Hold("node-a", "1", 12.5 * HOUR, LENGTH, 1.0, busy=0.8, sm=0.2, namespace="team-a", pod="train-1"),
+    Hold("node-a", "1", 33.25 * HOUR, LENGTH, 1.0, busy=0.8, sm=0.2, namespace="team-a", pod="train-1"),
     Hold("node-b", "3", 0, LENGTH, 3 / 7, sm=0.3, namespace="team-a", pod="mig-0"),
     Hold("node-a", "2", 0, LENGTH, 0.5, busy=0.5, sm=0.25, sm_basis="time_share", namespace="team-b", pod="infer-0"),
     Hold("node-a", "2", 0, LENGTH, 0.25, busy=0.3, sm=0.1, sm_basis="time_share", namespace="team-b", pod="infer-1"),
@@ -97,8 +100,8 @@ HOLDS = (
          model="NVIDIA A100-SXM4-80GB"),
     Hold("node-c", "1", 0, LENGTH, 1.0, busy=0.6, sm=0.3, namespace="team-e", pod="server"),
     Hold("node-d", "0", 0, LENGTH, 1.0, busy=0.4, sm=0.2, user="alice"),  # a shared host: a Unix user holds it
-    *(Hold("node-c", "2", start, start + length, 1.0, busy=0.7, sm=0.5, namespace="team-e", pod=f"short-{i}")
-      for i, (start, length) in enumerate(SHORT)),
+    *(Hold("node-c", "2", start, start + length, 1.0, busy=0.7, sm=0.5, namespace="team-e" if i < 12 else "team-f",
+           pod=f"short-{i}") for i, (start, length) in enumerate(SHORT)),
 )
 
 
@@ -148,7 +151,9 @@ GROUP_OF = {"namespace": lambda h: (h.namespace,), "hpc_job": lambda h: (h.hpc_j
 
 
 def truth(by: str) -> dict[tuple, dict]:
-    """GPU-hours per group by hand: {group: {family: hours, family_unknown: held hours without it}}."""
+    """GPU-hours per group by hand: {group: {family: hours, family_unknown: held hours without it,
+    family_ends: GPU-hours of half a scrape after each series that ends before the history does (what
+    Prometheus' extrapolation adds)}}."""
     out: dict[tuple, dict] = {}
     for hold in HOLDS:
         row = out.setdefault(GROUP_OF[by](hold), {})
@@ -159,4 +164,6 @@ def truth(by: str) -> dict[tuple, dict]:
                 row[f"{family}_unknown"] = row.get(f"{family}_unknown", 0.0) + held
             else:
                 row[family] = row.get(family, 0.0) + seconds / 3600
+                ends = hold.rates()[family] * STEP / 2 / 3600 if hold.end < LENGTH else 0.0
+                row[f"{family}_ends"] = row.get(f"{family}_ends", 0.0) + ends
     return out
