@@ -163,14 +163,17 @@ def main(argv=None) -> int:
         args = parser().parse_args(argv)
         report = build(args, time.time())
         text = FORMATS[args.format](report)
+        chunks = [text] if isinstance(text, str) else text  # csv and json come as chunks: rows streamed
         if args.output:
             try:
                 with open(args.output, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+                    for chunk in chunks:
+                        fh.write(chunk)
             except OSError as exc:
                 raise ReportError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
         else:
-            sys.stdout.write(text)
+            for chunk in chunks:
+                sys.stdout.write(chunk)
         return 0
     except ReportError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -281,6 +281,13 @@ class Totals:
         self.labels = labels
         self.groups: dict[tuple, dict[tuple[str, str], float]] = {}
 
+    def merge(self, other: "Totals"):
+        while other.groups:
+            group, row = other.groups.popitem()
+            mine = self.groups.setdefault(group, {})
+            for key, value in row.items():
+                mine[key] = mine.get(key, 0.0) + value
+
     def add(self, plan_quantity: str, unknown: bool, samples: list[dict]) -> float:
         """Folds one answer in; returns the held GPU-seconds it added (for the span's own total)."""
         added = 0.0
@@ -346,9 +353,10 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
 def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
     """The counters over start..end, in halves (and their halves) where the server's sample limit refuses
     the whole: increases over adjacent windows add up."""
+    window = Totals(totals.labels)  # folded answer by answer; merged once the whole window has answered
     try:
-        answers = [(q, unknown, api.query(expr, end)) for q, unknown, expr in
-                   plan.counter_queries(promql_window(end - start))]
+        held = sum(window.add(q, unknown, api.query(expr, end))
+                   for q, unknown, expr in plan.counter_queries(promql_window(end - start)))
     except TooManySamples:
         if end - start <= MIN_SPLIT:
             raise
@@ -358,7 +366,8 @@ def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
             notes.append(note)
         return _counters_span(api, plan, start, middle, notes, totals) + \
             _counters_span(api, plan, middle, end, notes, totals)
-    return sum(totals.add(q, unknown, samples) for q, unknown, samples in answers)
+    totals.merge(window)
+    return held
 
 
 def _rules_span(api, plan, span: Span, totals: Totals) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 from .account import BASES, COVERED, EXACT_BASES, QUANTITIES, WITH_BASIS
@@ -64,13 +65,20 @@ def summarize(totals: dict, labels: tuple[str, ...]) -> pd.DataFrame:
     if not totals:
         return pd.DataFrame(columns=[*labels, *columns()])
     everything: dict = {}
-    table = []
-    for group, seconds in totals.items():
+    names = columns()
+    size = len(totals)
+    keys = [[""] * size for _ in labels]
+    values = {name: np.empty(size, dtype=bool if name == "waste_is_lower_bound" else float) for name in names}
+    for i in range(size):  # one row at a time into arrays, each group's sums dropped once read (70,000 pods)
+        group, seconds = totals.popitem()
         hours = {key: value / 3600.0 for key, value in seconds.items()}
         for key, value in hours.items():
             everything[key] = everything.get(key, 0.0) + value
-        table.append(dict(zip(labels, group), **figures(hours)))
-    frame = pd.DataFrame(table, columns=[*labels, *columns()])
+        for position, value in enumerate(group):
+            keys[position][i] = value
+        for name, value in figures(hours).items():
+            values[name][i] = value
+    frame = pd.DataFrame({**dict(zip(labels, keys)), **values}, columns=[*labels, *names])
     frame = frame.sort_values(["held_gpu_hours", *labels], ascending=[False] + [True] * len(labels))
     total = dict(dict.fromkeys(labels, ""), **{labels[0]: TOTAL}, **figures(everything))
     return pd.concat([frame, pd.DataFrame([total])], ignore_index=True)
