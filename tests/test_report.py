@@ -23,7 +23,7 @@ import yaml
 
 from gpu_spatial.report import main as report_main
 from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
-from tests.workload_scenario import DURATION, FAMILIES, SCENARIO, exposition, write_openmetrics
+from tests.workload_scenario import DURATION, SCENARIO, exposition, gpu_hours_by_group, write_openmetrics
 
 BACKFILL_STEP = 10.0  # seconds between samples: rate5m at the kinks of a hold is off by a fraction of a step
 needs = lambda *tools: pytest.mark.skipif(  # noqa: E731
@@ -34,17 +34,7 @@ GROUP_OF = {"namespace": lambda h: (h.namespace,), "pod": lambda h: (h.namespace
 
 def expected(by: str) -> dict[tuple, dict]:
     """GPU-hours per group by construction: {group: {family: hours, family_unknown: held hours without it}}."""
-    out: dict[tuple, dict] = {}
-    for holder in SCENARIO:
-        row = out.setdefault(GROUP_OF[by](holder), {})
-        held = holder.gpu_seconds("held") / 3600
-        for family in FAMILIES:
-            seconds = holder.gpu_seconds(family)
-            if seconds is None:
-                row[f"{family}_unknown"] = row.get(f"{family}_unknown", 0.0) + held
-            else:
-                row[family] = row.get(family, 0.0) + seconds / 3600
-    return out
+    return gpu_hours_by_group(SCENARIO, GROUP_OF[by], lambda holder, family: holder.gpu_seconds(family))
 
 
 def close(got, want, what):
