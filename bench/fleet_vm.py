@@ -28,6 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.fleet_sim import fleet  # noqa: E402
+from bench.ingest_bench import write_result  # noqa: E402
 from tests.helpers import RULES, free_port, http_get, wait_for  # noqa: E402
 from tests.workload_scenario import series  # noqa: E402
 
@@ -68,17 +69,36 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def report(url: str, start: float, end: float, by: str, source: str, out: Path) -> tuple[float, float, dict]:
-    output = out / f"report-{by}-{source}.json"
+def start_victoria_metrics(out: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={out / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
+                           "-retentionPeriod=1", "-search.latencyOffset=0s", "-search.maxUniqueTimeseries=5000000",
+                           "-search.maxSamplesPerQuery=10000000000"],
+                          stdout=open(out / "vm.log", "w"), stderr=subprocess.STDOUT)
+    wait_for(lambda: http_get(url + "/health", timeout=1)[0] == 200, 60, what="victoria-metrics")
+    return vm, url
+
+
+def stop_victoria_metrics(vm: subprocess.Popen, out: Path):
+    vm.terminate()
+    vm.wait(120)
+    shutil.rmtree(out / "vm", ignore_errors=True)
+
+
+def report(url: str, start: float, end: float, by: str, source: str, out: Path,
+           fmt: str = "json") -> tuple[float, float, Path]:
+    """(seconds, peak RSS in MiB, output file) of one report in its own process."""
+    output = out / f"report-{by}-{source}.{fmt}"
     began = time.perf_counter()
     done = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "gpu_spatial", "report",
                            "--prometheus", url, "--start", str(start), "--end", str(end), "--by", by,
-                           "--source", source, "--format", "json", "--output", str(output), "--timeout", "600",
+                           "--source", source, "--format", fmt, "--output", str(output), "--timeout", "600",
                            "--max-response-mib", "1024"], capture_output=True, text=True, cwd=ROOT)
     elapsed = time.perf_counter() - began
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
-    return elapsed, int(done.stderr.strip().splitlines()[-1]) / 1024, json.loads(output.read_text())
+    return elapsed, int(done.stderr.strip().splitlines()[-1]) / 1024, output
 
 
 def main(argv=None) -> int:
@@ -94,16 +114,10 @@ def main(argv=None) -> int:
     seconds = args.days * 86400
     t0 = (time.time() // 3600) * 3600 - 3600 - seconds
     end = t0 + seconds
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={args.out / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
-                           "-retentionPeriod=1", "-search.latencyOffset=0s", "-search.maxUniqueTimeseries=5000000",
-                           "-search.maxSamplesPerQuery=10000000000"],
-                          stdout=open(args.out / "vm.log", "w"), stderr=subprocess.STDOUT)
+    vm, url = start_victoria_metrics(args.out)
     result = {"nodes": args.nodes, "gpus": args.nodes * 8, "days": args.days, "step_s": args.step,
               "rule_interval": args.rule_interval}
     try:
-        wait_for(lambda: http_get(url + "/health", timeout=1)[0] == 200, 60, what="victoria-metrics")
         holders = fleet(args.nodes, seconds / 3600)
         result["holders"] = len(holders)
         result["series"] = sum(1 for _ in series(holders))
@@ -128,21 +142,18 @@ def main(argv=None) -> int:
         start = t0 + 3600  # the rollups' first window inside the range
         for by, source in (("namespace", "auto"), ("namespace", "counters"), ("pod", "counters")):
             for run in ("cold", "warm"):
-                elapsed, rss, document = report(url, start, end, by, source, args.out)
+                elapsed, rss, output = report(url, start, end, by, source, args.out)
                 result[f"report_{by}_{source}_{run}_s"] = round(elapsed, 2)
                 result[f"report_{by}_{source}_peak_rss_mb"] = round(rss, 1)
+            document = json.loads(output.read_text())
             result[f"report_{by}_{source}_groups"] = len(document["groups"])
             result[f"report_{by}_{source}_queries"] = document["source"]["queries"]
             result[f"report_{by}_{source}_held_gpu_hours"] = document["total"]["held"]["gpu_hours"]
             result[f"report_{by}_{source}_sources"] = document["source"]["hours"]
         result["held_gpu_hours_by_construction"] = round(sum(h.held for h in holders) * (end - start) / 3600, 3)
     finally:
-        vm.terminate()
-        vm.wait(120)
-        shutil.rmtree(args.out / "vm", ignore_errors=True)
-    (args.out / "result.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    return 0
+        stop_victoria_metrics(vm, args.out)
+    return write_result(result, args.out / "result.json")
 
 
 if __name__ == "__main__":

@@ -15,14 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from bench.fleet_vm import report, start_victoria_metrics, stop_victoria_metrics  # noqa: E402
+from bench.ingest_bench import write_result  # noqa: E402
+from tests.helpers import http_get  # noqa: E402
 
 STEP = 300
 HOUR = 3600
@@ -56,15 +57,9 @@ def main(argv=None) -> int:
     shutil.rmtree(args.out, ignore_errors=True)
     args.out.mkdir(parents=True)
     t0 = (time.time() // HOUR) * HOUR - 3 * HOUR
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={args.out / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
-                           "-retentionPeriod=1", "-search.disableCache", "-search.latencyOffset=0s",
-                           "-search.maxUniqueTimeseries=2000000"],
-                          stdout=open(args.out / "vm.log", "w"), stderr=subprocess.STDOUT)
+    vm, url = start_victoria_metrics(args.out)
     result = {"pods": args.pods, "series": args.pods * 5, "samples_per_series": HOUR // STEP + 1}
     try:
-        wait_for(lambda: http_get(url + "/health", timeout=1)[0] == 200, 60, what="victoria-metrics")
         began = time.perf_counter()
         for body in lines(args.pods, t0):
             request = urllib.request.Request(url + "/api/v1/import/prometheus", data=body.encode(), method="POST")
@@ -74,28 +69,18 @@ def main(argv=None) -> int:
         result["import_s"] = round(time.perf_counter() - began, 1)
         time.sleep(2)  # the flushed parts become searchable
         for fmt in ("json", "csv"):
-            output = args.out / f"report.{fmt}"
-            began = time.perf_counter()
-            done = subprocess.run(["/usr/bin/time", "-f", "%M", sys.executable, "-m", "gpu_spatial", "report",
-                                   "--prometheus", url, "--start", str(t0 - 60), "--end", str(t0 + HOUR),
-                                   "--by", "pod", "--source", "counters", "--format", fmt, "--output", str(output),
-                                   "--timeout", "600", "--max-response-mib", "1024"],
-                                  capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent)
-            if done.returncode:
-                raise RuntimeError(done.stderr[-2000:])
-            result[f"{fmt}_s"] = round(time.perf_counter() - began, 1)
-            result[f"{fmt}_peak_rss_mb"] = round(int(done.stderr.strip().splitlines()[-1]) / 1024, 1)
+            elapsed, rss, output = report(url, t0 - 60, t0 + HOUR, "pod", "counters", args.out, fmt)
+            result[f"{fmt}_s"] = round(elapsed, 1)
+            result[f"{fmt}_peak_rss_mb"] = round(rss, 1)
             result[f"{fmt}_output_mb"] = round(output.stat().st_size / 2 ** 20, 1)
-        document = json.loads((args.out / "report.json").read_text())
-        result["groups"] = len(document["groups"])
-        result["held_gpu_hours"] = document["total"]["held"]["gpu_hours"]
+            if fmt == "json":
+                document = json.loads(output.read_text())
+                result["groups"] = len(document["groups"])
+                result["held_gpu_hours"] = document["total"]["held"]["gpu_hours"]
+                del document
     finally:
-        vm.terminate()
-        vm.wait(60)
-        shutil.rmtree(args.out / "vm", ignore_errors=True)
-    (args.out / "result.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    return 0
+        stop_victoria_metrics(vm, args.out)
+    return write_result(result, args.out / "result.json")
 
 
 if __name__ == "__main__":
