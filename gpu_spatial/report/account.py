@@ -186,7 +186,9 @@ def _value(sample: dict) -> float:
 # --- where the rules ran: the heartbeat's evaluations -------------------------------------------------------
 
 def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: list) -> list[tuple[float, float]]:
-    """(time, W) of every evaluation of the rollup group between start and end, read a day at a time."""
+    """(time, W) of every evaluation of the rollup group between start and end, read a day at a time; W is
+    NaN where the store holds the evaluation twice (vmalert's replay writes the edge of each of its range
+    queries twice, a remote-write retry can too): every rollup sample there would count twice."""
     found: dict[tuple, dict[float, float]] = {}
     for chunk_start, chunk_end in chunks(start, end):
         expr = f"{HEARTBEAT}[{promql_window(chunk_end - chunk_start)}]"
@@ -198,13 +200,20 @@ def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: l
                 except (TypeError, ValueError):
                     continue
                 if chunk_start < t <= chunk_end and math.isfinite(v) and v > 0:
-                    found.setdefault(key, {})[t] = v
+                    seen = found.setdefault(key, {})
+                    seen[t] = math.nan if t in seen else v
     if len(found) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
         names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(found))
         notes.append(f"{len(found)} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
                      f"the counters are used (deduplicate the replicas, or record the rules once)")
         return []
-    return sorted(next(iter(found.values())).items()) if found else []
+    evaluations = sorted(next(iter(found.values())).items()) if found else []
+    twice = sum(1 for _t, w in evaluations if math.isnan(w))
+    if twice:
+        notes.append(f"{twice} rule evaluation{'s' * (twice > 1)} stored twice (vmalert's replay, remote-write "
+                     f"retries): the counters cover {'them' if twice > 1 else 'it'} (VictoriaMetrics "
+                     f"-dedup.minScrapeInterval removes duplicates)")
+    return evaluations
 
 
 def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
@@ -212,6 +221,9 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     longer than the window (the samples would not cover the time between them)."""
     out: list[list[tuple[float, float]]] = []
     for t, window in evaluations:
+        if math.isnan(window):  # stored twice: not used, and the runs on either side end there
+            out.append([])
+            continue
         run = out[-1] if out else None
         if run:
             gap, (last_t, last_w) = t - run[-1][0], run[-1]
