@@ -271,16 +271,14 @@ def plan_spans(evaluations, start: float, end: float) -> list[Span]:
     for span in sorted(covered, key=lambda s: s.start):
         if span.start < t - 1.0:  # overlapping runs (one evaluator cannot make them): keep the first
             continue
-        if span.start > t + 1.0:  # less than a second apart: evaluation jitter, not a gap
+        if span.start > t + 1.0:
             out.append(Span(t, span.start, "counters"))
-        elif span.start != t:
+        else:  # within a second: evaluation jitter, not a gap
             span.start = t
         out.append(span)
         t = span.end
     if t < end - 1.0:
         out.append(Span(t, end, "counters"))
-    elif out:
-        out[-1].end = end if out[-1].source == "counters" else out[-1].end
     return out
 
 
