@@ -107,6 +107,10 @@ def main(argv=None) -> int:
     p.add_argument("--days", type=float, default=7.0)
     p.add_argument("--step", type=float, default=300.0, help="seconds between samples (a scrape interval)")
     p.add_argument("--rule-interval", default="5m", help="vmalert's evaluation interval for the rollups")
+    p.add_argument("--replay-points", type=int, default=5000,
+                   help="vmalert -replay.maxDatapointsPerQuery: below the evaluations in the range, vmalert "
+                        "splits its range queries and stores each one's edge twice (the report then reads the "
+                        "counters around them)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     shutil.rmtree(args.out, ignore_errors=True)
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
     end = t0 + seconds
     vm, url = start_victoria_metrics(args.out)
     result = {"nodes": args.nodes, "gpus": args.nodes * 8, "days": args.days, "step_s": args.step,
-              "rule_interval": args.rule_interval}
+              "rule_interval": args.rule_interval, "replay_points": args.replay_points}
     try:
         holders = fleet(args.nodes, seconds / 3600)
         result["holders"] = len(holders)
@@ -132,7 +136,8 @@ def main(argv=None) -> int:
         began = time.perf_counter()
         subprocess.run(["vmalert", f"-rule={rules}", f"-datasource.url={url}", f"-remoteWrite.url={url}",
                         f"-replay.timeFrom={rfc3339(t0)}", f"-replay.timeTo={rfc3339(end)}", "-replay.rulesDelay=0s",
-                        "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0"],
+                        "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
+                        f"-replay.maxDatapointsPerQuery={args.replay_points}"],
                        check=True, capture_output=True, timeout=7200)
         http_get(url + "/internal/force_flush", timeout=600)
         result["vmalert_replay_s"] = round(time.perf_counter() - began, 1)
