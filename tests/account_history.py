@@ -3,7 +3,7 @@ its GPU-hours computed by hand, apart from the report's code: from each holder's
 held its GPU while its exporter ran.
 
 Cases: holders whole / time-sliced (SM time_share) / a MIG slice (no busy) / two MPS clients (no busy, no
-SM: unknown) / an idle notebook / a Unix user's process on a host without a scheduler / a Slurm job
+SM: unknown) / an idle notebook / a Unix user's process on a host without a scheduler / a DRA claim / a Slurm job
 measured from context switches (busy and SM basis ctxsw) that ends at hour 20 / a holder that starts at hour 33.25 / fifteen short jobs (10-26 min) /
 node-a's exporter restarting at hour 36 (down 60 s, its counters start again from 0) / a scrape and rules
 outage from hour 40 to 41 (the exporters keep counting) / rollups only from hour 30 (rules added later).
@@ -70,6 +70,8 @@ HOLDS = (
          model="NVIDIA A100-SXM4-80GB"),
     Hold("node-c", "1", 0, LENGTH, 1.0, busy=0.6, sm=0.3, namespace="team-e", pod="server", container="main"),
     Hold("node-d", "0", 0, LENGTH, 1.0, busy=0.4, sm=0.2, user="alice"),  # a shared host: a Unix user holds it
+    Hold("node-d", "1", 6 * HOUR, LENGTH, 0.5, busy=0.3, sm=0.1, basis="time_share", namespace="team-g", pod="dra-0",
+         container="main", claim="gpu-claim-0"),  # a DRA claim
     *(Hold("node-c", "2", start, start + length, 1.0, busy=0.7, sm=0.5, namespace="team-e" if i < 12 else "team-f",
            pod=f"short-{i}", container="main") for i, (start, length) in enumerate(SHORT)),
 )
@@ -112,7 +114,7 @@ def prometheus_text(t0: float):
 
 
 GROUP_OF = {"namespace": lambda h: (h.namespace,), "hpc_job": lambda h: (h.hpc_job,),
-            "node": lambda h: (h.instance,), "model": lambda h: (h.model,), "user": lambda h: (h.user,), "pod": lambda h: (h.namespace, h.pod)}
+            "node": lambda h: (h.instance,), "model": lambda h: (h.model,), "user": lambda h: (h.user,), "claim": lambda h: (h.claim,), "pod": lambda h: (h.namespace, h.pod)}
 
 
 def truth(by: str) -> dict[tuple, dict]:

@@ -29,7 +29,7 @@ from tests.test_report import run_report, start_prometheus, start_victoria_metri
 VMALERT_INTERVAL = 300.0
 REPLAY_POINTS = 50
 WINDOW = 300.0
-ROLLUP_GROUPINGS = ("namespace", "hpc_job", "node", "model", "user")  # pod has no rollups
+ROLLUP_GROUPINGS = ("namespace", "hpc_job", "node", "model", "user", "claim")  # pod has no rollups
 
 
 def rules_at(tmp: Path, interval: str) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GPU_LABELS = ("instance", "job", "gpu", "uuid", "model", "namespace", "pod", "container", "hpc_job", "user")
+GPU_LABELS = ("instance", "job", "gpu", "uuid", "model", "namespace", "pod", "container", "hpc_job", "user", "claim")
 FAMILIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
 
 
@@ -32,6 +32,7 @@ class Holder:
     model: str = "NVIDIA H100 80GB HBM3"
     job: str = "gpu-spatial-exporter"
     user: str = ""
+    claim: str = ""
     busy_basis: str = ""  # busy's basis label (nvml, ctxsw) where set
 
     @property
