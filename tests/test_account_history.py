@@ -257,3 +257,30 @@ def test_spans_from_evaluations_by_hand():
         ("counters", 3570.0, 4230.0, 0.0, 0.0, 1.0),          # 4050 stored twice: not used, runs cut there
         ("rules", 4230.0, 4950.0, 4380.0, 5070.0, 1.0),
         ("rules", 4950.0, 5000.0, 5100.0, 5130.0, 50 / 60)]   # (4950, 5010]: 50 of 60 s in the range
+
+
+def test_two_evaluators_fall_back_to_the_counters(store, capsys):
+    """Two heartbeat series (replicas writing the same rollups) would count every rollup twice: the report
+    says so and reads the counters. VictoriaMetrics only: its import API writes them, 10 h before the history."""
+    if store["engine"] != "victoria-metrics":
+        pytest.skip("the import API is VictoriaMetrics'")
+    base = store["t0"] - 10 * 3600
+    lines = [f'gpu_workload:rollup_window_seconds{{replica="{r}"}} 300 {int((base + 60 * k) * 1000)}\n'
+             for r in "ab" for k in range(60)]
+    lines += [f'namespace:gpu_workload_held_gpu_seconds:rate5m{{namespace="team-z",replica="{r}"}} 1 '
+              f'{int((base + 60 * k) * 1000)}\n' for r in "ab" for k in range(60)]
+    lines += [f'gpu_workload_held_gpu_seconds_total{{namespace="team-z",pod="p",instance="x",gpu="0"}} {30.0 * k} '
+              f'{int((base + 30 * k) * 1000)}\n' for k in range(121)]
+    request = urllib.request.Request(store["url"] + "/api/v1/import/prometheus", data="".join(lines).encode(),
+                                     method="POST")
+    urllib.request.urlopen(request, timeout=60).close()
+    http_get(store["url"] + "/internal/force_flush", timeout=30)
+
+    def answered():
+        code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(base),
+                                    "--end", str(base + 3600), "--format", "json")
+        return json.loads(out) if code == 0 else None
+    document = wait_for(answered, 30, interval=0.5, what="the imported evaluators searchable")
+    assert set(document["source"]["hours"]) == {"counters"}, document["source"]
+    assert any("2 rule evaluators" in note for note in document["source"]["notes"]), document["source"]["notes"]
+    within(document["total"]["held"]["gpu_hours"], 1.0, 1e-6, "team-z held from the counters")

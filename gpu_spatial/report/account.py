@@ -205,7 +205,8 @@ def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: l
     if len(found) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
         names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(found))
         notes.append(f"{len(found)} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
-                     f"the counters are used (deduplicate the replicas, or record the rules once)")
+                     f"the counters are used (deduplicate replicas; several clusters' rules in one store are not told "
+                     f"apart from replicas yet)")
         return []
     evaluations = sorted(next(iter(found.values())).items()) if found else []
     twice = sum(1 for _t, w in evaluations if math.isnan(w))
