@@ -339,6 +339,9 @@ class Scenario(BaseHTTPRequestHandler):
                     time.sleep(0.2)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+        elif self.path.startswith("/matrix-garbage"):  # a range vector of nonsense for every query
+            self.answer(200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+                "x", {"metric": 5, "values": "abc"}, {"values": [[1, 2, 3], ["a", "b"], 7, None]}]}}).encode())
         elif self.path.startswith("/redirect"):  # elsewhere, with the credentials if they were followed
             self.send_response(307)
             self.send_header("Location", "http://attacker.invalid/api/v1/query")
@@ -450,6 +453,7 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
                    contains="took longer than 1 s")
     one_line_error(capsys, "--prometheus", server + "/html", "--last", "1h", contains="not the Prometheus JSON API")
     one_line_error(capsys, "--prometheus", server + "/redirect", "--last", "1h", contains="redirects are not followed")
+    one_line_error(capsys, "--prometheus", server + "/matrix-garbage", "--last", "1h", contains="not an instant vector")
     # the real CLI entry point: same line, no traceback
     result = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", closed, "--last", "1h"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)

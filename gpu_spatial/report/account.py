@@ -171,6 +171,12 @@ class Collected:
         return {source: tuple(v) for source, v in out.items()}
 
 
+def _metric(sample) -> dict:
+    """A sample's labels; anything else a hostile server sends reads as no labels."""
+    metric = sample.get("metric") if isinstance(sample, dict) else None
+    return metric if isinstance(metric, dict) else {}
+
+
 def _group(metric: dict, labels) -> tuple:
     return tuple(metric.get(label, "") for label in labels)
 
@@ -193,11 +199,12 @@ def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: l
     for chunk_start, chunk_end in chunks(start, end):
         expr = f"{HEARTBEAT}[{promql_window(chunk_end - chunk_start)}]"
         for series in api.query_matrix(expr, chunk_end):
-            key = tuple(sorted(series.get("metric", {}).items()))
-            for t, v in series.get("values", []):
+            metric, values = _metric(series), series.get("values") if isinstance(series, dict) else None
+            key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
+            for pair in values if isinstance(values, list) else []:
                 try:
-                    t, v = float(t), float(v)
-                except (TypeError, ValueError):
+                    t, v = float(pair[0]), float(pair[1])
+                except (TypeError, ValueError, IndexError, KeyError):
                     continue
                 if chunk_start < t <= chunk_end and math.isfinite(v) and v > 0:
                     seen = found.setdefault(key, {})
@@ -306,7 +313,7 @@ class Totals:
             value = _value(sample)
             if unknown and value <= 0:
                 continue
-            metric = sample.get("metric", {})
+            metric = _metric(sample)
             if unknown:
                 basis = "unknown"
             elif plan_quantity in WITH_BASIS:
@@ -406,7 +413,7 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, s
             else:
                 expr = f"sum by ({', '.join(plan.labels)}) (increase({counter(quantity)}{plan.selector}[{window}]))"
             for series in api.query_range(expr, span.start + step, span.end, step):
-                group = _group(series.get("metric", {}), plan.labels)
+                group = _group(_metric(series), plan.labels)
                 for t, v in series.get("values", []):
                     value = float(v)
                     if math.isfinite(value):
