@@ -207,15 +207,15 @@ def test_spans_are_where_the_data_has_rollups(store, capsys):
                       for a, b in ((history.RULES_FROM, history.OUTAGE[0] - 60), (history.OUTAGE[1], history.LENGTH)))
     assert len(twice) == (chunk_edges if store["engine"] == "victoria-metrics" else 0) > -1, sorted(twice)
     runs, run = [], []
-    for t in sorted(set(times)):
-        if t in twice or (run and t - run[-1] > step * 1.5):
+    for t in sorted(set(times)):  # evaluations stored twice count once, without cutting the run
+        if run and t - run[-1] > step * 1.5:
             runs.append(run)
-            run = [] if t in twice else [t]
-        else:
-            run.append(t)
-    runs = [r for r in [*runs, run] if r]
+            run = []
+        run.append(t)
+    runs.append(run)
     assert all(math.isclose(b - a, step) for r in runs for a, b in zip(r, r[1:]))
-    assert runs[0][0] - history.RULES_FROM < step and len(runs) == 2 + len(twice)
+    assert runs[0][0] - history.RULES_FROM < step and len(runs) == 2
+    assert sum(s.get("evaluations_stored_twice", 0) for s in document["source"]["spans"]) == len(twice)
     want, covered_to = [], 0.0
     for r in runs:
         first = r[0] + WINDOW - lag - step  # the first and last window of a run inside the range: counters
@@ -241,21 +241,20 @@ def test_spans_are_where_the_data_has_rollups(store, capsys):
 
 def test_spans_from_evaluations_by_hand():
     """plan_spans on evaluations every 60 s at :30 (window 300 s, lag 120 s: sample t accounts for
-    (t - 180, t - 120]), range 1000..5000 s: edge samples weighed by the part inside the range, a gap and an
-    evaluation stored twice each cut the runs, and each cut run leaves its first and last 300 s to the
-    counters."""
+    (t - 180, t - 120]), range 1000..5000 s: edge samples weighed by the part inside the range, a gap cuts the
+    run and each cut run leaves its first and last 300 s to the counters; an evaluation stored twice is
+    named in its span (counted once) and cuts nothing."""
     from gpu_spatial.report.account import plan_spans
 
     evaluations = [(30.0 + 60 * k, 300.0) for k in range(200) if not 2000 <= 30 + 60 * k < 2600]
-    evaluations = [(t, math.nan if t == 4050 else w) for t, w in evaluations]
-    got = [(s.source, s.start, s.end, s.first, s.last, s.weight) for s in plan_spans(evaluations, 1000.0, 5000.0)]
+    spans = plan_spans(evaluations, 1000.0, 5000.0, {4050.0, 9990.0})
+    assert [s.twice for s in spans] == [(), (), (), (4050.0,), ()]
+    got = [(s.source, s.start, s.end, s.first, s.last, s.weight) for s in spans]
     assert got == [
         ("rules", 1000.0, 1050.0, 1140.0, 1170.0, 50 / 60),   # (990, 1050]: 50 of its 60 s in the range
         ("rules", 1050.0, 1530.0, 1200.0, 1650.0, 1.0),       # up to 1650: the run stops at 1950, less 300
         ("counters", 1530.0, 2730.0, 0.0, 0.0, 1.0),          # the gap 1950..2610, and 300 s either side
-        ("rules", 2730.0, 3570.0, 2880.0, 3690.0, 1.0),       # from 2910 (2610 + 300) to 3690 (3990 - 300)
-        ("counters", 3570.0, 4230.0, 0.0, 0.0, 1.0),          # 4050 stored twice: not used, runs cut there
-        ("rules", 4230.0, 4950.0, 4380.0, 5070.0, 1.0),
+        ("rules", 2730.0, 4950.0, 2880.0, 5070.0, 1.0),       # from 2910 (2610 + 300)
         ("rules", 4950.0, 5000.0, 5100.0, 5130.0, 50 / 60)]   # (4950, 5010]: 50 of 60 s in the range
 
 

@@ -111,12 +111,16 @@ class Plan:
                             f"sum by ({by}) ({increase('held')} unless ignoring (basis) {increase(quantity)})"))
         return queries
 
-    def rule_queries(self, window: str, factor: float) -> list[tuple[str, bool, str]]:
-        """As counter_queries, from the rollups: sum of the samples in the window x factor (their spacing)."""
+    def rule_queries(self, window: str, factor: float, once: bool = False) -> list[tuple[str, bool, str]]:
+        """As counter_queries, from the rollups: sum of the samples in the window x factor (their spacing).
+        once: what takes every series' copies of the samples in the window down to one (the average less
+        the sum: an evaluation stored twice counts once)."""
         label = RULE_LABEL[self.by]
 
         def summed(record, by):
-            return f"sum by ({by}) (sum_over_time({record}{self.selector}[{window}])) * {factor!r}"
+            series = f"{record}{self.selector}[{window}]"
+            inner = f"avg_over_time({series}) - sum_over_time({series})" if once else f"sum_over_time({series})"
+            return f"sum by ({by}) ({inner}) * {factor!r}"
 
         queries = [(q, False, summed(rollup(label, q), f"{label}, basis" if q in WITH_BASIS else label))
                    for q in QUANTITIES]
@@ -149,6 +153,7 @@ class Span:
     step: float = 0.0
     weight: float = 1.0
     window: float = 0.0        # W of the rollups (the heartbeat's value)
+    twice: tuple = ()          # sample times in (first, last] the store holds more than once
     held_gpu_seconds: float = 0.0
 
 
@@ -191,11 +196,13 @@ def _value(sample: dict) -> float:
 
 # --- where the rules ran: the heartbeat's evaluations -------------------------------------------------------
 
-def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: list) -> list[tuple[float, float]]:
-    """(time, W) of every evaluation of the rollup group between start and end, read a day at a time; W is
-    NaN where the store holds the evaluation twice (vmalert's replay writes the edge of each of its range
-    queries twice, a remote-write retry can too): every rollup sample there would count twice."""
+def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float,
+              notes: list) -> tuple[list[tuple[float, float]], set]:
+    """(time, W) of every evaluation of the rollup group between start and end, read a day at a time, and the
+    times the store holds more than once (vmalert's replay writes the edge of each of its range queries
+    twice, a remote-write retry can too: each rollup sample there would count twice)."""
     found: dict[tuple, dict[float, float]] = {}
+    twice: set = set()
     for chunk_start, chunk_end in chunks(start, end):
         expr = f"{HEARTBEAT}[{promql_window(chunk_end - chunk_start)}]"
         for series in api.query_matrix(expr, chunk_end):
@@ -208,20 +215,20 @@ def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float, notes: l
                     continue
                 if chunk_start < t <= chunk_end and math.isfinite(v) and v > 0:
                     seen = found.setdefault(key, {})
-                    seen[t] = math.nan if t in seen else v
+                    if t in seen:
+                        twice.add(t)
+                    seen[t] = v
     if len(found) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
         names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(found))
         notes.append(f"{len(found)} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
                      f"the counters are used (deduplicate replicas; several clusters' rules in one store are not told "
                      f"apart from replicas yet)")
-        return []
-    evaluations = sorted(next(iter(found.values())).items()) if found else []
-    twice = sum(1 for _t, w in evaluations if math.isnan(w))
+        return [], set()
     if twice:
-        notes.append(f"{twice} rule evaluation{'s' * (twice > 1)} stored twice (vmalert's replay, remote-write "
-                     f"retries): the counters cover {'them' if twice > 1 else 'it'} (VictoriaMetrics "
-                     f"-dedup.minScrapeInterval removes duplicates)")
-    return evaluations
+        notes.append(f"{len(twice)} rule evaluation{'s' * (len(twice) > 1)} stored more than once (vmalert's "
+                     f"replay, remote-write retries): each counted once (VictoriaMetrics -dedup.minScrapeInterval "
+                     f"removes such copies)")
+    return (sorted(next(iter(found.values())).items()) if found else []), twice
 
 
 def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
@@ -229,9 +236,6 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     longer than the window (the samples would not cover the time between them)."""
     out: list[list[tuple[float, float]]] = []
     for t, window in evaluations:
-        if math.isnan(window):  # stored twice: not used, and the runs on either side end there
-            out.append([])
-            continue
         run = out[-1] if out else None
         if run:
             gap, (last_t, last_w) = t - run[-1][0], run[-1]
@@ -243,7 +247,7 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     return out
 
 
-def plan_spans(evaluations, start: float, end: float) -> list[Span]:
+def plan_spans(evaluations, start: float, end: float, twice=frozenset()) -> list[Span]:
     """The range cut into rules spans (where a run of evaluations covers it) and counters spans (the rest)."""
     covered: list[Span] = []
     for run in runs(evaluations):
@@ -275,6 +279,8 @@ def plan_spans(evaluations, start: float, end: float) -> list[Span]:
             covered.append(Span(usable[0] - lag - step, usable[-1] - lag, "rules", usable[0] - step / 2,
                                 usable[-1], step, window=window))
         covered += edges
+    for span in covered:
+        span.twice = tuple(sorted(t for t in twice if span.first < t <= span.last))
     out, t = [], start
     for span in sorted(covered, key=lambda s: s.start):
         if span.start < t - 1.0:  # overlapping runs (one evaluator cannot make them): keep the first
@@ -306,12 +312,13 @@ class Totals:
             for key, value in row.items():
                 mine[key] = mine.get(key, 0.0) + value
 
-    def add(self, plan_quantity: str, unknown: bool, samples: list[dict]) -> float:
-        """Folds one answer in; returns the held GPU-seconds it added (for the span's own total)."""
+    def add(self, plan_quantity: str, unknown: bool, samples: list[dict], signed: bool = False) -> float:
+        """Folds one answer in; returns the held GPU-seconds it added (for the span's own total). signed: a
+        correction, negative values included."""
         added = 0.0
         for sample in samples:
             value = _value(sample)
-            if unknown and value <= 0:
+            if unknown and value <= 0 and not signed:
                 continue
             metric = _metric(sample)
             if unknown:
@@ -339,8 +346,8 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
         notes.append(f"counters used: {why_not}")
     spans = [Span(start, end, "counters")]
     if use_rules:
-        evaluations = heartbeat(api, plan, start - HEARTBEAT_MARGIN, end + HEARTBEAT_MARGIN, notes)
-        spans = plan_spans(evaluations, start, end)
+        evaluations, twice = heartbeat(api, plan, start - HEARTBEAT_MARGIN, end + HEARTBEAT_MARGIN, notes)
+        spans = plan_spans(evaluations, start, end, twice)
         if plan.source == "rules" and not any(s.source == "rules" for s in spans):
             raise ReportError(f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, "
                               f"group gpu-workload-recording) did not run there; use --source counters")
@@ -391,8 +398,12 @@ def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
 def _rules_span(api, plan, span: Span, totals: Totals) -> float:
     # samples in (first, last]: a window of last - first less 1 ms (Prometheus 2 includes its left edge)
     window = promql_window(span.last - span.first - 0.001)
-    return sum(totals.add(q, unknown, api.query(expr, span.last))
+    held = sum(totals.add(q, unknown, api.query(expr, span.last))
                for q, unknown, expr in plan.rule_queries(window, span.step * span.weight))
+    for t in span.twice:  # each copy beyond the first taken back
+        held += sum(totals.add(q, unknown, api.query(expr, t), signed=True)
+                    for q, unknown, expr in plan.rule_queries("1ms", span.step * span.weight, once=True))
+    return held
 
 
 def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, step: float):

@@ -226,7 +226,8 @@ def as_json(report: Report):
                                       in report.collected.source_seconds().items()},
                    "spans": [{"start": iso(s.start), "end": iso(s.end), "start_unix": s.start, "end_unix": s.end,
                               "source": s.source, "held_gpu_hours": round(s.held_gpu_seconds / 3600, 6),
-                              **({"rule_step_seconds": s.step, "rule_window_seconds": s.window}
+                              **({"rule_step_seconds": s.step, "rule_window_seconds": s.window,
+                                  "evaluations_stored_twice": len(s.twice)}
                                  if s.source == "rules" else {})} for s in report.collected.spans]},
         "groups": GROUPS, "total": group_json(report.total, report.labels),
         "top_wasters": [group_name(row, report.labels) for row in records(top)],
