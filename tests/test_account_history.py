@@ -275,11 +275,18 @@ def test_two_evaluators_fall_back_to_the_counters(store, capsys):
     urllib.request.urlopen(request, timeout=60).close()
     http_get(store["url"] + "/internal/force_flush", timeout=30)
 
-    def answered():
-        code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(base),
-                                    "--end", str(base + 3600), "--format", "json")
-        return json.loads(out) if code == 0 else None
-    document = wait_for(answered, 30, interval=0.5, what="the imported evaluators searchable")
+    def imported():  # every sample searchable: 2 x 60 heartbeats, 2 x 60 rollups, 121 counter samples
+        query = urllib.parse.quote('sum(count_over_time({__name__=~"gpu_workload:rollup_window_seconds|'
+                                   'namespace:gpu_workload_held_gpu_seconds:rate5m|gpu_workload_held_gpu_seconds_total",'
+                                   'namespace=~"team-z|"}[2h]))')
+        status, body = http_get(f"{store['url']}/api/v1/query?query={query}&time={base + 3600}")
+        result = json.loads(body)["data"]["result"] if status == 200 else []
+        return result and float(result[0]["value"][1]) == 361
+    wait_for(imported, 30, interval=0.5, what="the imported evaluators searchable")
+    code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(base), "--end", str(base + 3600),
+                                "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
     assert set(document["source"]["hours"]) == {"counters"}, document["source"]
     assert any("2 rule evaluators" in note for note in document["source"]["notes"]), document["source"]["notes"]
     within(document["total"]["held"]["gpu_hours"], 1.0, 1e-6, "team-z held from the counters")
