@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series
+from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series  # noqa: F401 (FAMILIES: for the tests)
 
 HOUR = 3600.0
 LENGTH = 48 * HOUR
