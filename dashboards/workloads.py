@@ -48,12 +48,14 @@ def build() -> Dashboard:
                "no pod held a GPU in the range (outside Kubernetes no pod is known)."),
         timeseries("Per workload: time share vs SM active",
                    [(f"gpu_workload_time_share_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time"),
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time ({{basis}})"),
                     (f"gpu_workload_sm_active_ratio{{{HOST}}}",
                      "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})")],
                    (9, 12, 0, 17),
-                   description="Shares of the whole GPU. basis=exact: alone on the GPU; basis=time_share: the GPU's SM "
-                               "activity split by time shares.",
+                   description="Shares of the whole GPU, each with its basis. Time: basis=nvml (NVML's per-process "
+                               "samples, an estimate) or ctxsw (the GPU's context switches, exact). SM active: "
+                               "basis=exact (alone on the GPU), ctxsw (its own slices) or time_share (the GPU's SM "
+                               "activity split by time shares, an estimate). Neither exists per client under MPS.",
                    empty="no holder runs CUDA work with a time share: under MPS NVML has no per-client time (it "
                          "charges the MPS server), MIG devices have no per-process utilization, and outside "
                          "Kubernetes and Slurm no holder is known."),
@@ -80,6 +82,20 @@ def build() -> Dashboard:
                               f"hpc_job, claim, user) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
                                                               "renameByName": {"Value": "idle for"}}}]),
+        table("How the GPU-hours were measured: by basis", "no busy or SM-active GPU-seconds in the range: no "
+              "holder ran CUDA work, or every one was under MPS (no per-client time).",
+              gridPos=GridPos(h=6, w=24, x=0, y=33), unit="h",
+              description="GPU-hours over the range by basis. Measured exactly: SM-active basis exact or ctxsw, busy "
+                          "basis ctxsw. Estimated: SM-active time_share, busy nvml. Held GPU-hours with no busy or SM "
+                          "series (MPS clients; busy on MIG) are unknown and appear in no row here.",
+              targets=[target(f"sum by (basis) (increase(gpu_workload_sm_active_gpu_seconds_total{{{HOST}}}[$__range])) "
+                              f"/ 3600", instant=True, table=True),
+                       target(f"sum by (basis) (increase(gpu_workload_busy_gpu_seconds_total{{{HOST}}}[$__range])) "
+                              f"/ 3600", ref="B", instant=True, table=True)],
+              transformations=[{"id": "merge", "options": {}},
+                               {"id": "organize", "options": {
+                                   "excludeByName": {"Time": True},
+                                   "renameByName": {"Value #A": "GPU-hours SM-active", "Value #B": "GPU-hours busy"}}}]),
     ]
     return Dashboard(
         title="GPU workloads: held, used, wasted", uid=UID, tags=["gpu", "workloads"], refresh="30s",

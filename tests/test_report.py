@@ -23,7 +23,7 @@ import yaml
 
 from gpu_spatial.report import main as report_main
 from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
-from tests.workload_scenario import DURATION, FAMILIES, SCENARIO, exposition, write_openmetrics
+from tests.workload_scenario import DURATION, SCENARIO, exposition, gpu_hours_by_group, write_openmetrics
 
 BACKFILL_STEP = 10.0  # seconds between samples: rate5m at the kinks of a hold is off by a fraction of a step
 needs = lambda *tools: pytest.mark.skipif(  # noqa: E731
@@ -34,17 +34,7 @@ GROUP_OF = {"namespace": lambda h: (h.namespace,), "pod": lambda h: (h.namespace
 
 def expected(by: str) -> dict[tuple, dict]:
     """GPU-hours per group by construction: {group: {family: hours, family_unknown: held hours without it}}."""
-    out: dict[tuple, dict] = {}
-    for holder in SCENARIO:
-        row = out.setdefault(GROUP_OF[by](holder), {})
-        held = holder.gpu_seconds("held") / 3600
-        for family in FAMILIES:
-            seconds = holder.gpu_seconds(family)
-            if seconds is None:
-                row[f"{family}_unknown"] = row.get(f"{family}_unknown", 0.0) + held
-            else:
-                row[family] = row.get(family, 0.0) + seconds / 3600
-    return out
+    return gpu_hours_by_group(SCENARIO, GROUP_OF[by], lambda holder, family: holder.gpu_seconds(family))
 
 
 def close(got, want, what):
@@ -148,7 +138,7 @@ def check_groups(document: dict, by: str, coverage: bool = True):
 @pytest.mark.parametrize("by", ["namespace", "pod", "hpc_job", "node", "model"])
 def test_counters_equal_the_scenario_for_every_grouping(backfilled, capsys, by):
     document = report_json(capsys, backfilled, "--by", by, "--source", "counters")
-    assert document["source"]["days"] == {"counters": 1}
+    assert set(document["source"]["hours"]) == {"counters"}
     check_groups(document, by)
 
 
@@ -168,10 +158,10 @@ def test_bases_are_carried_through(backfilled, capsys):
 
 def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
     document = report_json(capsys, backfilled, "--by", "namespace")  # auto: the rollups exist
-    assert document["source"]["days"] == {"rules": 1} and document["source"]["rule_interval_seconds"] == 60
-    # the rollups keep the basis of SM-active and hidden idle, but no per-holder coverage: unknown only
-    # where a group has no series at all
-    check_groups(document, "namespace", coverage=False)
+    assert set(document["source"]["hours"]) == {"rules"}, document["source"]
+    assert document["source"]["rule_step_seconds"] == 60 and document["source"]["rule_window_seconds"] == 300
+    # the rollups keep the basis of busy, SM-active and hidden idle, and the held hours without them
+    check_groups(document, "namespace")
     counted = {g["name"]: g for g in report_json(capsys, backfilled, "--by", "namespace", "--source", "counters")["groups"]}
     for group in document["groups"]:
         for quantity in ("sm_active", "hidden_idle"):
@@ -180,28 +170,37 @@ def test_rules_give_the_same_gpu_hours_as_the_counters(backfilled, capsys):
                 close(group[quantity]["basis"][basis], want, f"{group['name']} {quantity} {basis}")
     for by in ("hpc_job", "node", "model"):
         rolled = report_json(capsys, backfilled, "--by", by)
-        assert rolled["source"]["days"] == {"rules": 1}, by
-        check_groups(rolled, by, coverage=False)
+        assert set(rolled["source"]["hours"]) == {"rules"}, by
+        check_groups(rolled, by)
     # --match on a label the rollup keeps stays on the rules; on another label it falls back to the counters
     kept = report_json(capsys, backfilled, "--by", "namespace", "--match", 'namespace=~"team-(a|b)"')
-    assert kept["source"]["days"] == {"rules": 1} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
+    assert set(kept["source"]["hours"]) == {"rules"} and {g["name"] for g in kept["groups"]} == {"team-a", "team-b"}
     other = report_json(capsys, backfilled, "--by", "namespace", "--match", 'instance="node-b"')
-    assert other["source"]["days"] == {"counters": 1} and "instance" in other["source"]["notes"][0]
+    assert set(other["source"]["hours"]) == {"counters"} and "instance" in other["source"]["notes"][0]
     close(next(g for g in other["groups"] if g["name"] == "team-c")["held"]["gpu_hours"], 0.75, "team-c on node-b")
 
 
 def test_long_ranges_go_day_by_day_with_progress(backfilled, capsys):
-    """Two days cut through the middle of the scenario: the halves add up to the whole, from the rollups
-    and from the counters; --progress prints a line per day on stderr, nothing without it."""
+    """Two days cut through the middle of the scenario: the halves add up to the whole, from the counters,
+    and from the rollups where they exist (the counters before); --progress prints a line per part on
+    stderr, nothing without it."""
     start = str(backfilled["t0"] + 20 * 60 - 86400)
     for source in ("rules", "counters"):
         code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start,
                                     "--end", backfilled["end"], "--format", "json", "--progress", "--source", source)
         assert code == 0, err
-        assert re.findall(r"day (\d)/2 read", err) == ["1", "2"] and err.count("\n") == 2, err
         document = json.loads(out)
-        assert document["source"]["days"] == {source: 2}
-        check_groups(document, "namespace", coverage=source == "counters")
+        parts = len([s for s in document["source"]["spans"] for _ in
+                     range(1 if s["source"] == "rules" else math.ceil((s["end_unix"] - s["start_unix"]) / 86400))])
+        assert re.findall(r"part (\d+)/(\d+) read", err) == [(str(i), str(parts)) for i in range(1, parts + 1)], err
+        assert err.count("\n") == parts
+        if source == "counters":
+            assert [s["source"] for s in document["source"]["spans"]] == ["counters"] and parts == 2
+        else:  # the rollups were backfilled from 10 minutes before the scenario: the day before from the counters
+            sources = [s["source"] for s in document["source"]["spans"]]
+            assert sources[0] == "counters" and set(sources[1:]) == {"rules"}, document["source"]
+            assert document["source"]["held_gpu_hours"]["counters"] == 0  # nothing held the day before
+        check_groups(document, "namespace")
     code, out, err = run_report(capsys, "--prometheus", backfilled["url"], "--start", start, "--end", backfilled["end"])
     assert code == 0 and err == ""  # not a terminal and no --progress: nothing on stderr
 
@@ -340,6 +339,9 @@ class Scenario(BaseHTTPRequestHandler):
                     time.sleep(0.2)
             except (BrokenPipeError, ConnectionResetError):
                 pass
+        elif self.path.startswith("/matrix-garbage"):  # a range vector of nonsense for every query
+            self.answer(200, json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+                "x", {"metric": 5, "values": "abc"}, {"values": [[1, 2, 3], ["a", "b"], 7, None]}]}}).encode())
         elif self.path.startswith("/redirect"):  # elsewhere, with the credentials if they were followed
             self.send_response(307)
             self.send_header("Location", "http://attacker.invalid/api/v1/query")
@@ -406,7 +408,7 @@ def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server,
             # --end on a scrape: Prometheus extrapolates nothing past it (VictoriaMetrics never does)
             stores[name] = report_json(capsys, {"url": url, "start": str(start), "end": f"{end:.3f}"},
                                        "--by", "namespace")
-            assert stores[name]["source"]["days"] == {"counters": 1}  # no rollups recorded here: the fallback
+            assert set(stores[name]["source"]["hours"]) == {"counters"}  # no rollups recorded here: the fallback
             check_groups(stores[name], "namespace")
         strip = lambda d: json.dumps([d["groups"], d["total"]], sort_keys=True)  # noqa: E731
         assert strip(stores["prometheus"]) == strip(stores["victoria-metrics"])
@@ -451,6 +453,7 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
                    contains="took longer than 1 s")
     one_line_error(capsys, "--prometheus", server + "/html", "--last", "1h", contains="not the Prometheus JSON API")
     one_line_error(capsys, "--prometheus", server + "/redirect", "--last", "1h", contains="redirects are not followed")
+    one_line_error(capsys, "--prometheus", server + "/matrix-garbage", "--last", "1h", contains="not an instant vector")
     # the real CLI entry point: same line, no traceback
     result = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", closed, "--last", "1h"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)

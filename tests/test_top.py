@@ -135,6 +135,9 @@ def test_workloads_shown_when_present_never_required():
     data["workloads"] = [{"uuid": "GPU-1234", "namespace": "ml", "pod": "trainer-0", "time_share": 0.45},
                          {"uuid": "GPU-other", "namespace": "ml", "pod": "elsewhere", "time_share": 0.1}]
     assert "workload trainer-0  time_share 0.45" in screen(data) and "elsewhere" not in screen(data)
+    # each figure with its basis where the exporter names it (issue 26: measured from context switches or not)
+    data["workloads"][0].update(time_share_basis="ctxsw", sm_active=0.2, sm_active_basis="time_share")
+    assert "workload trainer-0  time_share 0.45 (ctxsw)  sm_active 0.20 (time_share)" in screen(data)
 
 
 def test_mps_server_paging_shown_only_when_it_pages():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GPU_LABELS = ("instance", "job", "gpu", "uuid", "model", "namespace", "pod", "container", "hpc_job")
+GPU_LABELS = ("instance", "job", "gpu", "uuid", "model", "namespace", "pod", "container", "hpc_job", "user", "claim")
 FAMILIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
 
 
@@ -31,6 +31,9 @@ class Holder:
     hpc_job: str = ""
     model: str = "NVIDIA H100 80GB HBM3"
     job: str = "gpu-spatial-exporter"
+    user: str = ""
+    claim: str = ""
+    busy_basis: str = ""  # busy's basis label (nvml, ctxsw) where set
 
     @property
     def uuid(self) -> str:
@@ -62,7 +65,25 @@ def series(holders):
             labels = holder.labels()
             if family in ("sm_active", "hidden_idle"):
                 labels["basis"] = holder.basis
+            elif family == "busy" and holder.busy_basis:
+                labels["basis"] = holder.busy_basis
             yield family, ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())), holder
+
+
+def gpu_hours_by_group(holders, group_of, gpu_seconds) -> dict[tuple, dict]:
+    """{group: {family: GPU-hours, family_unknown: held GPU-hours of holders without that series}};
+    gpu_seconds(holder, family) is a holder's GPU-seconds, None where the series does not exist."""
+    out: dict[tuple, dict] = {}
+    for holder in holders:
+        row = out.setdefault(group_of(holder), {})
+        held = gpu_seconds(holder, "held") / 3600
+        for family in FAMILIES:
+            seconds = gpu_seconds(holder, family)
+            if seconds is None:
+                row[f"{family}_unknown"] = row.get(f"{family}_unknown", 0.0) + held
+            else:
+                row[family] = row.get(family, 0.0) + seconds / 3600
+    return out
 
 
 def write_openmetrics(holders, t0: float, duration: float, step: float, fh) -> int:

@@ -39,14 +39,16 @@ def parser() -> Parser:
     p.add_argument("--start", help="RFC3339 time, a date (UTC) or a Unix timestamp")
     p.add_argument("--end", help="as --start; default now")
     p.add_argument("--last", help="a duration ending at --end, e.g. 7d, 12h, 1w2d (default 7d)")
-    p.add_argument("--by", default="namespace", choices=["namespace", "pod", "hpc_job", "node", "model"],
-                   help="group by this (node is the instance label); default namespace")
+    p.add_argument("--by", default="namespace", choices=["namespace", "pod", "hpc_job", "node", "model", "user", "claim"],
+                   help="group by this (node is the instance label; user: Unix users on hosts without a scheduler; "
+                        "claim: DRA claims); default namespace")
     p.add_argument("--match", action="append", default=[], metavar="MATCHER",
                    help='label matcher(s) on the workload series, e.g. \'namespace=~"team-.*"\' (repeatable)')
     p.add_argument("--format", default="text", choices=["text", "markdown", "csv", "json", "html"])
     p.add_argument("--output", "-o", metavar="FILE", help="write the report here instead of stdout")
     p.add_argument("--source", default="auto", choices=["auto", "rules", "counters"],
-                   help="auto: the recording rules where they exist, the raw counters elsewhere")
+                   help="auto: the recording rules where their samples cover the range, the raw counters elsewhere; "
+                        "rules: the same, with a note of how much came from the counters; counters: only them")
     p.add_argument("--progress", action="store_true", help="progress on stderr even when it is not a terminal")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP request (default 60)")
     p.add_argument("--max-response-mib", type=int, default=64, help="largest answer accepted (default 64)")
@@ -100,7 +102,7 @@ def time_range(args, now: float) -> tuple[float, float]:
 
 
 def progress_reporter(enabled: bool):
-    """A tqdm bar on a terminal, a line per day with --progress elsewhere, nothing otherwise."""
+    """A tqdm bar on a terminal, a line per part (a day, or a span of rollups) with --progress elsewhere, nothing otherwise."""
     if sys.stderr.isatty():
         from tqdm import tqdm
 
@@ -109,7 +111,7 @@ def progress_reporter(enabled: bool):
         def update(done, total, _t):
             nonlocal bar
             if bar is None:
-                bar = tqdm(total=total, desc="report", unit="day", leave=False, file=sys.stderr)
+                bar = tqdm(total=total, desc="report", unit="part", leave=False, file=sys.stderr)
             bar.update(1)
             if done == total:
                 bar.close()
@@ -118,7 +120,7 @@ def progress_reporter(enabled: bool):
         from .render import iso
 
         def line(done, total, t):
-            print(f"{PROG}: day {done}/{total} read (to {iso(t)})", file=sys.stderr, flush=True)
+            print(f"{PROG}: part {done}/{total} read (to {iso(t)})", file=sys.stderr, flush=True)
         return line
     return None
 
@@ -138,11 +140,11 @@ def build(args, now: float):
     api = PrometheusAPI(args.prometheus, auth_header(args.bearer_token_file, args.basic_auth_file),
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
-    if collected.rows.empty or not (collected.rows["quantity"] == "held").any():
+    if not any(q == "held" for row in collected.totals.values() for q, _b in row):
         raise account.diagnose_empty(api, plan, start, end)
-    table = summary.summarize(collected.rows, plan.labels)
-    report = Report(api.url, start, end, args.by, plan.labels, args.match, table, collected.sources,
-                    collected.rule_interval, collected.notes, collected.queries)
+    table = summary.summarize(collected.totals, plan.labels)
+    collected.totals = {}  # the table has it all now
+    report = Report(api.url, start, end, args.by, plan.labels, args.match, table, collected)
     if args.format == "html":
         from . import charts
 
@@ -150,7 +152,7 @@ def build(args, now: float):
         waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
-        report.queries = api.requests
+        collected.queries = api.requests
     return report
 
 
@@ -161,14 +163,17 @@ def main(argv=None) -> int:
         args = parser().parse_args(argv)
         report = build(args, time.time())
         text = FORMATS[args.format](report)
+        chunks = [text] if isinstance(text, str) else text  # csv and json come as chunks: rows streamed
         if args.output:
             try:
                 with open(args.output, "w", encoding="utf-8") as fh:
-                    fh.write(text)
+                    for chunk in chunks:
+                        fh.write(chunk)
             except OSError as exc:
                 raise ReportError(f"cannot write --output {args.output}: {exc.strerror or exc}") from None
         else:
-            sys.stdout.write(text)
+            for chunk in chunks:
+                sys.stdout.write(chunk)
         return 0
     except ReportError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)

@@ -1,36 +1,50 @@
 """The GPU account: GPU-seconds per group and quantity, read from the workload counters or their rollups.
 
-Two ways to the same numbers (docs/metrics.md, "Workloads"):
+Two ways to the same numbers (docs/metrics.md, "Workloads"; README, "The GPU account"):
 - counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact whatever the scrape gaps, and
-  keeps the `basis` of SM-active and hidden-idle and which held GPU-seconds had no busy or SM series
-  (MPS, MIG): those are reported as unknown, never as 0. It reads every workload series of the range.
-- recording rules: `sum_over_time(<label>:gpu_workload_<q>_gpu_seconds:rate5m[window]) * interval` reads
-  one series per group: fast at fleet scale. A rate over 5 minutes evaluated every interval integrates to
-  the counter's increase, shifted by at most 5 minutes at the edges of the range. The SM-active and
-  hidden-idle rollups keep their basis; no rollup says which held GPU-seconds had no busy series, so a
-  group with no busy (or SM) rollup at all is unknown.
-Queries are split by day (progress, bounded answers); a day without rollups falls back to the counters.
+  keeps the `basis` of busy, SM-active and hidden-idle and which held GPU-seconds had no busy or SM series
+  (MPS, MIG): those are unknown, never 0. It reads every workload series of the range.
+- rollups (rules/gpu-utilization.rules.yaml, group gpu-workload-recording): one series per group and
+  quantity, `increase(counter[W]) / W` evaluated every D seconds, plus `held_without_<q>` (the unknown) and
+  the heartbeat `gpu_workload:rollup_window_seconds` (value W, one sample per evaluation). Where the rules
+  are believed is read from the data: the heartbeat's timestamps give the evaluations, their spacing D and
+  the gaps (rules added later, outages, another evaluator's interval). Inside a run of evenly spaced
+  evaluations each sample is a moving sum over W, so sum(samples) x D is the counters' increase over the
+  same span shifted back by (W - D) / 2: the report selects the samples whose span lies in the range and
+  weighs the two edge samples by their overlap. Spans the rules do not cover (and W after a run starts or
+  before it stops, so that a counter's jump across an outage falls into the counters' window) are read
+  from the counters.
+Queries go day by day (progress, bounded answers). Per-group sums are folded as each answer arrives, so
+memory grows with the groups, not with the days or queries.
 """
 from __future__ import annotations
 
 import math
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
-
-import pandas as pd
 
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
-WITH_BASIS = ("sm_active", "hidden_idle")     # counters carry basis="exact"|"time_share"
+WITH_BASIS = ("busy", "sm_active", "hidden_idle")
 COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
+# Bases of each quantity (docs/metrics.md): time share from NVML samples or GPU context switches; SM active
+# exact (alone on the GPU), from the holder's own context-switch slices, or the GPU's split by time share.
+BASES = {"busy": ("nvml", "ctxsw"), "sm_active": ("exact", "ctxsw", "time_share"),
+         "hidden_idle": ("exact", "ctxsw", "time_share")}
+EXACT_BASES = ("exact", "ctxsw")
+UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
 GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
-                "node": ("instance",), "model": ("model",)}
-RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model"}
-DEFAULT_RULE_INTERVAL = 60.0  # rules/gpu-utilization.rules.yaml, group gpu-workload-recording
+                "node": ("instance",), "model": ("model",), "user": ("user",), "claim": ("claim",)}
+RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model",
+              "user": "user", "claim": "claim"}
+HEARTBEAT = "gpu_workload:rollup_window_seconds"
 DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
+HEARTBEAT_MARGIN = 3600.0  # heartbeat read this far past the range: runs that straddle its edges
+EVEN = 0.25  # a spacing more than 25% off the run's is a break (a gap, or another interval)
 MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\\n]|\\.)*")\s*')
 
 
@@ -84,33 +98,38 @@ class Plan:
             return f"--match on {', '.join(other)}, which the {self.by} rollups do not keep"
         return None
 
-    def counter_queries(self, window: str) -> list[tuple[str, str, str]]:
-        """(quantity, basis or "" to read it from the label, expr) for one window."""
+    def counter_queries(self, window: str) -> list[tuple[str, bool, str]]:
+        """(quantity, is the unknown of it, expr) for one window."""
         by = ", ".join(self.labels)
 
         def increase(quantity):
             return f"increase({counter(quantity)}{self.selector}[{window}])"
 
-        queries = []
-        for quantity in QUANTITIES:
-            if quantity in WITH_BASIS:
-                queries.append((quantity, "", f"sum by ({by}, basis) ({increase(quantity)})"))
-            else:
-                queries.append((quantity, "exact" if quantity != "busy" else "measured",
-                                f"sum by ({by}) ({increase(quantity)})"))
+        queries = [(q, False, f"sum by ({by}{', basis' * (q in WITH_BASIS)}) ({increase(q)})") for q in QUANTITIES]
         for quantity in COVERED:  # held GPU-seconds of holders that have no series of the quantity
-            queries.append((quantity, "unknown",
+            queries.append((quantity, True,
                             f"sum by ({by}) ({increase('held')} unless ignoring (basis) {increase(quantity)})"))
         return queries
 
-    def rule_query(self, quantity: str, window: str, interval: float) -> str:
+    def rule_queries(self, window: str, factor: float, once: bool = False) -> list[tuple[str, bool, str]]:
+        """As counter_queries, from the rollups: sum of the samples in the window x factor (their spacing).
+        once: what takes every series' copies of the samples in the window down to one (the average less
+        the sum: an evaluation stored twice counts once)."""
         label = RULE_LABEL[self.by]
-        by = f"{label}, basis" if quantity in WITH_BASIS else label  # those rollups keep exact vs time_share
-        return f"sum by ({by}) (sum_over_time({rollup(label, quantity)}{self.selector}[{window}])) * {interval:g}"
+
+        def summed(record, by):
+            series = f"{record}{self.selector}[{window}]"
+            inner = f"avg_over_time({series}) - sum_over_time({series})" if once else f"sum_over_time({series})"
+            return f"sum by ({by}) ({inner}) * {factor!r}"
+
+        queries = [(q, False, summed(rollup(label, q), f"{label}, basis" if q in WITH_BASIS else label))
+                   for q in QUANTITIES]
+        queries += [(q, True, summed(rollup(label, f"held_without_{q}"), label)) for q in COVERED]
+        return queries
 
 
 def promql_window(seconds: float) -> str:
-    return f"{int(round(seconds * 1000))}ms"
+    return f"{max(1, int(round(seconds * 1000)))}ms"
 
 
 def chunks(start: float, end: float, size: float = DAY) -> list[tuple[float, float]]:
@@ -122,56 +141,45 @@ def chunks(start: float, end: float, size: float = DAY) -> list[tuple[float, flo
 
 
 @dataclass
+class Span:
+    """A piece of the range and where its numbers come from. Rules spans select the heartbeat-timed samples
+    in (first, last] (sample times), each worth `step` seconds and accounting for the counters' increase
+    over (sample - lag - step, sample - lag]; `weight` < 1 for an edge sample that is partly outside."""
+    start: float
+    end: float
+    source: str                # "rules" | "counters"
+    first: float = 0.0
+    last: float = 0.0
+    step: float = 0.0
+    weight: float = 1.0
+    window: float = 0.0        # W of the rollups (the heartbeat's value)
+    twice: tuple = ()          # sample times in (first, last] the store holds more than once
+    held_gpu_seconds: float = 0.0
+
+
+@dataclass
 class Collected:
-    rows: pd.DataFrame          # chunk_start, chunk_end, <group labels>, quantity, basis, gpu_seconds
-    sources: dict               # source -> number of days it answered
-    spans: list                 # (chunk_start, chunk_end, source) of every chunk
-    rule_interval: float | None
+    totals: dict               # group tuple -> {(quantity, basis or "unknown"): GPU-seconds}
+    spans: list                # Span, in time order
+    rule_step: float | None    # spacing of the rollup samples used (seconds), None where none were
+    rule_window: float | None  # W of the rollups used
     notes: list[str]
     queries: int
 
+    def source_seconds(self) -> dict:
+        """source -> (seconds of the range, held GPU-seconds) it answered."""
+        out: dict[str, list[float]] = {}
+        for span in self.spans:
+            entry = out.setdefault(span.source, [0.0, 0.0])
+            entry[0] += span.end - span.start
+            entry[1] += span.held_gpu_seconds
+        return {source: tuple(v) for source, v in out.items()}
 
-def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=None) -> Collected:
-    notes, interval = [], None
-    use_rules = plan.source != "counters"
-    why_not = plan.rules_unusable()
-    if why_not and plan.source == "rules":
-        raise ReportError(f"--source rules cannot answer this report: {why_not} (use --source counters)")
-    if why_not:
-        use_rules = False
-        notes.append(f"counters used: {why_not}")
-    if use_rules:
-        record = rollup(RULE_LABEL[plan.by], "held")
-        interval = api.rule_interval(record)
-        if interval is None:
-            interval = DEFAULT_RULE_INTERVAL
-            notes.append(f"rule interval {interval:g} s assumed (the server lists no rule group recording {record})")
-    records, sources, answered, missing_rules = [], {}, [], False
-    spans = chunks(start, end)
-    for number, (chunk_start, chunk_end) in enumerate(spans, 1):
-        window = promql_window(chunk_end - chunk_start)
-        found = None
-        if use_rules:
-            found = _rules_chunk(api, plan, window, chunk_end, interval)
-            if found is None and plan.source == "rules":
-                found = []
-                missing_rules = True
-        source = "rules"
-        if found is None:
-            source = "counters"
-            found = _counters_span(api, plan, chunk_start, chunk_end, notes)
-        answered.append((chunk_start, chunk_end, source))
-        if found:
-            sources[source] = sources.get(source, 0) + 1
-        records += [(chunk_start, chunk_end, *row) for row in found]
-        if progress:
-            progress(number, len(spans), chunk_end)
-    if missing_rules and not sources:
-        raise ReportError(f"no {rollup(RULE_LABEL[plan.by], 'held')} in the range: the recording rules "
-                          f"(rules/gpu-utilization.rules.yaml) are not loaded there; use --source counters")
-    columns = ["chunk_start", "chunk_end", *plan.labels, "quantity", "basis", "gpu_seconds"]
-    return Collected(pd.DataFrame(records, columns=columns), sources, answered,
-                     interval if sources.get("rules") else None, notes, api.requests)
+
+def _metric(sample) -> dict:
+    """A sample's labels; anything else a hostile server sends reads as no labels."""
+    metric = sample.get("metric") if isinstance(sample, dict) else None
+    return metric if isinstance(metric, dict) else {}
 
 
 def _group(metric: dict, labels) -> tuple:
@@ -186,59 +194,237 @@ def _value(sample: dict) -> float:
     return value if math.isfinite(value) else 0.0
 
 
-def _counters_span(api, plan, start, end, notes) -> list[tuple]:
-    """The counters over start..end, in halves (and their halves) where the server's sample limit refuses
-    the whole: increases over adjacent windows add up."""
-    try:
-        return _counters_chunk(api, plan, promql_window(end - start), end)
-    except TooManySamples:
-        if end - start <= MIN_SPLIT:
-            raise
-    middle = start + (end - start) / 2
-    note = "the server's sample limit split days into shorter windows (counters)"
-    if note not in notes:
-        notes.append(note)
-    return _counters_span(api, plan, start, middle, notes) + _counters_span(api, plan, middle, end, notes)
+# --- where the rules ran: the heartbeat's evaluations -------------------------------------------------------
+
+def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float,
+              notes: list) -> tuple[list[tuple[float, float]], set]:
+    """(time, W) of every evaluation of the rollup group between start and end, read a day at a time, and the
+    times the store holds more than once (vmalert's replay writes the edge of each of its range queries
+    twice, a remote-write retry can too: each rollup sample there would count twice)."""
+    found: dict[tuple, dict[float, float]] = {}
+    twice: set = set()
+    for chunk_start, chunk_end in chunks(start, end):
+        expr = f"{HEARTBEAT}[{promql_window(chunk_end - chunk_start)}]"
+        for series in api.query_matrix(expr, chunk_end):
+            metric, values = _metric(series), series.get("values") if isinstance(series, dict) else None
+            key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
+            for pair in values if isinstance(values, list) else []:
+                try:
+                    t, v = float(pair[0]), float(pair[1])
+                except (TypeError, ValueError, IndexError, KeyError):
+                    continue
+                if chunk_start < t <= chunk_end and math.isfinite(v) and v > 0:
+                    seen = found.setdefault(key, {})
+                    if t in seen:
+                        twice.add(t)
+                    seen[t] = v
+    if len(found) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
+        names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(found))
+        notes.append(f"{len(found)} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
+                     f"the counters are used (deduplicate replicas; several clusters' rules in one store are not told "
+                     f"apart from replicas yet)")
+        return [], set()
+    if twice:
+        notes.append(f"{len(twice)} rule evaluation{'s' * (len(twice) > 1)} stored more than once (vmalert's "
+                     f"replay, remote-write retries): each counted once (VictoriaMetrics -dedup.minScrapeInterval "
+                     f"removes such copies)")
+    return (sorted(next(iter(found.values())).items()) if found else []), twice
 
 
-def _counters_chunk(api, plan, window, at) -> list[tuple]:
-    out = []
-    for quantity, basis, expr in plan.counter_queries(window):
-        for sample in api.query(expr, at):
-            value = _value(sample)
-            if value > 0 or basis != "unknown":
-                out.append((*_group(sample["metric"], plan.labels), quantity,
-                            basis or sample["metric"].get("basis", "unknown"), value))
+def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float]]]:
+    """Evaluations split where the spacing breaks: a gap, a change of interval or of window, or a spacing
+    longer than the window (the samples would not cover the time between them)."""
+    out: list[list[tuple[float, float]]] = []
+    for t, window in evaluations:
+        run = out[-1] if out else None
+        if run:
+            gap, (last_t, last_w) = t - run[-1][0], run[-1]
+            step = run[1][0] - run[0][0] if len(run) > 1 else gap
+            if window == last_w and gap <= window and abs(gap - step) <= EVEN * step:
+                run.append((t, window))
+                continue
+        out.append([(t, window)])
     return out
 
 
-def _rules_chunk(api, plan, window, at, interval) -> list[tuple] | None:
-    """The chunk from the rollups; None when the held rollup has nothing there (fall back to counters)."""
-    out = []
-    basis_of = {"held": "exact", "held_idle": "exact", "busy": "measured"}
-    for quantity in QUANTITIES:
-        samples = api.query(plan.rule_query(quantity, window, interval), at)
-        if quantity == "held" and not samples:
-            return None
-        out += [(*_group(s["metric"], plan.labels), quantity,
-                 basis_of.get(quantity) or s["metric"].get("basis", "unknown"), _value(s)) for s in samples]
-    return out  # a group with no rollup of a quantity at all is unknown there (summary.py)
+def plan_spans(evaluations, start: float, end: float, twice=frozenset()) -> list[Span]:
+    """The range cut into rules spans (where a run of evaluations covers it) and counters spans (the rest)."""
+    covered: list[Span] = []
+    for run in runs(evaluations):
+        if len(run) < 3:
+            continue
+        times = [t for t, _w in run]
+        step = statistics.median(b - a for a, b in zip(times, times[1:]))
+        window = run[0][1]
+        lag = (window - step) / 2  # a moving sum over W sampled every step lags W/2 - step/2
+
+        def overlap(t):  # the part of the sample's own span, (t - lag - step, t - lag], inside the range
+            return (min(end, t - lag) - max(start, t - lag - step)) / step
+
+        # A run that starts (rules added, evaluator back) or stops inside the range leaves its first and last
+        # W to the counters: their window then reaches raw samples on both sides of any scrape gap there.
+        low = times[0] + window if times[0] - lag - step > start else -math.inf
+        high = times[-1] - window if times[-1] - lag < end else math.inf
+        usable = [t for t in times if low <= t <= high and overlap(t) > 1e-9]
+        if not usable:
+            continue
+        edges = []
+        if overlap(usable[0]) < 1 - 1e-9:  # straddles the range's start: weighed by the part inside
+            t = usable.pop(0)
+            covered.append(Span(start, t - lag, "rules", t - step / 2, t, step, overlap(t), window))
+        if usable and overlap(usable[-1]) < 1 - 1e-9:
+            t = usable.pop()
+            edges.append(Span(t - lag - step, end, "rules", t - step / 2, t, step, overlap(t), window))
+        if usable:
+            covered.append(Span(usable[0] - lag - step, usable[-1] - lag, "rules", usable[0] - step / 2,
+                                usable[-1], step, window=window))
+        covered += edges
+    for span in covered:
+        span.twice = tuple(sorted(t for t in twice if span.first < t <= span.last))
+    out, t = [], start
+    for span in sorted(covered, key=lambda s: s.start):
+        if span.start < t - 1.0:  # overlapping runs (one evaluator cannot make them): keep the first
+            continue
+        if span.start > t + 1.0:
+            out.append(Span(t, span.start, "counters"))
+        else:  # within a second: evaluation jitter, not a gap
+            span.start = t
+        out.append(span)
+        t = span.end
+    if t < end - 1.0:
+        out.append(Span(t, end, "counters"))
+    return out
 
 
-def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, step: float) -> pd.DataFrame:
-    """GPU-seconds per step of `quantities` summed, per group: the waste-over-time chart."""
+# --- reading ----------------------------------------------------------------------------------------------
+
+class Totals:
+    """GPU-seconds per group and (quantity, basis), folded answer by answer."""
+
+    def __init__(self, labels):
+        self.labels = labels
+        self.groups: dict[tuple, dict[tuple[str, str], float]] = {}
+
+    def merge(self, other: "Totals"):
+        while other.groups:
+            group, row = other.groups.popitem()
+            mine = self.groups.setdefault(group, {})
+            for key, value in row.items():
+                mine[key] = mine.get(key, 0.0) + value
+
+    def add(self, plan_quantity: str, unknown: bool, samples: list[dict], signed: bool = False) -> float:
+        """Folds one answer in; returns the held GPU-seconds it added (for the span's own total). signed: a
+        correction, negative values included."""
+        added = 0.0
+        for sample in samples:
+            value = _value(sample)
+            if unknown and value <= 0 and not signed:
+                continue
+            metric = _metric(sample)
+            if unknown:
+                basis = "unknown"
+            elif plan_quantity in WITH_BASIS:
+                basis = metric.get("basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")
+            else:
+                basis = "exact"
+            key = (plan_quantity, basis)
+            row = self.groups.setdefault(_group(metric, self.labels), {})
+            row[key] = row.get(key, 0.0) + value
+            if plan_quantity == "held" and not unknown:
+                added += value
+        return added
+
+
+def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=None) -> Collected:
+    notes: list[str] = []
+    use_rules = plan.source != "counters"
+    why_not = plan.rules_unusable()
+    if why_not and plan.source == "rules":
+        raise ReportError(f"--source rules cannot answer this report: {why_not} (use --source counters)")
+    if why_not:
+        use_rules = False
+        notes.append(f"counters used: {why_not}")
+    spans = [Span(start, end, "counters")]
+    if use_rules:
+        evaluations, twice = heartbeat(api, plan, start - HEARTBEAT_MARGIN, end + HEARTBEAT_MARGIN, notes)
+        spans = plan_spans(evaluations, start, end, twice)
+        if plan.source == "rules" and not any(s.source == "rules" for s in spans):
+            raise ReportError(f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, "
+                              f"group gpu-workload-recording) did not run there; use --source counters")
+        if plan.source == "rules":
+            uncovered = sum(s.end - s.start for s in spans if s.source == "counters")
+            if uncovered:
+                notes.append(f"--source rules: {uncovered / 3600:.2f} h of the range have no rollups and come "
+                             f"from the counters")
+    pieces = [(span, a, b) for span in spans for a, b in
+              (chunks(span.start, span.end) if span.source == "counters" else [(span.start, span.end)])]
+    totals = Totals(plan.labels)
+    for number, (span, piece_start, piece_end) in enumerate(pieces, 1):
+        if span.source == "rules":
+            span.held_gpu_seconds += _rules_span(api, plan, span, totals)
+        else:
+            span.held_gpu_seconds += _counters_span(api, plan, piece_start, piece_end, notes, totals)
+        if progress:
+            progress(number, len(pieces), piece_end)
+    ruled = [s for s in spans if s.source == "rules"]
+    steps = sorted({s.step for s in ruled})
+    if len(steps) > 1:
+        notes.append(f"the rules ran at {len(steps)} intervals in the range: {', '.join(f'{s:g} s' for s in steps)}")
+    windows = sorted({s.window for s in ruled})
+    return Collected(totals.groups, spans, steps[0] if len(steps) == 1 else None,
+                     windows[0] if len(windows) == 1 else None, notes, api.requests)
+
+
+def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
+    """The counters over start..end, in halves (and their halves) where the server's sample limit refuses
+    the whole: increases over adjacent windows add up."""
+    window = Totals(totals.labels)  # folded answer by answer; merged once the whole window has answered
+    try:
+        held = sum(window.add(q, unknown, api.query(expr, end))
+                   for q, unknown, expr in plan.counter_queries(promql_window(end - start)))
+    except TooManySamples:
+        if end - start <= MIN_SPLIT:
+            raise
+        middle = start + (end - start) / 2
+        note = "the server's sample limit split days into shorter windows (counters)"
+        if note not in notes:
+            notes.append(note)
+        return _counters_span(api, plan, start, middle, notes, totals) + \
+            _counters_span(api, plan, middle, end, notes, totals)
+    totals.merge(window)
+    return held
+
+
+def _rules_span(api, plan, span: Span, totals: Totals) -> float:
+    # samples in (first, last]: a window of last - first less 1 ms (Prometheus 2 includes its left edge)
+    window = promql_window(span.last - span.first - 0.001)
+    held = sum(totals.add(q, unknown, api.query(expr, span.last))
+               for q, unknown, expr in plan.rule_queries(window, span.step * span.weight))
+    for t in span.twice:  # each copy beyond the first taken back
+        held += sum(totals.add(q, unknown, api.query(expr, t), signed=True)
+                    for q, unknown, expr in plan.rule_queries("1ms", span.step * span.weight, once=True))
+    return held
+
+
+def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, step: float):
+    """GPU-seconds per step of `quantities` summed, per group: the waste-over-time chart (rollups where they
+    answered, the counters elsewhere; a chart, so the rollups' lag is not corrected here)."""
+    import pandas as pd
+
     records = []
-    for chunk_start, chunk_end, source in collected.spans:
-        if chunk_end - chunk_start < step:
+    for span in collected.spans:
+        if span.end - span.start < step:
             continue
         window = promql_window(step)
         for quantity in quantities:
-            if source == "rules":
-                expr = plan.rule_query(quantity, window, collected.rule_interval or DEFAULT_RULE_INTERVAL)
+            if span.source == "rules":
+                label = RULE_LABEL[plan.by]
+                expr = (f"sum by ({label}) (sum_over_time({rollup(label, quantity)}{plan.selector}[{window}])) * "
+                        f"{span.step!r}")
             else:
                 expr = f"sum by ({', '.join(plan.labels)}) (increase({counter(quantity)}{plan.selector}[{window}]))"
-            for series in api.query_range(expr, chunk_start + step, chunk_end, step):
-                group = _group(series.get("metric", {}), plan.labels)
+            for series in api.query_range(expr, span.start + step, span.end, step):
+                group = _group(_metric(series), plan.labels)
                 for t, v in series.get("values", []):
                     value = float(v)
                     if math.isfinite(value):

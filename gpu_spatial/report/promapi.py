@@ -146,6 +146,13 @@ class PrometheusAPI:
         data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
         return vector(data, expr)
 
+    def query_matrix(self, expr: str, at: float) -> list[dict]:
+        """A range vector at one time (its raw samples): [{"metric": {...}, "values": [[t, "v"], ...]}]."""
+        data = self._call("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
+        if not isinstance(data, dict) or data.get("resultType") != "matrix" or not isinstance(data.get("result"), list):
+            raise ReportError(f"the answer to {expr[:80]!r} is not a range vector: is --prometheus a Prometheus API?")
+        return data["result"]
+
     def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict]:
         data = self._call("/api/v1/query_range", {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}",
                                                   "step": f"{step:.3f}"})
@@ -159,19 +166,6 @@ class PrometheusAPI:
         data = self._call("/api/v1/label/__name__/values", {"match[]": selector, "start": f"{start:.3f}",
                                                              "end": f"{end:.3f}"}, post=False)
         return set(data) & set(names) if isinstance(data, list) else set()
-
-    def rule_interval(self, record: str) -> float | None:
-        """The evaluation interval of the rule group that records `record`; None where the server has no
-        rules API (VictoriaMetrics without vmalert) or no such rule."""
-        try:
-            data = self._call("/api/v1/rules", {"type": "record"}, post=False)
-        except ReportError:
-            return None
-        for group in data.get("groups", []) if isinstance(data, dict) else []:
-            if any(rule.get("name") == record for rule in group.get("rules", [])):
-                interval = group.get("interval")
-                return float(interval) if isinstance(interval, (int, float)) and interval > 0 else None
-        return None
 
 
 def vector(data, expr: str) -> list[dict]:

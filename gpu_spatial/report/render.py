@@ -9,8 +9,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from .account import COVERED, QUANTITIES
-from .summary import BASES, TOTAL, columns, group_name, top_wasters
+from .account import BASES, COVERED, EXACT_BASES, QUANTITIES, WITH_BASIS, Collected
+from .summary import TOTAL, columns, group_name, top_wasters
 
 TITLES = {"held": "held", "busy": "busy", "sm_active": "SM-active", "hidden_idle": "hidden-idle",
           "held_idle": "held-idle"}
@@ -25,11 +25,12 @@ class Report:
     labels: tuple[str, ...]
     matchers: list[str]
     table: pd.DataFrame
-    sources: dict
-    rule_interval: float | None
-    notes: list[str]
-    queries: int
+    collected: Collected
     charts: dict | None = None  # title -> PNG bytes (html only)
+
+    @property
+    def notes(self) -> list[str]:
+        return self.collected.notes
 
     @property
     def groups(self) -> pd.DataFrame:
@@ -40,14 +41,22 @@ class Report:
         return self.table[self.table[self.labels[0]] == TOTAL].iloc[0]
 
     def source_line(self) -> str:
-        days = ", ".join(f"{source} for {n} day{'s' * (n != 1)}" for source, n in sorted(self.sources.items()))
-        line = f"source: {days or 'nothing'}"
-        if self.sources.get("rules"):
-            line += (f" (rules: sum_over_time of <{self.labels[0]}>:gpu_workload_*:rate5m x {self.rule_interval:g} s;"
-                     f" the rollups keep no per-holder coverage, --source counters for it)")
-        if self.sources.get("counters"):
-            line += " (counters: increase() of gpu_workload_*_gpu_seconds_total, exact, basis kept)"
+        parts = [f"{source} for {seconds / 3600:.2f} h ({held / 3600:.3f} GPU-h held)"
+                 for source, (seconds, held) in sorted(self.collected.source_seconds().items(), reverse=True)]
+        line = f"source: {', '.join(parts) or 'nothing'}"
+        rules = [s for s in self.collected.spans if s.source == "rules"]
+        if rules:
+            steps = sorted({s.step for s in rules})
+            line += (f" (rules: <{self.labels[0]}>:gpu_workload_*:rate5m, evaluated every "
+                     f"{'/'.join(f'{s:g}' for s in steps)} s over a {rules[0].window:g} s window as found in the data, "
+                     f"each sample x its spacing)")
+        if any(s.source == "counters" for s in self.collected.spans):
+            line += " (counters: increase() of gpu_workload_*_gpu_seconds_total)"
         return line
+
+    def span_lines(self) -> list[str]:
+        return [f"  {iso(s.start)} .. {iso(s.end)}: {s.source}, {s.held_gpu_seconds / 3600:.3f} GPU-h held"
+                for s in self.collected.spans]
 
 
 def iso(t: float) -> str:
@@ -63,12 +72,16 @@ def percent(value) -> str:
 
 
 def basis_note(row) -> str:
-    """How the row's SM-active figure was obtained and which held GPU-hours had no busy/SM series."""
+    """Per quantity its GPU-hours by basis (measured exactly: exact, ctxsw; estimated: nvml, time_share), and
+    which held GPU-hours had no busy/SM series."""
     parts = []
-    bases = [f"{basis} {row[f'sm_active_{basis}_gpu_hours']:.3f}" for basis in BASES
-             if row[f"sm_active_{basis}_gpu_hours"] > 0]
-    if bases:
-        parts.append("SM " + " + ".join(bases))
+    for quantity in WITH_BASIS:
+        if quantity == "hidden_idle":
+            continue  # follows SM-active's basis
+        bases = [f"{basis} {row[f'{quantity}_{basis}_gpu_hours']:.3f}" for basis in BASES[quantity]
+                 if row[f"{quantity}_{basis}_gpu_hours"] > 0]
+        if bases:
+            parts.append(f"{TITLES[quantity]} " + " + ".join(bases))
     unknown: dict[float, list[str]] = {}
     for quantity in COVERED:
         value = row[f"{quantity}_unknown_gpu_hours"]
@@ -76,19 +89,35 @@ def basis_note(row) -> str:
             unknown.setdefault(round(value, 3), []).append(TITLES[quantity])
     for value, names in unknown.items():
         parts.append(f"{'/'.join(names)} unknown on {value:.3f} GPU-h (no series: MPS, MIG)")
-    return "; ".join(parts) or "exact"
+    return "; ".join(parts) or "nothing measured"
+
+
+def exactness_line(total) -> str:
+    """How many GPU-hours were measured exactly (basis exact or ctxsw) and how many estimated."""
+    parts = []
+    for quantity in ("sm_active", "busy"):
+        exact, estimated = total[f"{quantity}_exactly_measured_gpu_hours"], total[f"{quantity}_estimated_gpu_hours"]
+        parts.append(f"{TITLES[quantity]} {exact:.3f} GPU-h measured exactly "
+                     f"({', '.join(b for b in BASES[quantity] if b in EXACT_BASES)}), {estimated:.3f} estimated "
+                     f"({', '.join(b for b in BASES[quantity] if b not in EXACT_BASES)}), "
+                     f"{total[f'{quantity}_unknown_gpu_hours']:.3f} held GPU-h unknown")
+    return "measured: " + "; ".join(parts)
+
+
+def waste(row) -> str:
+    return (">=" if row["waste_is_lower_bound"] else "") + hours(row["waste_gpu_hours"])
 
 
 def display(report: Report) -> pd.DataFrame:
     name = "/".join(report.labels) if report.by != "node" else "node (instance)"
     rows = []
-    for _, row in report.table.iterrows():
+    for row in records(report.table):
         shown = {name: row[report.labels[0]] if row[report.labels[0]] == TOTAL else group_name(row, report.labels),
                  "held GPU-h": hours(row["held_gpu_hours"])}
         for quantity in QUANTITIES[1:]:
             shown[f"{TITLES[quantity]} GPU-h"] = hours(row[f"{quantity}_gpu_hours"])
             shown[f"{TITLES[quantity]} %"] = percent(row[f"{quantity}_share"])
-        shown["waste GPU-h"] = hours(row["waste_gpu_hours"])
+        shown["waste GPU-h"] = waste(row)
         shown["basis"] = basis_note(row)
         rows.append(shown)
     return pd.DataFrame(rows)
@@ -97,22 +126,25 @@ def display(report: Report) -> pd.DataFrame:
 def header_lines(report: Report) -> list[str]:
     lines = [f"GPU account from {report.prometheus}, {iso(report.start)} to {iso(report.end)}, by {report.by}"
              + (f", matching {', '.join(report.matchers)}" if report.matchers else ""),
-             report.source_line()]
+             report.source_line(), exactness_line(report.total)]
+    if len(report.collected.spans) > 1:
+        lines += ["spans:", *report.span_lines()]
     lines += [f"note: {note}" for note in report.notes]
     return lines
 
 
 LEGEND = ("busy: GPU-hours a kernel ran (time share); SM-active: GPU-hours of SMs active (spatial); hidden-idle: "
           "busy while the SMs idled; held-idle: held with no CUDA process or under 1% busy; waste = held-idle + "
-          "hidden-idle. Each % is of the held GPU-hours where the quantity is measured (a replica holder of a "
-          "time-sliced GPU can use more than its share: over 100%).")
+          "hidden-idle, '>=' where hidden-idle is unknown on some held GPU-hours (a lower bound). Each % is of the held "
+          "GPU-hours where the quantity is measured (a replica holder of a time-sliced GPU can use more than its "
+          "share: over 100%).")
 
 
 def wasters_lines(report: Report) -> list[str]:
     top = top_wasters(report.table, report.labels)
-    return [f"{i}. {group_name(row, report.labels)}: {row['waste_gpu_hours']:.3f} GPU-h wasted (held-idle "
+    return [f"{i}. {group_name(row, report.labels)}: {waste(row)} GPU-h wasted (held-idle "
             f"{hours(row['held_idle_gpu_hours'])}, hidden-idle {hours(row['hidden_idle_gpu_hours'])})"
-            for i, (_, row) in enumerate(top.iterrows(), 1)]
+            for i, row in enumerate(records(top), 1)]
 
 
 def as_text(report: Report) -> str:
@@ -140,8 +172,22 @@ def as_markdown(report: Report) -> str:
                       LEGEND]) + "\n"
 
 
-def as_csv(report: Report) -> str:
-    return report.table[[*report.labels, *columns()]].to_csv(index=False, na_rep="unknown", float_format="%.6f")
+def records(table: pd.DataFrame):
+    """The table's rows as dicts, one at a time (iterrows builds a Series per row: slow at 70,000 pods)."""
+    names = list(table.columns)
+    for values in table.itertuples(index=False, name=None):
+        yield dict(zip(names, values))
+
+
+ROWS_PER_CHUNK = 5000
+
+
+def as_csv(report: Report):
+    """Chunks of CSV text: the rows are written as they are formatted, never all in one string."""
+    table = report.table[[*report.labels, *columns()]]
+    for first in range(0, max(len(table), 1), ROWS_PER_CHUNK):
+        yield table.iloc[first:first + ROWS_PER_CHUNK].to_csv(index=False, header=first == 0, na_rep="unknown",
+                                                              float_format="%.6f")
 
 
 def _number(value):
@@ -155,26 +201,45 @@ def group_json(row, labels) -> dict:
         entry = {"gpu_hours": _number(row[f"{quantity}_gpu_hours"]), "share": _number(row[f"{quantity}_share"])}
         if f"{quantity}_unknown_gpu_hours" in row:
             entry["unknown_gpu_hours"] = _number(row[f"{quantity}_unknown_gpu_hours"])
-        if f"{quantity}_exact_gpu_hours" in row:
-            entry["basis"] = {basis: _number(row[f"{quantity}_{basis}_gpu_hours"]) for basis in BASES}
+        if quantity in WITH_BASIS:
+            entry["basis"] = {basis: _number(row[f"{quantity}_{basis}_gpu_hours"]) for basis in BASES[quantity]}
+            entry["exactly_measured_gpu_hours"] = _number(row[f"{quantity}_exactly_measured_gpu_hours"])
+            entry["estimated_gpu_hours"] = _number(row[f"{quantity}_estimated_gpu_hours"])
         out[quantity] = entry
     out["waste_gpu_hours"] = _number(row["waste_gpu_hours"])
+    out["waste_is_lower_bound"] = bool(row["waste_is_lower_bound"])
     return out
 
 
-def as_json(report: Report) -> str:
-    groups = [group_json(row, report.labels) for _, row in report.groups.iterrows()]
+def as_json(report: Report):
+    """Chunks of one JSON document; the groups are written one by one."""
     top = top_wasters(report.table, report.labels)
     document = {
         "prometheus": report.prometheus, "start": iso(report.start), "end": iso(report.end),
         "start_unix": report.start, "end_unix": report.end, "by": report.by, "group_labels": list(report.labels),
         "match": report.matchers,
-        "source": {"days": report.sources, "rule_interval_seconds": report.rule_interval, "notes": report.notes,
-                   "queries": report.queries, "summary": report.source_line()},
-        "groups": groups, "total": group_json(report.total, report.labels),
-        "top_wasters": [group_name(row, report.labels) for _, row in top.iterrows()],
+        "source": {"summary": report.source_line(), "notes": report.notes, "queries": report.collected.queries,
+                   "rule_step_seconds": report.collected.rule_step, "rule_window_seconds": report.collected.rule_window,
+                   "hours": {source: round(seconds / 3600, 6) for source, (seconds, _held)
+                             in report.collected.source_seconds().items()},
+                   "held_gpu_hours": {source: round(held / 3600, 6) for source, (_seconds, held)
+                                      in report.collected.source_seconds().items()},
+                   "spans": [{"start": iso(s.start), "end": iso(s.end), "start_unix": s.start, "end_unix": s.end,
+                              "source": s.source, "held_gpu_hours": round(s.held_gpu_seconds / 3600, 6),
+                              **({"rule_step_seconds": s.step, "rule_window_seconds": s.window,
+                                  "evaluations_stored_twice": len(s.twice)}
+                                 if s.source == "rules" else {})} for s in report.collected.spans]},
+        "groups": GROUPS, "total": group_json(report.total, report.labels),
+        "top_wasters": [group_name(row, report.labels) for row in records(top)],
     }
-    return json.dumps(document, indent=2) + "\n"
+    head, tail = (json.dumps(document, indent=2) + "\n").split(json.dumps(GROUPS))
+    yield head + "["
+    for number, row in enumerate(records(report.groups)):
+        yield ("," if number else "") + "\n    " + json.dumps(group_json(row, report.labels))
+    yield "\n  ]" + tail
+
+
+GROUPS = "\0groups\0"  # where the streamed groups go in the document
 
 
 STYLE = """body{font-family:sans-serif;margin:2em;color:#222}table{border-collapse:collapse;font-size:13px}

@@ -106,10 +106,16 @@ def detail_lines(gpu: Gpu, width: int) -> list[list[tuple[str, str]]]:
 
 
 def _workload(record: dict) -> str:
-    """A workload record of the exporter, whatever its exact fields: the holder, then its figures."""
-    holder = (record.get("pod") or record.get("hpc_job") or (record.get("user") and f"user {record['user']}")
-              or record.get("namespace") or record.get("holder") or "?")
-    figures = [f"{k} {v:.2f}" for k, v in record.items()
+    """A workload record of the exporter, whatever its exact fields: the holder, then its figures, each with
+    its basis where the record names one (`time_share_basis` nvml|ctxsw, `sm_active_basis` exact|ctxsw|time_share)."""
+    holder = (record.get("pod") or record.get("hpc_job") or (record.get("claim") and f"claim {record['claim']}")
+              or (record.get("user") and f"user {record['user']}") or record.get("namespace") or record.get("holder")
+              or "?")
+
+    def basis(key):
+        value = record.get(f"{key}_basis")
+        return f" ({''.join(c if c.isprintable() else '?' for c in value[:16])})" if isinstance(value, str) else ""
+    figures = [f"{k} {v:.2f}{basis(k)}" for k, v in record.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("index",)]
     return f"{holder}  " + "  ".join(figures)
 

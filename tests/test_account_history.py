@@ -1,0 +1,292 @@
+"""gpu-spatial report on a 48-hour history with every case of issue 28 (tests/account_history.py), loaded
+once per store: Debian's Prometheus (promtool-built blocks of the counters, then of the rollups from hour
+30, skipping the outage, evaluated every minute) and Debian's VictoriaMetrics (the counters through its
+import API, the rollups by Debian's vmalert replaying the project's rules every 5 minutes).
+
+Targets: the counters within 0.1% of the hand-computed GPU-hours; every rollups column within 0.5% of the
+counters; the MPS clients' unknown GPU-hours the same from both; the spans the header names are the
+ones the data allows (exact boundaries from the interval and window the data shows)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import account_history as history
+from tests.helpers import RULES, http_get, wait_for
+from tests.test_report import run_report, start_prometheus, start_victoria_metrics, stop
+
+VMALERT_INTERVAL = 300.0
+REPLAY_POINTS = 50
+WINDOW = 300.0
+ROLLUP_GROUPINGS = ("namespace", "hpc_job", "node", "model", "user", "claim")  # pod has no rollups
+
+
+def rules_at(tmp: Path, interval: str) -> Path:
+    groups = [dict(g, interval=interval) for g in yaml.safe_load(RULES.read_text())["groups"]
+              if g["name"] == "gpu-workload-recording"]
+    path = tmp / f"workload-recording-{interval}.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": groups}))
+    return path
+
+
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_prometheus(tmp: Path, t0: float) -> dict:
+    with open(tmp / "history.om", "w") as fh:
+        history.write_openmetrics(t0, fh)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"),
+                    str(tmp / "tsdb")], check=True, capture_output=True)
+    (tmp / "history.om").unlink()
+    proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
+    rules = rules_at(tmp, "1m")
+    # rules added at hour 30; Prometheus down from hour 40 to 41 (no rule runs either)
+    for number, (a, b) in enumerate(((history.RULES_FROM, history.OUTAGE[0] - 60),
+                                     (history.OUTAGE[1], history.LENGTH))):
+        result = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 + a)}",
+                                 f"--end={int(t0 + b)}", f"--url={url}", f"--output-dir={tmp / f'rules{number}'}",
+                                 str(rules)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+    stop(proc)
+    for number in (0, 1):
+        for block in (tmp / f"rules{number}").iterdir():
+            shutil.move(str(block), tmp / "tsdb" / block.name)
+    proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
+    return {"proc": proc, "url": url, "step": 60.0}
+
+
+def load_victoria_metrics(tmp: Path, t0: float) -> dict:
+    proc, url = start_victoria_metrics(tmp, "-search.disableCache", "-search.latencyOffset=0s", "-retentionPeriod=1")
+    for body in history.prometheus_text(t0):
+        request = urllib.request.Request(url + "/api/v1/import/prometheus", data=body.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=60) as response:
+            assert response.status in (200, 204)
+    http_get(url + "/internal/force_flush", timeout=30)
+    held = "count(count_over_time(gpu_workload_held_gpu_seconds_total[50h]))"
+    wait_for(lambda: json.loads(http_get(f"{url}/api/v1/query?query={urllib.parse.quote(held)}&time={t0 + history.LENGTH}")[1])
+             ["data"]["result"], 60, interval=0.5, what="the import searchable")
+    rules = rules_at(tmp, f"{int(VMALERT_INTERVAL)}s")
+    for a, b in ((history.RULES_FROM, history.OUTAGE[0] - 60), (history.OUTAGE[1], history.LENGTH)):
+        result = subprocess.run(["vmalert", f"-rule={rules}", f"-datasource.url={url}", f"-remoteWrite.url={url}",
+                                 f"-replay.timeFrom={rfc3339(t0 + a)}", f"-replay.timeTo={rfc3339(t0 + b)}",
+                                 "-replay.rulesDelay=0s", "-replay.disableProgressBar", "-httpListenAddr=127.0.0.1:0",
+                                 # range queries of 50 points: vmalert writes each one's last point twice
+                                 f"-replay.maxDatapointsPerQuery={REPLAY_POINTS}"],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-2000:]
+    http_get(url + "/internal/force_flush", timeout=30)
+    beat = "count_over_time(gpu_workload:rollup_window_seconds[50h])"
+    expected = 2 + (history.OUTAGE[0] - 60 - history.RULES_FROM) // VMALERT_INTERVAL + \
+        (history.LENGTH - history.OUTAGE[1]) // VMALERT_INTERVAL
+
+    def beats():
+        status, body = http_get(f"{url}/api/v1/query?query={urllib.parse.quote(beat)}&time={t0 + history.LENGTH}")
+        result = json.loads(body)["data"]["result"] if status == 200 else []
+        return result and float(result[0]["value"][1]) >= expected - 1
+    wait_for(beats, 60, interval=0.5, what="vmalert's rollups searchable")
+    return {"proc": proc, "url": url, "step": VMALERT_INTERVAL}
+
+
+@pytest.fixture(scope="module", params=["prometheus", "victoria-metrics"])
+def store(request):
+    needed = ("prometheus", "promtool") if request.param == "prometheus" else ("victoria-metrics", "vmalert")
+    if any(shutil.which(t) is None for t in needed):
+        pytest.skip(f"{', '.join(needed)} not installed (see .ci/run)")
+    tmp = Path(tempfile.mkdtemp(prefix=f"account-{request.param}-"))
+    t0 = (time.time() // 7200) * 7200 - 50 * 3600  # whole blocks, in the past, inside the retention
+    loaded = (load_prometheus if request.param == "prometheus" else load_victoria_metrics)(tmp, t0)
+    loaded.update(engine=request.param, t0=t0, cache={})
+    yield loaded
+    stop(loaded["proc"])
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def report(capsys, store, by: str, source: str) -> dict:
+    key = (by, source)
+    if key not in store["cache"]:
+        code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(store["t0"]),
+                                    "--end", str(store["t0"] + history.LENGTH), "--by", by, "--source", source,
+                                    "--format", "json")
+        assert code == 0, err
+        store["cache"][key] = json.loads(out)
+    return store["cache"][key]
+
+
+def by_group(document) -> dict:
+    return {tuple(g["group"][label] for label in document["group_labels"]): g for g in document["groups"]}
+
+
+def within(got, want, rel, what):
+    assert got is not None and want is not None, (what, got, want)
+    assert math.isclose(got, want, rel_tol=rel, abs_tol=1e-6), f"{what}: {got} vs {want} ({(got - want) / want:+.4%})"
+
+
+@pytest.mark.parametrize("by", [*ROLLUP_GROUPINGS, "pod"])
+def test_counters_equal_the_hand_computed_truth(store, capsys, by):
+    """0.1%, and on Prometheus half a scrape (7.5 s) more for each series that ends inside the range: its
+    increase() extrapolates that far past a series' last sample (VictoriaMetrics does not)."""
+    got, want = by_group(report(capsys, store, by, "counters")), history.truth(by)
+    for group, row in want.items():
+        have = got[group]
+        for family in history.FAMILIES:
+            if family in row:
+                extrapolated = row[f"{family}_ends"] if store["engine"] == "prometheus" else 0.0
+                within(have[family]["gpu_hours"] - extrapolated, row[family], 1e-3,
+                       f"{store['engine']} {group} {family}")
+            else:
+                assert have[family]["gpu_hours"] is None, (group, family)
+            if family in ("busy", "sm_active", "hidden_idle"):
+                within(have[family]["unknown_gpu_hours"] or 0.0, row.get(f"{family}_unknown", 0.0), 1e-3,
+                       f"{store['engine']} {group} {family} unknown")
+
+
+COLUMNS = ("gpu_hours", "unknown_gpu_hours", "share", "exactly_measured_gpu_hours", "estimated_gpu_hours")
+
+
+@pytest.mark.parametrize("by", ROLLUP_GROUPINGS)
+def test_rollups_equal_the_counters_in_every_column(store, capsys, by):
+    rolled, counted = report(capsys, store, by, "auto"), report(capsys, store, by, "counters")
+    assert {s["source"] for s in rolled["source"]["spans"]} == {"rules", "counters"}
+    assert set(by_group(rolled)) == set(by_group(counted))
+    for group, have in [*by_group(rolled).items(), (("(all)",), rolled["total"])]:
+        want = by_group(counted).get(group, counted["total"])
+        what = f"{store['engine']} by {by} {group}"
+        within(have["held"]["gpu_hours"], want["held"]["gpu_hours"], 5e-3, f"{what} held")
+        within(have["waste_gpu_hours"], want["waste_gpu_hours"], 5e-3, f"{what} waste")
+        assert have["waste_is_lower_bound"] == want["waste_is_lower_bound"], what
+        for family in history.FAMILIES[1:]:
+            for column in COLUMNS:
+                if column in want[family]:
+                    if want[family][column] is None:
+                        assert have[family][column] is None, (what, family, column)
+                    else:
+                        within(have[family][column], want[family][column], 5e-3, f"{what} {family} {column}")
+            for basis, value in want[family].get("basis", {}).items():
+                within(have[family]["basis"][basis], value, 5e-3, f"{what} {family} basis {basis}")
+
+
+def test_mps_clients_are_unknown_alike_from_both(store, capsys):
+    for source in ("auto", "counters"):
+        team_d = by_group(report(capsys, store, "namespace", source))[("team-d",)]
+        held = team_d["held"]["gpu_hours"]
+        within(held, history.truth("namespace")[("team-d",)]["held"], 1e-3, f"{source} team-d held")
+        for family in ("busy", "sm_active", "hidden_idle"):
+            assert team_d[family]["gpu_hours"] is None and team_d[family]["share"] is None
+            assert team_d[family]["unknown_gpu_hours"] == held, (source, family, team_d)
+        assert team_d["waste_is_lower_bound"]
+    team_c = [by_group(report(capsys, store, "namespace", s))[("team-c",)] for s in ("auto", "counters")]
+    assert [round(t["busy"]["unknown_gpu_hours"], 3) for t in team_c] == [23.5, 23.5] or \
+        math.isclose(team_c[0]["busy"]["unknown_gpu_hours"], team_c[1]["busy"]["unknown_gpu_hours"], rel_tol=5e-3)
+
+
+def test_spans_are_where_the_data_has_rollups(store, capsys):
+    """Rollups from hour 30, gone for the outage (40-41 h), each run's first and last window left to the
+    counters, the samples shifted back by (window - interval) / 2; the header says so."""
+    document = report(capsys, store, "namespace", "auto")
+    step, t0 = store["step"], store["t0"]
+    lag = (WINDOW - step) / 2
+    # the evaluations as stored (promtool offsets them within the minute, as Prometheus does), cut where the
+    # spacing breaks (the outage) and at evaluations stored twice (the edges of vmalert's replay queries)
+    query = urllib.parse.quote("gpu_workload:rollup_window_seconds[50h]")
+    status, body = http_get(f"{store['url']}/api/v1/query?query={query}&time={t0 + history.LENGTH}")
+    times = [float(t) - t0 for t, _v in json.loads(body)["data"]["result"][0]["values"]]
+    twice = {t for t in times if times.count(t) > 1}
+    chunk_edges = sum(math.ceil((b - a) / VMALERT_INTERVAL / REPLAY_POINTS) - 1
+                      for a, b in ((history.RULES_FROM, history.OUTAGE[0] - 60), (history.OUTAGE[1], history.LENGTH)))
+    assert len(twice) == (chunk_edges if store["engine"] == "victoria-metrics" else 0) > -1, sorted(twice)
+    runs, run = [], []
+    for t in sorted(set(times)):  # evaluations stored twice count once, without cutting the run
+        if run and t - run[-1] > step * 1.5:
+            runs.append(run)
+            run = []
+        run.append(t)
+    runs.append(run)
+    assert all(math.isclose(b - a, step) for r in runs for a, b in zip(r, r[1:]))
+    assert runs[0][0] - history.RULES_FROM < step and len(runs) == 2
+    assert sum(s.get("evaluations_stored_twice", 0) for s in document["source"]["spans"]) == len(twice)
+    want, covered_to = [], 0.0
+    for r in runs:
+        first = r[0] + WINDOW - lag - step  # the first and last window of a run inside the range: counters
+        last = r[-1] - WINDOW - lag if r[-1] - lag < history.LENGTH else history.LENGTH
+        want += [("counters", covered_to, first), ("rules", first, last)]
+        covered_to = last
+    if covered_to < history.LENGTH:
+        want.append(("counters", covered_to, history.LENGTH))
+    got = [(s["source"], s["start_unix"] - t0, s["end_unix"] - t0) for s in document["source"]["spans"]]
+    assert [(s, round(a, 3), round(b, 3)) for s, a, b in got] == \
+        [(s, round(a, 3), round(b, 3)) for s, a, b in want], (store["engine"], got, want)
+    assert document["source"]["rule_step_seconds"] == step and document["source"]["rule_window_seconds"] == WINDOW
+    held = sum(s["held_gpu_hours"] for s in document["source"]["spans"])
+    within(held, document["total"]["held"]["gpu_hours"], 1e-6, "spans add up")
+    code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(t0),
+                                "--end", str(t0 + history.LENGTH))
+    assert code == 0, err
+    header = out.split("\n\n")[0]
+    assert f"evaluated every {step:g} s over a 300 s window" in header and header.count(": counters, ") == \
+        sum(source == "counters" for source, _a, _b in want)
+    assert "measured: SM-active" in header and "ctxsw" in header
+
+
+def test_spans_from_evaluations_by_hand():
+    """plan_spans on evaluations every 60 s at :30 (window 300 s, lag 120 s: sample t accounts for
+    (t - 180, t - 120]), range 1000..5000 s: edge samples weighed by the part inside the range, a gap cuts the
+    run and each cut run leaves its first and last 300 s to the counters; an evaluation stored twice is
+    named in its span (counted once) and cuts nothing."""
+    from gpu_spatial.report.account import plan_spans
+
+    evaluations = [(30.0 + 60 * k, 300.0) for k in range(200) if not 2000 <= 30 + 60 * k < 2600]
+    spans = plan_spans(evaluations, 1000.0, 5000.0, {4050.0, 9990.0})
+    assert [s.twice for s in spans] == [(), (), (), (4050.0,), ()]
+    got = [(s.source, s.start, s.end, s.first, s.last, s.weight) for s in spans]
+    assert got == [
+        ("rules", 1000.0, 1050.0, 1140.0, 1170.0, 50 / 60),   # (990, 1050]: 50 of its 60 s in the range
+        ("rules", 1050.0, 1530.0, 1200.0, 1650.0, 1.0),       # up to 1650: the run stops at 1950, less 300
+        ("counters", 1530.0, 2730.0, 0.0, 0.0, 1.0),          # the gap 1950..2610, and 300 s either side
+        ("rules", 2730.0, 4950.0, 2880.0, 5070.0, 1.0),       # from 2910 (2610 + 300)
+        ("rules", 4950.0, 5000.0, 5100.0, 5130.0, 50 / 60)]   # (4950, 5010]: 50 of 60 s in the range
+
+
+def test_two_evaluators_fall_back_to_the_counters(store, capsys):
+    """Two heartbeat series (replicas writing the same rollups) would count every rollup twice: the report
+    says so and reads the counters. VictoriaMetrics only: its import API writes them, 10 h before the history."""
+    if store["engine"] != "victoria-metrics":
+        pytest.skip("the import API is VictoriaMetrics'")
+    base = store["t0"] - 10 * 3600
+    lines = [f'gpu_workload:rollup_window_seconds{{replica="{r}"}} 300 {int((base + 60 * k) * 1000)}\n'
+             for r in "ab" for k in range(60)]
+    lines += [f'namespace:gpu_workload_held_gpu_seconds:rate5m{{namespace="team-z",replica="{r}"}} 1 '
+              f'{int((base + 60 * k) * 1000)}\n' for r in "ab" for k in range(60)]
+    lines += [f'gpu_workload_held_gpu_seconds_total{{namespace="team-z",pod="p",instance="x",gpu="0"}} {30.0 * k} '
+              f'{int((base + 30 * k) * 1000)}\n' for k in range(121)]
+    request = urllib.request.Request(store["url"] + "/api/v1/import/prometheus", data="".join(lines).encode(),
+                                     method="POST")
+    urllib.request.urlopen(request, timeout=60).close()
+    http_get(store["url"] + "/internal/force_flush", timeout=30)
+
+    def imported():  # every sample searchable: 2 x 60 heartbeats, 2 x 60 rollups, 121 counter samples
+        query = urllib.parse.quote('sum(count_over_time({__name__=~"gpu_workload:rollup_window_seconds|'
+                                   'namespace:gpu_workload_held_gpu_seconds:rate5m|gpu_workload_held_gpu_seconds_total",'
+                                   'namespace=~"team-z|"}[2h]))')
+        status, body = http_get(f"{store['url']}/api/v1/query?query={query}&time={base + 3600}")
+        result = json.loads(body)["data"]["result"] if status == 200 else []
+        return result and float(result[0]["value"][1]) == 361
+    wait_for(imported, 30, interval=0.5, what="the imported evaluators searchable")
+    code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(base), "--end", str(base + 3600),
+                                "--format", "json")
+    assert code == 0, err
+    document = json.loads(out)
+    assert set(document["source"]["hours"]) == {"counters"}, document["source"]
+    assert any("2 rule evaluators" in note for note in document["source"]["notes"]), document["source"]["notes"]
+    within(document["total"]["held"]["gpu_hours"], 1.0, 1e-6, "team-z held from the counters")
