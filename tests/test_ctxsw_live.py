@@ -97,28 +97,24 @@ class Sampler:
 
 
 def test_busy_counters_integrate_the_best_basis_and_keep_it_and_old_windows_disappear():
-    class Kubelet:
-        error = ""
-        shares = {"GPU-aaaa": {("team-a", "train-0", "trainer"): 0.5}}
-        owners = {417: None, 418: None}
+    from exporter.holders import REPLICAS, Held, Holder, Holdings
 
-    from exporter.samplers.kubelet import PodRef
-
-    Kubelet.owners = {417: PodRef("team-a", "train-0", "trainer"), 418: PodRef("team-a", "train-0", "trainer")}
+    trainer = Holder("team-a", "train-0", "trainer")
+    holdings = [Holdings(gpus={"GPU-aaaa": {trainer: Held(0.5, REPLICAS)}}, owners={417: trainer, 418: trainer})]
     sampler = Sampler({})
     acc = WorkloadAccountant(ctxsw=sampler)
     busy = view(**TIME_SLICED)
-    acc.update(100.0, (busy,), Kubelet())  # no window yet: nvml, 0.396
-    acc.update(110.0, (busy,), Kubelet())
+    acc.update(100.0, (busy,), holdings)  # no window yet: nvml, 0.396
+    acc.update(110.0, (busy,), holdings)
     sampler.readings["GPU-aaaa"] = reading({417: (0.3, 0.15), 418: (0.1, 0.02)}, listed=(417, 418, 419, 420), end=109.0)
-    first = acc.update(120.0, (busy,), Kubelet())[0]  # from here on ctxsw, 0.4
+    first = acc.update(120.0, (busy,), holdings)[0]  # from here on ctxsw, 0.4
     assert (first.time_share, first.time_share_basis, first.ctxsw_window) == (0.4, CTXSW, (99.0, 109.0))
-    last = acc.update(125.0, (busy,), Kubelet())[0]
+    last = acc.update(125.0, (busy,), holdings)[0]
     assert last.counters["busy_basis"] == {NVML: pytest.approx(0.396 * 20), CTXSW: pytest.approx(0.4 * 5)}
     assert last.counters["busy"] == pytest.approx(0.396 * 20 + 0.4 * 5)
     assert last.counters["sm_active"][CTXSW] == pytest.approx(0.17 * 5)
     # the window is older than max_age: back to NVML, the ctxsw value is gone
-    gone = acc.update(109.0 + 130.5, (busy,), Kubelet())[0]
+    gone = acc.update(109.0 + 130.5, (busy,), holdings)[0]
     assert (gone.time_share, gone.time_share_basis, gone.ctxsw_window) == (pytest.approx(0.396), NVML, None)
     assert acc.ctxsw_states[0][1].state == STANDBY
 

@@ -17,7 +17,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 import yaml
 
@@ -33,16 +32,10 @@ S3CRET_BCRYPT = "$2b$10$abcdefghijklmnopqrstuu3KWNuWLhBnmgYfnzONPueahDuedC/lu"
 
 
 def test_waste_is_held_idle_plus_hidden_idle():
-    rows = pd.DataFrame([
-        {"namespace": "a", "quantity": "held", "basis": "", "gpu_seconds": 7200.0},
-        {"namespace": "a", "quantity": "held_idle", "basis": "", "gpu_seconds": 1800.0},
-        {"namespace": "a", "quantity": "busy", "basis": "", "gpu_seconds": 3600.0},
-        {"namespace": "a", "quantity": "sm_active", "basis": "exact", "gpu_seconds": 900.0},
-        {"namespace": "a", "quantity": "hidden_idle", "basis": "exact", "gpu_seconds": 2700.0},
-        {"namespace": "b", "quantity": "held", "basis": "", "gpu_seconds": 3600.0},
-        {"namespace": "b", "quantity": "hidden_idle", "basis": "time_share", "gpu_seconds": 3600.0},
-    ])
-    table = summarize(rows, ("namespace",)).set_index("namespace")
+    totals = {("a",): {("held", ""): 7200.0, ("held_idle", ""): 1800.0, ("busy", "nvml"): 3600.0,
+                       ("sm_active", "exact"): 900.0, ("hidden_idle", "exact"): 2700.0},
+              ("b",): {("held", ""): 3600.0, ("hidden_idle", "time_share"): 3600.0}}
+    table = summarize(totals, ("namespace",)).set_index("namespace")
     assert table.loc["a", "waste_gpu_hours"] == pytest.approx(0.5 + 0.75)
     assert table.loc["b", "waste_gpu_hours"] == pytest.approx(1.0)  # hidden idle alone is waste
     assert list(top_wasters(table.reset_index(), ["namespace"])["namespace"]) == ["a", "b"]
@@ -72,11 +65,12 @@ def test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours(capsys):
         assert built.returncode == 0, built.stderr
         for block in (tmp / "rules").iterdir():
             shutil.move(str(block), tmp / "tsdb" / block.name)
-        # The rules loaded too: /api/v1/rules tells the report the group's interval.
+        # The report finds the 30 s spacing in the heartbeat's samples, not in the rules file.
         proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}, "rule_files": [str(rules)]})
         store = {"url": url, "start": str(t0 - 60), "end": str(t0 + DURATION)}
         document = report_json(capsys, store, "--by", "namespace")
-        assert document["source"]["days"] == {"rules": 1} and document["source"]["rule_interval_seconds"] == 30
+        assert document["source"]["rule_step_seconds"] == 30
+        assert "rules" in {span["source"] for span in document["source"]["spans"]}
         check_groups(document, "namespace", coverage=False)
     finally:
         if proc is not None:

@@ -60,7 +60,9 @@ def test_users_hold_the_gpu_they_have_contexts_on_over_http(tmp_path, frame):
     proc = tmp_path / "proc"
     shutil.copytree(PROC, proc)
     with Exporter(*REPLAY, "--proc-root", str(proc), "--held-idle-after", "1s") as exporter:
-        found = wait_for(lambda: len(workloads(exporter)) == 3 and workloads(exporter), 15, 0.2, "three users")
+        # the SM basis needs the GPU's first spatial reading too: wait for it, never assume it came with the holders
+        found = wait_for(lambda: (lambda w: len(w) == 3 and all(x["sm_active_basis"] for x in w.values()) and w)(
+            workloads(exporter)), 15, 0.2, "three users with their SM basis")
         alice, bob, nameless = found["alice"], found["bob"], found["1003"]
         third = round(1 / 3, 9)
         assert (alice["held_share"], alice["held_share_basis"], alice["pids"]) == (third, "even_split", [417, 418])
