@@ -19,21 +19,10 @@ set -uo pipefail
 out=${1:?usage: record_ctxsw.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-lib=${NSYS_EXTRA_LIB:?set NSYS_EXTRA_LIB to the folder holding libdw for nsys}
-ns=$(find / -xdev -type f -name nsys -path '*target-linux-x64*' 2>/dev/null | head -1)
-[[ -n $ns ]] || { echo "nsys not found" >&2; exit 1; }
-export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+source bench/ctxsw_setup.sh
 "$ns" --version
 seconds=${SECONDS_PER_RUN:-240}  # an upper bound: the workers are stopped once both captures are done
 port=9479
-tmp=$(mktemp -d)
-map=$tmp/map; mkdir -p "$map"
-jobs=(201 202 203 204 205)
-declare -A spec=([201]="spin --sms 66 --kernel-ms 4" [202]="matmul --size 8192"
-                 [203]="spin --sms 8 --kernel-ms 2 --on-ms 100 --off-ms 150" [204]="launch" [205]="hold")
-printf '%s\n' "${jobs[@]}" > "$map/0"
-cg=/sys/fs/cgroup/system.slice/slurmstepd.scope
-for job in "${jobs[@]}"; do mkdir -p $cg/job_$job/step_0/user/task_0 || echo "cannot make cgroup for $job"; done
 python3 -m exporter --port $port --interval 0.5 --kubelet-socket none --hpc-job-mapping-dir "$map" \
     --held-idle-after 10s > "$out/exporter.log" 2>&1 &
 exporter=$!
