@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 TICK_DEADLINE_S = 10.0
 # Loops that map processes to holders on NVML's GPUs: started once NVML's first tick has listed them
 # (or failed to), so their first tick does not report "no GPU" on a host that has some.
-AFTER_NVML = ("kubelet", "slurm")
+AFTER_NVML = ("kubelet", "slurm", "users")  # holder kinds: they map NVML's pids
 NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
 
 

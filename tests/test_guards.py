@@ -20,7 +20,8 @@ import tests.synthetic_exports as synth
 from exporter.samplers.cgroups import CgroupOwners
 from exporter.samplers.dcgm import DcgmExporterSource
 from exporter.samplers.kubelet import DeviceMap, PodRef, held_shares, mig_holdings
-from exporter.samplers.slurm import MAX_FILE_BYTES, MAX_FILES, SlurmSnapshot, cgroup_job, read_mapping
+from exporter.holders import EVEN_SPLIT, Held, Holdings
+from exporter.samplers.slurm import MAX_FILE_BYTES, MAX_FILES, cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, \
     SpatialReading
 from exporter.workloads import IDLE_TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
@@ -47,10 +48,10 @@ def test_idle_below_one_percent_of_the_time_not_at_it(time_share, idle):
     """Mutations: IDLE_TIME_SHARE 0.01 -> 0.1 (0.05 reads idle), `<` -> `<=` (0.01 reads idle)."""
     assert IDLE_TIME_SHARE == 0.01
     accountant = WorkloadAccountant(held_idle_after=1.0)
-    slurm = SlurmSnapshot(jobs={GPU0.uuid: ("4242",)}, owners={417: "4242"})
+    job = [Holdings(gpus={GPU0.uuid: {JOB: Held(1.0, EVEN_SPLIT)}}, owners={417: JOB})]
     gpu = view({417: time_share}, time_utilization=time_share)  # alone: its time share is the GPU's
     for now in (100.0, 102.0):
-        (work,) = accountant.update(now, (gpu,), None, slurm)
+        (work,) = accountant.update(now, (gpu,), job)
     assert work.time_share == time_share
     assert (work.idle_seconds, work.held_idle) == ((2.0, True) if idle else (0.0, False))
 
@@ -179,12 +180,12 @@ def test_a_holders_hidden_idle_is_never_negative():
     """SM active above the time share (windows of different sources): hidden idle 0, not negative, in
     the counter too. Mutation: `max(0.0, time_share - sm)` -> `time_share - sm`."""
     accountant = WorkloadAccountant()
-    slurm = SlurmSnapshot(jobs={GPU0.uuid: ("4242",)}, owners={417: "4242"})
+    job = [Holdings(gpus={GPU0.uuid: {JOB: Held(1.0, EVEN_SPLIT)}}, owners={417: JOB})]
     tel = DeviceTelemetry(GPU0, 0.0, processes=(ProcessUtilization(417, "python3", 0.5, 0.0),),
                           compute_processes=(ComputeProcess(417, "python3", "time_sliced"),))
     gpu = GpuView(GPU0, tel, 0.5, None, None, SpatialReading("gpm", 0.0, 1.0, sm_active=0.6), None, (), "exclusive")
     for now in (100.0, 110.0):
-        (work,) = accountant.update(now, (gpu,), None, slurm)
+        (work,) = accountant.update(now, (gpu,), job)
     assert (work.time_share, work.sm_active) == (0.5, 0.6)
     assert work.counters["hidden_idle"] == {"exact": 0.0}
 
