@@ -15,9 +15,8 @@ log = logging.getLogger(__name__)
 # values are withdrawn until it returns. A thread cannot be killed in Python, so ticks run in a worker
 # thread each and the loop itself never waits past the deadline.
 TICK_DEADLINE_S = 10.0
-# Loops that map processes to holders on NVML's GPUs: started once NVML's first tick has listed them
-# (or failed to), so their first tick does not report "no GPU" on a host that has some.
-AFTER_NVML = ("kubelet", "slurm", "users")  # holder kinds: they map NVML's pids
+# Holder samplers map processes to holders on NVML's GPUs: their loops start once NVML's first tick has
+# listed them (or failed to), so their first tick does not report "no GPU" on a host that has some.
 NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
 
 
@@ -79,8 +78,9 @@ class Engine:
             yield sampler.name, sampler.tick, sampler.interval
 
     def start(self) -> None:
+        holders = {holder.name for holder in self.holders}
         for name, fn, interval in self.loops():
-            target = self._run_after_nvml if name in AFTER_NVML else self._run
+            target = self._run_after_nvml if name in holders else self._run
             thread = threading.Thread(target=target, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)

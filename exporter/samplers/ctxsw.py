@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.snapshot import OK, CollectorHealth, LogOnce
+from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
 ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED = "active", "standby", "unsupported", "error", "disabled"
@@ -202,9 +202,9 @@ class CtxswSampler:
             return MIG
         if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
             return MPS
-        dcgm = self._others.get("dcgm")
-        result = dcgm.results.get(uuid) if dcgm is not None else None
-        if result is not None and result.state == OK:
+        from exporter.samplers.nsys import serves
+
+        if serves(self._others, "dcgm", uuid):
             return DCGM
         return None
 

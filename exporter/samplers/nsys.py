@@ -45,6 +45,14 @@ def _identity(info) -> GpuIdentity:
     return GpuIdentity(info.index, info.label_uuid, info.name)
 
 
+def serves(sources: dict, name: str, uuid: str) -> bool:
+    """Whether the source `name` among `sources` (name -> source) publishes this GPU now: live nsys
+    captures leave a GPU that DCGM profiles alone (both cannot sample its counters at once)."""
+    source = sources.get(name)
+    result = source.results.get(uuid) if source is not None else None
+    return result is not None and result.state == OK
+
+
 def read_export(path, work, nsys: str = "nsys", require_metrics: bool = True, budget=None):
     """work(export) on the export at `path`, opened as untrusted input: every problem (the reader's,
     SQLite's, one nobody foresaw) is an IngestError with one line, never a traceback."""
@@ -259,15 +267,11 @@ class NsysSource:
     def _live_targets(self) -> tuple[list, dict[str, SourceResult]]:
         targets, refused = [], {}
         for gpu in getattr(self._nvml, "gpus", ()):
-            dcgm = self._others.get("dcgm")
-            dcgm_result = dcgm.results.get(gpu.uuid) if dcgm else None
-            if dcgm_result is not None and dcgm_result.state == OK:
+            if serves(self._others, "dcgm", gpu.uuid):
                 refused[gpu.uuid] = SourceResult(UNSUPPORTED, "live capture refused: DCGM profiles this GPU and both "
                                                  "cannot sample it at once (pause DCGM: dcgmi profile --pause)")
                 continue
-            gpm = self._others.get("gpm")
-            gpm_result = gpm.results.get(gpu.uuid) if gpm else None
-            if gpm_result is not None and gpm_result.state == OK:
+            if serves(self._others, "gpm", gpu.uuid):
                 refused[gpu.uuid] = SourceResult(UNSUPPORTED, "live capture not needed: GPM serves this GPU")
                 continue
             targets.append(gpu)
