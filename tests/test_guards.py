@@ -17,7 +17,7 @@ from collections import Counter
 import pytest
 
 import tests.synthetic_exports as synth
-from exporter.samplers.cgroups import CgroupOwners
+from exporter.samplers.cgroups import ProcFileOwners
 from exporter.samplers.dcgm import DcgmExporterSource
 from exporter.samplers.kubelet import DeviceMap, PodRef, held_shares, mig_holdings
 from exporter.holders import EVEN_SPLIT, Held, Holdings
@@ -96,7 +96,7 @@ def test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner
     cgroup = tmp_path / "4000" / "cgroup"
     cgroup.parent.mkdir()
     cgroup.write_text("0::/system.slice/slurmstepd.scope/job_100/step_0\n")
-    owners = CgroupOwners(tmp_path, cgroup_job)
+    owners = ProcFileOwners(tmp_path, cgroup_job)
     assert owners.lookup({4000}) == {4000: "100"}
     cgroup.write_text("0::/system.slice/slurmstepd.scope/job_200/step_0\n")  # read once in its life:
     assert owners.lookup({4000}) == {4000: "100"}  # still the process read before

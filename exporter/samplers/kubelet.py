@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
-from exporter.samplers.cgroups import CgroupOwners, gpu_pids
+from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -241,7 +241,7 @@ class KubeletSampler(HolderSampler):
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._channel = None
         self._list = None
-        self._containers = CgroupOwners(proc_root, cgroup_container_id)
+        self._containers = ProcFileOwners(proc_root, cgroup_container_id)
         self._log = LogOnce(log)
 
     # -- the PodResources API -------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from exporter.hostfiles import FileTooLarge, read_capped
-from exporter.samplers.cgroups import CgroupOwners, gpu_pids
+from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -95,7 +95,7 @@ class SlurmSampler(HolderSampler):
         self.snapshot = SlurmSnapshot()
         self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
-        self._jobs = CgroupOwners(proc_root, cgroup_job)
+        self._jobs = ProcFileOwners(proc_root, cgroup_job)
         self._log = LogOnce(log)
 
     def _owners(self) -> dict[int, str]:

@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
-from exporter.hostfiles import FileTooLarge, read_capped, read_text_capped
+from exporter.hostfiles import FileTooLarge, read_capped
+from exporter.samplers.cgroups import ProcFileOwners
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -63,19 +64,10 @@ class UsersSampler(HolderSampler):
         self.interval = interval
         self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
-        self._uids: dict[int, int | None] = {}  # pid -> uid, kept while the pid is on a GPU
+        self._uids = ProcFileOwners(self.proc_root, status_uid, "status", MAX_STATUS_BYTES)  # kept while on a GPU
         self._names: dict[int, str] = {}
         self._names_read = -PASSWD_EVERY_S
         self._log = LogOnce(log)
-
-    def _uid(self, pid: int) -> int | None:
-        if pid not in self._uids:
-            try:
-                text = read_text_capped(self.proc_root / str(pid) / "status", MAX_STATUS_BYTES, truncate=True)
-                self._uids[pid] = status_uid(text)
-            except (OSError, ValueError):  # gone, another PID namespace, or not a proc file
-                return None
-        return self._uids[pid]
 
     def _user_names(self) -> dict[int, str]:
         if time.monotonic() - self._names_read >= PASSWD_EVERY_S:
@@ -98,13 +90,9 @@ class UsersSampler(HolderSampler):
         started = time.perf_counter()
         contexts = context_pids(self.nvml.telemetry)
         everyone = set().union(*contexts.values()) if contexts else set()
-        self._uids = {pid: uid for pid, uid in self._uids.items() if pid in everyone}
         names = self._user_names()
-        owners: dict[int, Holder] = {}
-        for pid in sorted(everyone):
-            uid = self._uid(pid)
-            if uid is not None:
-                owners[pid] = Holder(user=names.get(uid, str(uid)))
+        owners = {pid: Holder(user=names.get(uid, str(uid))) for pid, uid in sorted(self._uids.lookup(everyone).items())
+                  if uid is not None}
         gpus = {}
         for uuid, pids in contexts.items():
             users = {owners[pid] for pid in pids if pid in owners}
