@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     for tag, name in ((RESTORE_START, "RESTORE_START"), (SAVE_END, "SAVE_END")):
         for k, rows in sorted(around[tag].items()):
             offset = sum(o for o, _ in rows) / len(rows) / 1000
-            print(f"{name:13} sample {k:+d}: stamped {offset:+7.1f} us from the switch, SM active {sum(v for _, v in rows) / len(rows):5.1f} %")
+            active = sum(v for _, v in rows) / len(rows)
+            print(f"{name:13} sample {k:+d}: stamped {offset:+7.1f} us from the switch, SM active {active:5.1f} %")
     return 0
 
 
