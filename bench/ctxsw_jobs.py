@@ -10,7 +10,9 @@ spin: back-to-back kernels on exactly --sms SMs (bench/workloads.py), in bursts 
 --off-ms of sleep between (0: no pause). matmul: bf16 products of two --size square matrices back
 to back (every SM, tensor cores). launch: a launch-bound loop (tiny kernels, the host in between).
 hold: a CUDA context that launches nothing. On exit prints one JSON line: the work done and its rate,
-which the slowdown runs compare with and without a capture.
+which the slowdown runs compare with and without a capture. --progress FILE: matmul and launch also
+append "wall-time done" lines to FILE every 0.2 s, so that one long run can be cut into seconds with and
+without a capture (bench/ctxsw_live_cost.py).
 """
 from __future__ import annotations
 
@@ -42,10 +44,26 @@ def run(args) -> int:
             if args.off_ms:
                 time.sleep(args.off_ms / 1e3)
         return done
+    step = progress_writer(args.progress)
     if args.kind == "matmul":
         workloads.matmul(0.3, args.size)  # cuBLAS initialised before the clock starts
-        return workloads.matmul(args.seconds, args.size)
-    return workloads.launch(args.seconds)
+        return workloads.matmul(args.seconds, args.size, on_step=step)
+    return workloads.launch(args.seconds, on_step=step)
+
+
+def progress_writer(path: str | None, every_s: float = 0.2):
+    """None, or a callback writing "time done" to `path` at most every `every_s`."""
+    if not path:
+        return None
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the job's life
+    last = [0.0]
+
+    def step(done: int) -> None:
+        now = time.time()
+        if now - last[0] >= every_s:
+            out.write(f"{now:.4f} {done}\n")
+            last[0] = now
+    return step
 
 
 def main(argv=None) -> int:
@@ -57,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--on-ms", type=float, default=0.0)
     p.add_argument("--off-ms", type=float, default=0.0)
     p.add_argument("--size", type=int, default=8192)
+    p.add_argument("--progress", default=None, help="append 'time done' lines here every 0.2 s (matmul, launch)")
     args = p.parse_args(argv)
     started = time.time()
     done = run(args)

@@ -2,21 +2,25 @@
 duty, and the slowdown a capture causes to the workloads. On the device (root, one GPU or more):
 
     NSYS_EXTRA_LIB=DIR timeout 2400 python3 bench/ctxsw_live_cost.py OUTDIR [--minutes 10] [--full-duty-minutes 3]
-        [--phases default,full,slowdown] [--nsys PATH]   (calls with different --phases add up in OUTDIR)
+        [--phases default,full,slowdown] [--holders slurm|kubelet] [--nsys PATH]
+        (calls with different --phases add up in OUTDIR)
 
 Phases (each writes OUTDIR/cost_<name>.json, all together OUTDIR/ctxsw_live_cost.json):
 - default: the exporter with --workload-ctxsw at the default duty (10 s every 120 s) for --minutes, while a
   bf16 matmul loop and a launch-bound loop (bench/ctxsw_jobs.py) share GPU 0 by time slices;
 - full: the same at ~100 % duty (--ctxsw-window W --ctxsw-period W + 1 s) for --full-duty-minutes;
-- slowdown: each of the two loops alone on the GPU, --slowdown-runs alternating runs of --slowdown-seconds
-  without and with a capture running (the live source's own `nsys profile` command line), rates compared.
+- slowdown: each of the two loops alone on the GPU for --toggle-minutes, the exporter capturing
+  --toggle-window seconds every --toggle-period: the seconds with a capture against those without, within
+  one run (bench/capture_slowdown.py; separate runs differ by more than the effect on a power-capped card).
+Every phase also reports that slowdown for its own windows, and polls /api/v1/workloads every 5 s.
 
 CPU: from /proc, measured over the steady part of a phase (after --warm-up seconds): the exporter's
 utime + stime + cutime + cstime (cutime: the nsys processes it started and waited for), plus the CPU of its
 live descendants (a capture still running), plus nsys processes outside its tree (a daemon nsys leaves
 behind), sampled every second. Memory: the exporter's VmHWM, and the peak of the exporter's and its
-descendants' summed RSS, sampled every second. The exporter's holder is a Slurm mapping file listing one
-job on GPU 0 (the source runs only where holders exist). Never asserts; every failure is recorded.
+descendants' summed RSS, sampled every second. Holders (the source runs only where holders exist): a
+Slurm mapping file listing one job on GPU 0, or with --holders kubelet one pod per loop (class Holders).
+Never asserts; every failure is recorded.
 """
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -165,11 +170,74 @@ def get_json(url: str):
         return None
 
 
-def workers(seconds: float, env: dict) -> list[subprocess.Popen]:
-    """A matmul loop and a launch-bound loop on GPU 0, time-sliced."""
-    return [subprocess.Popen([sys.executable, str(ROOT / "bench" / "ctxsw_jobs.py"), *kind.split(), "--seconds",
-                              f"{seconds:g}"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                             text=True) for kind in ("matmul --size 8192", "launch")]
+JOBS = ("matmul --size 8192", "launch")
+KUBEPODS = "/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice"
+
+
+class Holders:
+    """Who holds GPU 0 for the exporter. slurm: one mapping file listing job 1 (every process on the GPU
+    is its). kubelet: each job in its own pod, as a container runtime places it: a cgroup v2 directory
+    named cri-containerd-<64 hex>.scope under kubepods, the kubelet's log link naming the container, and a
+    real gRPC PodResources server (tests/kubelet_server.py) answering that each pod holds a time-sliced
+    replica of the GPU. Only the kubelet itself is a stand-in (there is no cluster on the device)."""
+
+    def __init__(self, kind: str, tmp: Path, jobs: list[str]):
+        self.kind, self.tmp, self.server = kind, tmp, None
+        self.cgroups: list[str | None] = [None] * len(jobs)
+        if kind == "slurm":
+            (tmp / "map").mkdir()
+            (tmp / "map" / "0").write_text("1\n")
+            self.flags = ["--kubelet-socket", "none", "--hpc-job-mapping-dir", str(tmp / "map")]
+            return
+        from tests.kubelet_server import KubeletServer, pod
+
+        uuid = gpu_uuid(0)
+        (tmp / "containers").mkdir()
+        self.server = KubeletServer(str(tmp / "kubelet.sock")).start()
+        for n, job in enumerate(jobs):
+            name, container_id = f"{job.split()[0]}-{n}", f"{n + 1:x}" * 64
+            folder = Path(KUBEPODS) / f"kubepods-besteffort-pod{n + 1:08d}.slice" / f"cri-containerd-{container_id}.scope"
+            folder.mkdir(parents=True, exist_ok=True)
+            self.cgroups[n] = str(folder / "cgroup.procs")
+            (tmp / "containers" / f"{name}_bench_main-{container_id}.log").symlink_to("/dev/null")
+            self.server.service.pods.append(pod("bench", name, {"main": [("nvidia.com/gpu", [f"{uuid}::{n}"])]}))
+        self.server.service.allocatable = [("nvidia.com/gpu", [f"{uuid}::{n}" for n in range(len(jobs))])]
+        self.flags = ["--kubelet-socket", str(tmp / "kubelet.sock"), "--kubelet-container-logs", str(tmp / "containers"),
+                      "--kubelet-interval", "5s"]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        for procs in filter(None, self.cgroups):  # empty by now: the jobs have exited
+            for folder in (Path(procs).parent, Path(procs).parent.parent):
+                try:
+                    folder.rmdir()
+                except OSError:
+                    pass
+
+
+def gpu_uuid(index: int) -> str:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def workers(seconds: float, env: dict, jobs: list[str], cgroups: list[str | None], progress: Path) -> list[subprocess.Popen]:
+    """The jobs on GPU 0, time-sliced, each logging its progress to progress/<n>.txt; a job with a cgroup
+    moves there (its shell writes its own pid, then execs the job) before CUDA starts."""
+    progress.mkdir(exist_ok=True)
+    out = []
+    for n, (job, procs) in enumerate(zip(jobs, cgroups)):
+        cmd = [sys.executable, str(ROOT / "bench" / "ctxsw_jobs.py"), *job.split(), "--seconds", f"{seconds:g}",
+               "--progress", str(progress / f"{n}.txt")]
+        if procs:
+            cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *cmd]
+        out.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
+    return out
 
 
 def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -182,21 +250,45 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
             proc.wait()
 
 
+class Timeline(threading.Thread):
+    """Every 0.2 s: whether a capture of the exporter runs (its `sleep WINDOW`) and whether any process the
+    exporter started lives (nsys starting, finishing, exporting), appended to a JSON-lines file
+    (bench/capture_slowdown.py reads it). nsys' daemon outside the exporter's tree lingers between captures
+    and does not count."""
+
+    def __init__(self, path: Path, window: float, exporter: int):
+        super().__init__(daemon=True)
+        self.path, self.sleep, self.exporter = path, f"sleep {window:g}", exporter
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        with open(self.path, "a", buffering=1) as out:
+            while not self.halt.wait(0.2):
+                tree = descendants(self.exporter, processes())
+                capturing = any(cmdline(pid).strip() == self.sleep for pid in tree)
+                out.write(json.dumps({"t": round(time.time(), 3), "capturing": capturing, "nsys": bool(tree)}) + "\n")
+
+
 def phase(name: str, nsys: str, window: float, period: float, minutes: float, warm_up: float, env: dict,
-          out: Path, extra: list[str]) -> dict:
+          out: Path, extra: list[str], jobs: list[str] = JOBS, holders: str = "slurm") -> dict:
+    from bench.capture_slowdown import read_progress, read_timeline, slowdown
+
     tmp = Path(tempfile.mkdtemp(prefix="ctxsw-cost-"))
-    (tmp / "map").mkdir()
-    (tmp / "map" / "0").write_text("1\n")
+    held = Holders(holders, tmp, list(jobs))
     port = free_port()
-    jobs = workers(minutes * 60 + warm_up + 60, env)
+    progress = out / f"progress_{name}"
+    workers_ = workers(minutes * 60 + warm_up + 60, env, list(jobs), held.cgroups, progress)
     time.sleep(10)  # contexts up before the first capture
     log = open(out / f"exporter_{name}.log", "w")
     exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1",
-                                 "--kubelet-socket", "none", "--no-mps", "--hpc-job-mapping-dir", str(tmp / "map"),
+                                 "--no-mps", *held.flags,
                                  "--workload-ctxsw", "--ctxsw-window", f"{window:g}s", "--ctxsw-period", f"{period:g}s",
                                  "--nsys-binary", nsys, *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     meter = Meter(exporter.pid, nsys)
-    result: dict = {"phase": name, "window_s": window, "period_s": period, "duty": round(window / period, 4)}
+    timeline = Timeline(out / f"timeline_{name}.jsonl", window, exporter.pid)
+    timeline.start()
+    result: dict = {"phase": name, "window_s": window, "period_s": period, "duty": round(window / period, 4),
+                    "holders": holders, "jobs": list(jobs)}
     try:
         end_warm = time.time() + warm_up
         while time.time() < end_warm:
@@ -206,16 +298,18 @@ def phase(name: str, nsys: str, window: float, period: float, minutes: float, wa
         cpu0, t0 = meter.sample(), time.monotonic()
         windows, states = set(), {}
         deadline = t0 + minutes * 60
-        while time.monotonic() < deadline and exporter.poll() is None:
-            time.sleep(1)
-            meter.sample()
-            if int(time.monotonic() - t0) % 5 == 0:
-                answer = get_json(f"http://127.0.0.1:{port}/api/v1/workloads") or {}
-                for gpu in answer.get("ctxsw") or ():
-                    states[gpu["state"]] = states.get(gpu["state"], 0) + 1
-                    if gpu["window"]:
-                        windows.add(round(gpu["window"][1], 3))
-                        result["last_reason"] = gpu["reason"]
+        with open(out / f"workloads_{name}.jsonl", "a") as polled:
+            while time.monotonic() < deadline and exporter.poll() is None:
+                time.sleep(1)
+                meter.sample()
+                if int(time.monotonic() - t0) % 5 == 0:
+                    answer = get_json(f"http://127.0.0.1:{port}/api/v1/workloads") or {}
+                    polled.write(json.dumps({"t": round(time.time(), 2), "workloads": answer}) + "\n")
+                    for gpu in answer.get("ctxsw") or ():
+                        states[gpu["state"]] = states.get(gpu["state"], 0) + 1
+                        if gpu["window"]:
+                            windows.add(round(gpu["window"][1], 3))
+                            result["last_reason"] = gpu["reason"]
         cpu1, t1 = meter.sample(), time.monotonic()
         result.update({
             "seconds": round(t1 - t0, 1),
@@ -227,19 +321,25 @@ def phase(name: str, nsys: str, window: float, period: float, minutes: float, wa
             "windows_captured": len(windows),
             "state_polls": states,
             "metrics_ctxsw": [line for line in (_metrics(port) or "").splitlines()
-                              if line.startswith(("gpu_workload_ctxsw", 'gpu_exporter_collector_success{collector="ctxsw"'))],
+                              if line.startswith(("gpu_workload_ctxsw", 'gpu_exporter_collector_success{collector="ctxsw"',
+                                                  "gpu_workload_time_share", "gpu_workload_sm_active"))],
         })
         cpu = result["exporter_tree_cpu_seconds"] + result["stray_nsys_cpu_seconds"]
         result["cpu_share_of_one_core"] = round(cpu / max(result["seconds"], 1e-9), 5)
     finally:
+        timeline.halt.set()
         stop(exporter)
         log.close()
-        for job in jobs:
+        for job in workers_:
             stop(job)
-        result["workers"] = [job.stdout.read().strip()[-300:] if job.stdout else "" for job in jobs]
+        result["workers"] = [job.stdout.read().strip()[-300:] if job.stdout else "" for job in workers_]
+        held.close()
         shutil.rmtree(tmp, ignore_errors=True)
     result["exporter_exit"] = exporter.returncode
     result["leftover_capture_dirs"] = len(list(Path(tempfile.gettempdir()).glob("gpu-exporter-ctxsw-*")))
+    polls = read_timeline(out / f"timeline_{name}.jsonl")
+    result["slowdown"] = {job.split()[0]: slowdown(read_progress(progress / f"{n}.txt"), polls)
+                          for n, job in enumerate(jobs) if (progress / f"{n}.txt").exists()}
     (out / f"cost_{name}.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -252,46 +352,6 @@ def _metrics(port: int) -> str | None:
         return None
 
 
-def slowdown(nsys: str, runs: int, seconds: float, env: dict, out: Path) -> dict:
-    """Each loop alone on GPU 0, alternating runs without and with a capture running."""
-    from exporter.samplers.ctxsw import profile_command
-
-    result = {}
-    for kind in ("matmul --size 8192", "launch"):
-        rates = {"off": [], "on": []}
-        for run in range(runs):
-            for capture in ("off", "on"):
-                tmp = Path(tempfile.mkdtemp(prefix="ctxsw-slow-"))
-                nsys_proc = None
-                if capture == "on":
-                    nsys_proc = subprocess.Popen(profile_command(nsys, "all", 1000, tmp / "r", seconds + 10), env=env,
-                                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    time.sleep(4)  # the capture is running before the loop's clock starts
-                done = subprocess.run([sys.executable, str(ROOT / "bench" / "ctxsw_jobs.py"), *kind.split(), "--seconds",
-                                       f"{seconds:g}"], cwd=ROOT, env=env, capture_output=True, text=True,
-                                      timeout=seconds + 120, check=False)
-                if nsys_proc is not None:
-                    try:
-                        nsys_proc.wait(timeout=seconds + 120)
-                    except subprocess.TimeoutExpired:
-                        stop(nsys_proc)
-                shutil.rmtree(tmp, ignore_errors=True)
-                try:
-                    line = json.loads(done.stdout.strip().splitlines()[-1])
-                except (IndexError, ValueError):
-                    line = {"error": (done.stderr or done.stdout)[-300:]}
-                line.update({"capture": capture, "run": run})
-                with open(out / "slowdown.jsonl", "a") as f:
-                    f.write(json.dumps(line) + "\n")
-                rate = line.get("rate") or line.get("per_second")
-                if isinstance(rate, (int, float)):
-                    rates[capture].append(rate)
-        mean = {k: (sum(v) / len(v) if v else None) for k, v in rates.items()}
-        result[kind.split()[0]] = {"rates": rates, "mean": mean,
-                                   "slowdown": None if None in mean.values() else round(1 - mean["on"] / mean["off"], 5)}
-    return result
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("outdir", type=Path)
@@ -301,8 +361,11 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=float, default=10.0, help="capture length (the default duty: 10 s every 120 s)")
     p.add_argument("--period", type=float, default=120.0)
     p.add_argument("--warm-up", type=float, default=30.0, help="seconds of each phase left out of the CPU figure")
-    p.add_argument("--slowdown-runs", type=int, default=3, help="alternating runs per loop (0: skip)")
-    p.add_argument("--slowdown-seconds", type=float, default=8.0)
+    p.add_argument("--holders", choices=("slurm", "kubelet"), default="slurm",
+                   help="who holds the GPU: a Slurm mapping file, or pods (cgroups, log links, a PodResources server)")
+    p.add_argument("--toggle-window", type=float, default=10.0, help="capture length of the slowdown phases")
+    p.add_argument("--toggle-period", type=float, default=25.0, help="period of the slowdown phases' captures")
+    p.add_argument("--toggle-minutes", type=float, default=2.5, help="length of each slowdown phase")
     p.add_argument("--phases", default="default,full,slowdown",
                    help="which to run (comma-separated; each call adds its results to OUTDIR/ctxsw_live_cost.json)")
     p.add_argument("--exporter-args", default="", help="more exporter flags (a dry run without a GPU: "
@@ -316,27 +379,28 @@ def main(argv=None) -> int:
     result = json.loads(saved.read_text()) if saved.exists() else {"phases": {}}  # an earlier call's phases
     result.update({"nsys": nsys, "nsys_version": (version.stdout or version.stderr).strip()[-200:],
                    "euid": os.geteuid(), "cpus": os.cpu_count(), "started": time.time()})
-    phases = [("default", args.window, args.period, args.minutes)]
+    phases = [("default", args.window, args.period, args.minutes, JOBS)]
     if args.full_duty_minutes > 0:  # back to back: a tick (window + nsys' own start and export) outlasts the period
-        phases.append(("full", args.window, args.window + 1.0, args.full_duty_minutes))
-    for name, window, period, minutes in (p for p in phases if p[0] in wanted):
+        phases.append(("full", args.window, args.window + 1.0, args.full_duty_minutes, JOBS))
+    if "slowdown" in wanted:  # each loop alone, captures toggled on and off within the one run
+        wanted |= {f"slowdown_{job.split()[0]}" for job in JOBS}
+        phases += [(f"slowdown_{job.split()[0]}", args.toggle_window, args.toggle_period, args.toggle_minutes, (job,))
+                   for job in JOBS]
+    for name, window, period, minutes, jobs in (p for p in phases if p[0] in wanted):
         try:
             result["phases"][name] = phase(name, nsys, window, period, minutes, args.warm_up, env, args.outdir,
-                                           args.exporter_args.split())
+                                           args.exporter_args.split(), jobs, args.holders)
         except Exception as exc:  # noqa: BLE001 - unattended: record and go on
             result["phases"][name] = {"error": f"{type(exc).__name__}: {exc}"}
         (args.outdir / "ctxsw_live_cost.json").write_text(json.dumps(result, indent=1) + "\n")
-    if args.slowdown_runs > 0 and "slowdown" in wanted:
-        try:
-            result["slowdown"] = slowdown(nsys, args.slowdown_runs, args.slowdown_seconds, env, args.outdir)
-        except Exception as exc:  # noqa: BLE001
-            result["slowdown"] = {"error": f"{type(exc).__name__}: {exc}"}
     result["finished"] = time.time()
     (args.outdir / "ctxsw_live_cost.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({name: {k: v for k, v in ph.items() if k in ("cpu_share_of_one_core", "windows_captured",
                                                                  "exporter_peak_rss_bytes", "peak_rss_nsys_bytes", "error")}
                       for name, ph in result["phases"].items()}, indent=1))
-    print(json.dumps({k: v.get("slowdown") if isinstance(v, dict) else v for k, v in (result.get("slowdown") or {}).items()}))
+    print(json.dumps({name: {job: {k: v for k, v in found.items() if k.startswith("slowdown_")}
+                             for job, found in (ph.get("slowdown") or {}).items()}
+                      for name, ph in result["phases"].items()}, indent=1))
     return 0
 
 

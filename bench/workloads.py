@@ -57,7 +57,8 @@ def spin(sms: int, seconds: float, threads: int = 256, kernel_ms: float = KERNEL
     return launched
 
 
-def matmul(seconds: float, size: int = 8192) -> int:
+def matmul(seconds: float, size: int = 8192, on_step=None) -> int:
+    """`on_step(done)` after each synchronize: the slowdown runs log progress over time."""
     import torch
 
     a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
@@ -69,6 +70,8 @@ def matmul(seconds: float, size: int = 8192) -> int:
             a @ b
         torch.cuda.synchronize()
         done += 4
+        if on_step is not None:
+            on_step(done)
     return done
 
 
@@ -104,7 +107,7 @@ def copy(seconds: float, elements: int = 1536 * 1024 * 1024) -> int:
     return done
 
 
-def launch(seconds: float) -> int:
+def launch(seconds: float, on_step=None) -> int:
     import torch
 
     x = torch.zeros(16, device="cuda")
@@ -115,6 +118,8 @@ def launch(seconds: float) -> int:
             x.add_(1.0)
         done += 100
         torch.cuda.synchronize()
+        if on_step is not None:
+            on_step(done)
     return done
 
 
