@@ -126,6 +126,7 @@ class Meter:
         self.exporter, self.nsys_dir = exporter, str(Path(nsys).parent)
         self.stray_first: dict[int, float] = {}
         self.stray_last: dict[int, float] = {}
+        self.stray_names: dict[int, str] = {}
         self.peak_tree_rss = 0
         self.peak_nsys_rss = 0
 
@@ -141,18 +142,33 @@ class Meter:
         nsys_rss = 0
         for pid, info in table.items():
             if pid == self.exporter or pid in tree:
-                if pid in tree and self.nsys_dir in cmdline(pid):
+                if pid in tree and self.is_nsys(pid):
                     nsys_rss += info["rss"]
                 continue
-            if self.nsys_dir in cmdline(pid) or "nsys" in cmdline(pid).split(" ")[0]:
+            if self.is_nsys(pid):
                 self.stray_first.setdefault(pid, info["own_cpu"])
+                self.stray_names.setdefault(pid, cmdline(pid)[:160])
                 self.stray_last[pid] = info["own_cpu"]
                 nsys_rss += info["rss"]
         self.peak_nsys_rss = max(self.peak_nsys_rss, nsys_rss)
         return total
 
+    def is_nsys(self, pid: int) -> bool:
+        """An nsys process (its CLI, agent, launcher): by the program it runs, not by its arguments (this
+        script's own command line names the nsys path too)."""
+        program = cmdline(pid).split(" ")[0]
+        return program.startswith(self.nsys_dir) or os.path.basename(program).startswith("nsys")
+
     def stray_cpu(self) -> float:
         return sum(self.stray_last[p] - self.stray_first[p] for p in self.stray_last)
+
+    def stray_by_command(self) -> dict[str, float]:
+        """CPU seconds of the nsys processes outside the exporter's tree, by command line, since first seen."""
+        out: dict[str, float] = {}
+        for pid, last in self.stray_last.items():
+            name = self.stray_names.get(pid, "?")
+            out[name] = round(out.get(name, 0.0) + last - self.stray_first[pid], 2)
+        return out
 
 
 # -- phases -------------------------------------------------------------------------------------------
@@ -250,23 +266,35 @@ def stop(proc: subprocess.Popen, timeout: float = 30) -> None:
             proc.wait()
 
 
+def is_sleep(command: str, seconds: str) -> bool:
+    """`sleep SECONDS`, however the program is named (nsys' launcher may start it by its full path)."""
+    args = command.split()
+    return len(args) == 2 and os.path.basename(args[0]) == "sleep" and args[1] == seconds
+
+
 class Timeline(threading.Thread):
-    """Every 0.2 s: whether a capture of the exporter runs (its `sleep WINDOW`) and whether any process the
-    exporter started lives (nsys starting, finishing, exporting), appended to a JSON-lines file
-    (bench/capture_slowdown.py reads it). nsys' daemon outside the exporter's tree lingers between captures
-    and does not count."""
+    """Every 0.2 s: whether a capture of the exporter runs (its `sleep WINDOW`, which nsys' daemon starts, so
+    looked for system-wide) and whether any process the exporter started lives (nsys starting, finishing,
+    exporting), appended to a JSON-lines file (bench/capture_slowdown.py reads it). nsys' daemon outside the
+    exporter's tree lingers between captures and does not count."""
 
     def __init__(self, path: Path, window: float, exporter: int):
         super().__init__(daemon=True)
-        self.path, self.sleep, self.exporter = path, f"sleep {window:g}", exporter
+        self.path, self.sleep, self.exporter = path, f"{window:g}", exporter
         self.halt = threading.Event()
 
     def run(self) -> None:
+        uncaught = 0  # polls with nsys running and no sleep seen: after 25 (5 s), the processes are listed once
         with open(self.path, "a", buffering=1) as out:
             while not self.halt.wait(0.2):
-                tree = descendants(self.exporter, processes())
-                capturing = any(cmdline(pid).strip() == self.sleep for pid in tree)
+                table = processes()
+                tree = descendants(self.exporter, table)
+                capturing = any(is_sleep(cmdline(pid), self.sleep) for pid in table)
                 out.write(json.dumps({"t": round(time.time(), 3), "capturing": capturing, "nsys": bool(tree)}) + "\n")
+                uncaught = uncaught + 1 if tree and not capturing else 0
+                if uncaught == 25:
+                    newer = {pid: cmdline(pid)[:200] for pid in table if pid > self.exporter}
+                    self.path.with_suffix(".processes.json").write_text(json.dumps(newer, indent=1))
 
 
 def phase(name: str, nsys: str, window: float, period: float, minutes: float, warm_up: float, env: dict,
@@ -301,10 +329,11 @@ def phase(name: str, nsys: str, window: float, period: float, minutes: float, wa
         with open(out / f"workloads_{name}.jsonl", "a") as polled:
             while time.monotonic() < deadline and exporter.poll() is None:
                 time.sleep(1)
-                meter.sample()
+                tree_cpu = meter.sample()
                 if int(time.monotonic() - t0) % 5 == 0:
                     answer = get_json(f"http://127.0.0.1:{port}/api/v1/workloads") or {}
-                    polled.write(json.dumps({"t": round(time.time(), 2), "workloads": answer}) + "\n")
+                    polled.write(json.dumps({"t": round(time.time(), 2), "tree_cpu": round(tree_cpu - cpu0, 2),
+                                             "stray_cpu": round(meter.stray_cpu() - stray0, 2), "workloads": answer}) + "\n")
                     for gpu in answer.get("ctxsw") or ():
                         states[gpu["state"]] = states.get(gpu["state"], 0) + 1
                         if gpu["window"]:
@@ -315,6 +344,7 @@ def phase(name: str, nsys: str, window: float, period: float, minutes: float, wa
             "seconds": round(t1 - t0, 1),
             "exporter_tree_cpu_seconds": round(cpu1 - cpu0, 2),
             "stray_nsys_cpu_seconds": round(meter.stray_cpu() - stray0, 2),
+            "stray_nsys_by_command": meter.stray_by_command(),
             "exporter_peak_rss_bytes": peak_memory(exporter.pid),
             "peak_rss_exporter_and_children_bytes": meter.peak_tree_rss,
             "peak_rss_nsys_bytes": meter.peak_nsys_rss,
