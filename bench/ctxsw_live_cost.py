@@ -153,6 +153,16 @@ class Meter:
         self.peak_nsys_rss = max(self.peak_nsys_rss, nsys_rss)
         return total
 
+    def sample_stray(self) -> None:
+        """Only the nsys processes outside the exporter's tree."""
+        table = processes()
+        tree = descendants(self.exporter, table)
+        for pid, info in table.items():
+            if pid != self.exporter and pid not in tree and self.is_nsys(pid):
+                self.stray_first.setdefault(pid, info["own_cpu"])
+                self.stray_names.setdefault(pid, cmdline(pid)[:160])
+                self.stray_last[pid] = info["own_cpu"]
+
     def is_nsys(self, pid: int) -> bool:
         """An nsys process (its CLI, agent, launcher): by the program it runs, not by its arguments (this
         script's own command line names the nsys path too)."""
