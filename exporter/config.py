@@ -295,10 +295,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
                         "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
     g.add_argument("--ctxsw-window", type=_duration, default=10.0, help="length of one context-switch capture")
-    # 120 s: each window costs ~3.3 s of CPU (nsys and the attribution, measured on the H200), 2.8 % of a core
-    g.add_argument("--ctxsw-period", type=_duration, default=120.0,
+    # 180 s at 500 Hz: a window costs ~2.4 s of CPU (mostly nsys' own agent, which a lower frequency hardly
+    # changes), so the exporter with pods as holders measured 2.6 % of a core over 10 minutes on the H200
+    # (bench/RESULTS.md, issue 26); at 120 s and 1 kHz it was 3.9 %.
+    g.add_argument("--ctxsw-period", type=_duration, default=180.0,
                    help="one capture starts every this long (the duty is window / period)")
-    g.add_argument("--ctxsw-frequency", type=int, default=1000, help="GPU metrics sampling frequency of the captures, Hz")
+    # 500 Hz: 2 ms samples over ~2 ms slices; the fit's error of SM active against the 10 kHz truth is 0.009
+    # of the GPU at 500 Hz, 0.006 at 1 kHz, for a third less CPU per window
+    g.add_argument("--ctxsw-frequency", type=int, default=500, help="GPU metrics sampling frequency of the captures, Hz")
     g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
                    help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
     _apply_environment(p)
@@ -315,7 +319,7 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
         parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
                      "session at a time can do: choose one")
     if args.workload_ctxsw and not 10 <= args.ctxsw_frequency <= 10000:
-        parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (1000 resolves ~2 ms slices; "
+        parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (500 resolves ~2 ms slices; "
                      "10 kHz already makes ~180 MB a second of raw stream)")
     if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
         parser.error("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "

@@ -151,7 +151,7 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys):
     assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.1), 419: (0.45, 0.09)}
     assert got.listed == {417, 418} and got.window_end - got.window_start == pytest.approx(0.02)
     calls = (fake_nsys / "calls.log").read_text().splitlines()
-    assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=1000")
+    assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=500")
     assert calls[0].endswith("sleep 0.2") and calls[1].startswith("export --type sqlite -o ")
     assert not list(fake_nsys.glob("gpu-exporter-ctxsw-*"))  # the report and the export are removed
 
@@ -298,7 +298,7 @@ def test_flags_offer_every_estimator_and_refuse_a_window_longer_than_the_period(
     for estimator in ESTIMATORS:
         assert parse_args(["--ctxsw-estimator", estimator]).ctxsw_estimator == estimator
     args = parse_args(["--workload-ctxsw"])
-    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 120.0, 1000, "fit")
+    assert (args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency, args.ctxsw_estimator) == (10.0, 180.0, 500, "fit")
     with pytest.raises(SystemExit):
         parse_args(["--workload-ctxsw", "--ctxsw-window", "1m", "--ctxsw-period", "1m"])
     assert "--ctxsw-window 60s must be at least 1 s and shorter than --ctxsw-period 60s" in capsys.readouterr().err

@@ -1,9 +1,9 @@
 """Live per-process time and SM shares of time-sliced GPUs, from the GPU's own context switches.
 
-Opt-in (`--workload-ctxsw`): every `--ctxsw-period` (120 s) it runs, in its own thread and never on the
+Opt-in (`--workload-ctxsw`): every `--ctxsw-period` (180 s) it runs, in its own thread and never on the
 scrape path,
 
-    nsys profile --gpuctxsw=true --trace=none --gpu-metrics-devices=I,J --gpu-metrics-frequency=1000 \\
+    nsys profile --gpuctxsw=true --trace=none --gpu-metrics-devices=I,J --gpu-metrics-frequency=500 \\
         --sample=none --cpuctxsw=none -o DIR/ctxsw -f true sleep WINDOW
     nsys export --type sqlite -o DIR/ctxsw.sqlite -f true DIR/ctxsw.nsys-rep
 
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED = "active", "standby", "unsupported", "error", "disabled"
 STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
-EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 1 kHz takes a few seconds
+EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 500 Hz takes about a second
 READ_BUDGET_S = 60.0
 NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
 MPS = "MPS: all clients share one context, so the trace has no per-client slices"
@@ -80,8 +80,8 @@ class CaptureError(Exception):
 class CtxswSampler:
     name = "ctxsw"
 
-    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 120.0,
-                 frequency: int = 1000, estimator: str | None = None, other_sources=None):
+    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
+                 frequency: int = 500, estimator: str | None = None, other_sources=None):
         from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
 
         self._nvml = nvml  # NvmlSampler: the GPUs, their process lists and modes
