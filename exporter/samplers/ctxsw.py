@@ -257,6 +257,7 @@ class CtxswSampler:
         finally:
             shutil.rmtree(work, ignore_errors=True)
             self._work = None
+            release_free_memory()
 
     def _run(self, cmd: list[str], timeout: float, what: str) -> None:
         if self._stopping.is_set():
@@ -284,6 +285,18 @@ class CtxswSampler:
         work = self._work
         if work is not None:  # the exporter may exit before the capture's thread cleans up
             shutil.rmtree(work, ignore_errors=True)
+
+
+def release_free_memory() -> bool:
+    """Hands the heap that the attribution freed back to the system (glibc keeps it otherwise: ~26 MB of a
+    25 s export's ~36 MB on the development machine). False where there is no glibc malloc_trim."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # 1: something was released, 0: nothing was free
+    except (OSError, AttributeError):
+        return False
+    return True
 
 
 def _kill(proc: subprocess.Popen) -> None:
