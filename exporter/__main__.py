@@ -5,7 +5,6 @@ in use), one line on stderr."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 

@@ -92,14 +92,18 @@ TOKEN_FILE_MAX_BYTES = 4096
 
 def _read_token(path: str) -> str:
     """The upload token from a file (a Kubernetes or compose secret), surrounding whitespace removed."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(TOKEN_FILE_MAX_BYTES + 1)
+    from exporter.hostfiles import FileTooLarge, NotRegularFile, read_capped
+
+    try:  # non-blocking and regular files only: a FIFO there must not hang the exporter's start
+        raw = read_capped(path, TOKEN_FILE_MAX_BYTES, follow=True)  # a mounted secret is a link
+    except FileTooLarge:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: over {TOKEN_FILE_MAX_BYTES} bytes, "
+                                         f"not a token") from None
+    except NotRegularFile as exc:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc}; give the file holding the "
+                                         f"token") from None
     except OSError as exc:
         raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc.strerror}") from None
-    if len(raw) > TOKEN_FILE_MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: over {TOKEN_FILE_MAX_BYTES} bytes, "
-                                         f"not a token")
     try:
         token = raw.decode().strip()
     except UnicodeDecodeError:

@@ -11,7 +11,7 @@ from nsys_ingest.kernels import NO_KERNEL_TRACE, GpuKernels, has_kernel_trace, k
 from nsys_ingest.phases import describe as describe_phase
 from nsys_ingest.phases import judge_phases
 from nsys_ingest.phases import split as split_phases
-from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError
+from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export
 from nsys_ingest.verdicts import CONCURRENT_KERNELS, LONG_GAP_S, MIN_SHORT_KERNELS, SHORT_KERNEL_S, Evidence, judge
 
 NO_GPU_METRICS = ("this export has no GPU metrics: add --gpu-metrics-devices=all to the nsys command to measure "
@@ -227,7 +227,7 @@ def print_diagnosis(result: dict) -> None:
         if gpu["copies"]:
             _print_copies(gpu["copies"])
         if gpu.get("phases"):
-            print(f"  phases (split where the activity changes, each judged on its own window):")
+            print("  phases (split where the activity changes, each judged on its own window):")
             for phase in gpu["phases"]:
                 print(f"    {describe_phase(phase)}")
 

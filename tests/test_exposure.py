@@ -407,6 +407,17 @@ def test_an_empty_or_unreadable_token_file_is_one_line_and_exit_2(tmp_path, cont
     assert "--nsys-upload-token-file" in lines[0] and str(path) in lines[0]
 
 
+def test_a_fifo_or_a_directory_as_token_file_is_one_line_not_a_hang(tmp_path):
+    """open() on a FIFO with no writer blocks forever: the exporter would never start."""
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    for path, what in ((fifo, "FIFO"), (tmp_path, "directory")):
+        done = run_exporter(*SHORT, "--port", str(free_port()), "--nsys-upload-token-file", str(path))
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, done.stdout + done.stderr
+        assert str(path) in lines[0] and what.lower() in lines[0].lower(), lines[0]
+
+
 def test_the_token_file_also_comes_from_the_environment(tmp_path):
     path = tmp_path / "token"
     path.write_text("")

@@ -114,7 +114,7 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
     it): after the deadline its jobs are gone from the published snapshot, its success is 0 and one
     line says so; when the open returns, a fresh tick publishes them again."""
     from exporter.engine import Engine
-    from exporter.nvml_replay import ReplayNvml, cut
+    from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.gpm import GpmSource
     from exporter.samplers.nvml import NvmlSampler
     from exporter.samplers.slurm import SlurmSampler

@@ -9,8 +9,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.parse
-from pathlib import Path
 
 import pytest
 import yaml

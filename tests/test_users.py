@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 

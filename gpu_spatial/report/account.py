@@ -238,7 +238,7 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     for t, window in evaluations:
         run = out[-1] if out else None
         if run:
-            gap, (last_t, last_w) = t - run[-1][0], run[-1]
+            gap, last_w = t - run[-1][0], run[-1][1]
             step = run[1][0] - run[0][0] if len(run) > 1 else gap
             if window == last_w and gap <= window and abs(gap - step) <= EVEN * step:
                 run.append((t, window))
