@@ -202,6 +202,16 @@ def test_bad_flags_exit_2_with_one_line():
         assert expect in run.stderr and "Traceback" not in run.stderr, (argv, run.stderr)
 
 
+def test_the_interval_takes_the_exporters_suffixes_and_bounds():
+    from gpu_spatial.top import build_parser
+
+    assert [build_parser().parse_args(["--interval", text]).interval for text in ("2s", "1m", "0.1", "60")] == \
+        [2.0, 60.0, 0.1, 60.0]
+    for text in ("0.09", "61", "1m1"):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["--interval", text])
+
+
 # -- the real program under tmux ------------------------------------------------------------------
 class Tmux:
     """A private tmux server (own socket) running `gpu-spatial top ...` in a window of a given size."""

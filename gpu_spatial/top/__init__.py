@@ -17,6 +17,8 @@ import signal
 import sys
 import time
 
+from exporter.config import _interval  # the exporter's: the same suffixes and bounds
+
 LOG_LINES = 50  # the in-process engine's recent log lines, shown under `w` (stderr would tear the screen)
 
 
@@ -30,16 +32,6 @@ class _Keep(logging.Handler):
         self.lines.append(self.format(record))
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: want seconds, e.g. 1") from None
-    if not 0.1 <= value <= 60:
-        raise argparse.ArgumentTypeError("interval must be between 0.1 and 60 seconds")
-    return value
-
-
 def _quit(_signum, _frame):
     """SIGTERM quits like q: curses.wrapper restores the terminal on the way out."""
     raise KeyboardInterrupt
@@ -50,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=None, help="read a running exporter's JSON API (e.g. http://host:9478) "
                                                "instead of sampling in this process")
-    p.add_argument("--interval", type=_interval, default=1.0, help="refresh (and in-process sampling) interval, "
-                                                                   "seconds (default 1)")
+    p.add_argument("--interval", type=_interval, default=1.0,
+                   help="refresh (and in-process sampling) interval, 0.1 s to 60 s: 1, 2s, 1m (default 1 s)")
     p.add_argument("--no-color", action="store_true", help="plain mode, no colour (also when NO_COLOR is set)")
     p.add_argument("--once", action="store_true", help="print one screen as plain text and exit (scripts)")
     p.add_argument("--size", default=None, metavar="COLSxROWS", help="screen size for --once (default: the terminal's)")
