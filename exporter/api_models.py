@@ -167,7 +167,10 @@ class Gpu(BaseModel):
     sharing_mode: Optional[Literal["exclusive", "time_sliced", "mps", "mig", "idle"]] = None
     diagnosis: Optional[Diagnosis] = None
     sources: list[SourceStatus] = Field(description="every candidate spatial source, in order of preference")
-    pods: Optional[list[PodRef]] = Field(description="holders from the kubelet; None: pod attribution off or failing")
+    pods: Optional[list[PodRef]] = Field(description="holders from the kubelet, at most 256; None: pod attribution off "
+                                                     "or failing")
+    pods_omitted: int = Field(0, description="holders of this GPU beyond the 256 listed (/metrics folds them into "
+                                             "pod=\"other\")")
     telemetry: Optional[Telemetry] = Field(description="None: NVML does not know this GPU")
 
 
@@ -200,7 +203,8 @@ class Mps(BaseModel):
 
 class Kubelet(BaseModel):
     error: str
-    pods: dict[str, list[PodRef]] = Field(description="GPU UUID -> containers holding it or a share of it")
+    pods: dict[str, list[PodRef]] = Field(description="GPU UUID -> containers holding it or a share of it (at most 256)")
+    pods_omitted: dict[str, int] = Field(default_factory=dict, description="GPU UUID -> holders beyond the 256 listed")
     process_owners: dict[str, PodRef] = Field(description="host pid -> its container")
 
 

@@ -450,3 +450,8 @@ def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_fo
         print(f"10,000 pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
         assert exporter.log().count("more than --holder-series-limit 20") == 1
         assert "Traceback" not in exporter.log()
+        # the JSON API lists 256 holders per GPU and says how many it left out, instead of all 10,000
+        answer = exporter.gpus()
+        gpu, kubelet = answer["gpus"][0], answer["kubelet"]
+        assert len(gpu["pods"]) == 256 and gpu["pods_omitted"] == count - 256
+        assert len(kubelet["pods"][UUID]) == 256 and kubelet["pods_omitted"] == {UUID: count - 256}

@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 DEFAULT_CONTAINER_LOGS = "/var/log/containers"
 RESOURCE_PREFIX = "nvidia.com/"
+# The JSON API lists at most this many holders per GPU (and says how many it left out): a kubelet may
+# answer 16 MB of pods, and every GET would serialise them all. /metrics folds them (--holder-series-limit).
+API_PODS_PER_GPU = 256
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a node with hundreds of pods answers more than gRPC's 4 MB default
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 # The kubelet's log links: <pod>_<namespace>_<container>-<container id>.log (names hold no '_').
@@ -57,7 +60,9 @@ class KubeletSnapshot:
 
     def to_json(self) -> dict:
         return {"error": self.error,
-                "pods": {uuid: [ref.__dict__ for ref in refs] for uuid, refs in self.pods.items()},
+                "pods": {uuid: [ref.__dict__ for ref in refs[:API_PODS_PER_GPU]] for uuid, refs in self.pods.items()},
+                "pods_omitted": {uuid: len(refs) - API_PODS_PER_GPU for uuid, refs in self.pods.items()
+                                 if len(refs) > API_PODS_PER_GPU},
                 "process_owners": {str(pid): ref.__dict__ for pid, ref in self.owners.items()}}
 
 
