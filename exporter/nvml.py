@@ -582,6 +582,18 @@ class Nvml:
                     out[str(index)] = exc.reason
             return out
 
+    def xid_register(self, index: int) -> str | None:
+        """Registers one GPU again (after a reset its old handle no longer reports): None, or why not."""
+        with self._xid_lock:
+            if self._xid_set is None:
+                return "XID events are not open"
+            try:
+                self._call("nvmlDeviceRegisterEvents", self._nv.nvmlDeviceRegisterEvents, self._handle(index), XID_EVENT,
+                           self._xid_set)
+            except NvmlError as exc:
+                return exc.reason
+            return None
+
     def xid_wait(self, timeout_ms: int) -> dict | None:
         """The next XID event, {"index", "xid"}, or None when none came within timeout_ms (or the set is closed)."""
         nv = self._nv

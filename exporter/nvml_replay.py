@@ -167,6 +167,10 @@ class ReplayNvml:
     def xid_close(self) -> None:
         self._xid_closed.set()
 
+    def xid_register(self, index: int) -> str | None:
+        """A GPU that came back is registered again: nothing to do on a recording."""
+        return None
+
     def __getattr__(self, method):
         if method not in STATIC_METHODS + STREAM_METHODS:
             raise AttributeError(method)

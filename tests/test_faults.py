@@ -128,6 +128,7 @@ def test_a_lost_gpu_disappears_and_comes_back_when_it_answers_again(tmp_path):
     def edit(calls):
         good = calls["memory/1"]
         calls["memory/1"] = good * 5 + [error("nvmlDeviceGetMemoryInfo", "GPU is lost", lost=True)] + good * 400
+        calls["xid_open"] = [{"value": {"0": None, "1": None}}]  # both GPUs registered for XID events
 
     with Exporter("--nvml-replay", str(two_gpu_recording(tmp_path, edit)), "--no-mps", "--interval", "0.2") as e, \
             Scraper(e):
@@ -141,6 +142,8 @@ def test_a_lost_gpu_disappears_and_comes_back_when_it_answers_again(tmp_path):
         assert time.monotonic() - lost_at >= 9  # asked again after LOST_RETRY_S, not every tick
         assert log_lines(e, "nvml GPU 1", "GPU lost") == 1
         assert log_lines(e, "nvml GPU 1", "answers again") == 1
+        # the XID event set held the lost GPU's old handle: the GPU is registered again, once
+        wait_for(lambda: log_lines(e, "xid GPU 1", "registered for XID events again") == 1, 10, 0.1, "XID again")
         no_traceback(e)
 
 

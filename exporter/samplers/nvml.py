@@ -197,6 +197,8 @@ class NvmlSampler:
             back = False
         if back:
             del self._lost[gpu.index]
+            if self.xid is not None:
+                self.xid.reregister(gpu.index)  # the event set holds the old handle, which reports nothing now
             self._history.pop(gpu.uuid, None)  # samples from before the loss describe nothing now
             self._log.clear(key, "GPU answers again: serving it")
         return not back

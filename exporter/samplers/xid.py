@@ -25,6 +25,7 @@ class XidWatcher:
         self._counts: Counter = Counter()  # (index, xid) -> events
         self._last: dict[int, int] = {}  # index -> last XID
         self.watched: dict[int, str | None] = {}  # index -> None (watched) or why not
+        self._again: set[int] = set()  # GPUs back after a reset, to register in the XID thread
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._log = LogOnce(log)
@@ -48,6 +49,25 @@ class XidWatcher:
             counts = tuple(sorted((xid, n) for (i, xid), n in self._counts.items() if i == index))
             return counts, self._last.get(index)
 
+    def reregister(self, index: int) -> None:
+        """A GPU answers again after it was lost (reset, driver reloaded): its new handle is registered
+        by the XID thread before its next wait (a wait holds NVML's event set for up to WAIT_MS)."""
+        with self._lock:
+            self._again.add(index)
+
+    def _register_again(self) -> None:
+        with self._lock:
+            again, self._again = self._again, set()
+        for index in sorted(again):
+            why = self._backend.xid_register(index)
+            self.watched[index] = why
+            if why is None:
+                self._log.clear(f"xid GPU {index} again")
+                log.info("xid GPU %d: registered for XID events again after it came back", index)
+            else:
+                self._log.problem(f"xid GPU {index} again", f"XID events unavailable on GPU {index} after it came "
+                                  f"back: {why}")
+
     def _open(self) -> bool:
         try:
             watched = self._backend.xid_open()
@@ -65,6 +85,7 @@ class XidWatcher:
         if not self._open():
             return
         while not self._stop.is_set():
+            self._register_again()
             started = time.monotonic()
             try:
                 event = self._backend.xid_wait(WAIT_MS)
