@@ -79,6 +79,23 @@ def test_live_mode_refuses_gpus_that_dcgm_profiles_and_needs_nsys():
     assert not source.health.success and "not found" in source.health.error
 
 
+def test_a_live_capture_in_progress_ends_with_the_source(tmp_path, monkeypatch):
+    """close() stops nsys and what it started at once (one runner with the ctxsw source), instead of the
+    exporter's exit waiting for the window and nsys' two minutes of grace."""
+    import threading
+
+    monkeypatch.setenv("FAKE_NSYS_LOG", str(tmp_path / "calls.log"))
+    source = NsysSource(live=True, binary=str(FIXTURES / "fake-nsys"), window_s=60, nvml=_Nvml())
+    ticking = threading.Thread(target=source.tick)
+    started = time.monotonic()
+    ticking.start()
+    wait_for(lambda: (tmp_path / "calls.log").exists(), 10, 0.05, "nsys profile started")
+    source.close()
+    ticking.join(20)
+    assert not ticking.is_alive() and time.monotonic() - started < 30  # not the 60 s window
+    assert "profile" in (tmp_path / "calls.log").read_text() and source.health.success
+
+
 # -- through the real exporter ---------------------------------------------------------------------
 def post(url, data: bytes, token=None):
     request = urllib.request.Request(url, data=data, method="POST",

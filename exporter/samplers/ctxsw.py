@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.samplers.nsys import CaptureError, NsysRunner
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -73,10 +74,6 @@ def profile_command(binary: str, devices: str, frequency: int, out: Path, second
             "sleep", f"{seconds:g}"]
 
 
-class CaptureError(Exception):
-    """A capture that failed as a whole: one line why."""
-
-
 class CtxswSampler:
     name = "ctxsw"
 
@@ -97,7 +94,7 @@ class CtxswSampler:
         self.health = CollectorHealth(True, 0.0, "")
         self._log = LogOnce(log)
         self._stopping = threading.Event()
-        self._running: subprocess.Popen | None = None
+        self._runner = NsysRunner(self._stopping)
         self._work: Path | None = None  # the capture's directory while one runs
 
     # -- what the accountant reads ------------------------------------------------------------------
@@ -225,7 +222,7 @@ class CtxswSampler:
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
         try:
             devices = ",".join(str(g.index) for g in targets)
-            self._run(profile_command(binary, devices, self.frequency, work / "ctxsw", self.window_s),
+            self._runner.run(profile_command(binary, devices, self.frequency, work / "ctxsw", self.window_s),
                       self.window_s + STARTUP_GRACE_S, "nsys profile")
             # the window's wall time is ours: a replayed or clock-skewed export's own start time is not
             ended = time.time()
@@ -234,7 +231,7 @@ class CtxswSampler:
             rep = work / "ctxsw.nsys-rep"
             if not rep.is_file():
                 raise CaptureError("nsys profile wrote no report (ctxsw.nsys-rep)")
-            self._run([binary, "export", "--type", "sqlite", "-o", str(work / "ctxsw.sqlite"), "-f", "true", str(rep)],
+            self._runner.run([binary, "export", "--type", "sqlite", "-o", str(work / "ctxsw.sqlite"), "-f", "true", str(rep)],
                       EXPORT_TIMEOUT_S, "nsys export")
             if self._stopping.is_set():
                 return None, ended
@@ -259,29 +256,9 @@ class CtxswSampler:
             self._work = None
             release_free_memory()
 
-    def _run(self, cmd: list[str], timeout: float, what: str) -> None:
-        if self._stopping.is_set():
-            return
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
-        self._running = proc
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            raise CaptureError(f"{what} did not finish within {timeout:g} s; it was stopped") from None
-        finally:
-            self._running = None
-        if proc.returncode != 0 and not self._stopping.is_set():
-            tail = [line.strip() for line in (out or "").splitlines() if line.strip()][-1:] or ["no output"]
-            raise CaptureError(f"{what} failed (exit {proc.returncode}): {tail[0][:300]}")
-
     def close(self) -> None:
         """Stops a capture in progress (its files go with the tick's clean-up)."""
-        self._stopping.set()
-        proc = self._running
-        if proc is not None:
-            _kill(proc)
+        self._runner.stop()
         work = self._work
         if work is not None:  # the exporter may exit before the capture's thread cleans up
             shutil.rmtree(work, ignore_errors=True)
@@ -297,18 +274,3 @@ def release_free_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return True
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """Stops nsys and what it started (its own process group: start_new_session)."""
-    try:
-        os.killpg(proc.pid, 15)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, PermissionError):
-        pass
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)

@@ -119,6 +119,57 @@ def last_window(path: Path, window_s: float, nsys: str = "nsys",
     return read_export(path, lambda export: windows_of(export, window_s), nsys, budget=budget)
 
 
+class CaptureError(RuntimeError):
+    """An nsys step that failed as a whole: one line why."""
+
+
+class NsysRunner:
+    """Runs nsys steps (profile, export) in their own process group, bounded in time; `stop()` ends a
+    step in progress with what it started (nsys leaves a launcher and the traced `sleep`)."""
+
+    def __init__(self, stopping: threading.Event):
+        self.stopping = stopping  # set: no new step starts, and a failing step is no error
+        self._running: subprocess.Popen | None = None
+
+    def run(self, cmd: list[str], timeout: float, what: str) -> None:
+        if self.stopping.is_set():
+            return
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True)
+        self._running = proc
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            raise CaptureError(f"{what} did not finish within {timeout:g} s; it was stopped") from None
+        finally:
+            self._running = None
+        if proc.returncode != 0 and not self.stopping.is_set():
+            tail = [line.strip() for line in (out or "").splitlines() if line.strip()][-1:] or ["no output"]
+            raise CaptureError(f"{what} failed (exit {proc.returncode}): {tail[0][:300]}")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        proc = self._running
+        if proc is not None:
+            _kill(proc)
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Stops nsys and what it started (its own process group: start_new_session)."""
+    try:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, 9)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
 class NsysSource:
     name = "nsys"
 
@@ -143,6 +194,7 @@ class NsysSource:
         self._live_uuids: set[str] = set()
         self._watched_uuids: set[str] = set()  # GPUs the published export brought
         self._stopping = threading.Event()  # stops a read in progress when the exporter stops
+        self._runner = NsysRunner(self._stopping)  # live captures
         if replay:
             self._load_replay(Path(replay))
 
@@ -261,7 +313,7 @@ class NsysSource:
         return results
 
     def close(self) -> None:
-        self._stopping.set()
+        self._runner.stop()  # a live capture in progress ends with the exporter, not up to 2 minutes later
 
     # -- live -----------------------------------------------------------------------------------
     def _live_targets(self) -> tuple[list, dict[str, SourceResult]]:
@@ -292,11 +344,12 @@ class NsysSource:
             cmd = [binary, "profile", f"--gpu-metrics-devices={devices}", f"--gpu-metrics-frequency={self.frequency}",
                    "--sample=none", "--cpuctxsw=none", "--trace=none", "-o", str(work / "live"), "-f", "true",
                    "sleep", str(self.window_s)]
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=self.window_s + 120, check=False)
+            self._runner.run(cmd, self.window_s + 120, "nsys profile")
             rep = work / "live.nsys-rep"
-            if done.returncode != 0 or not rep.exists():
-                tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise RuntimeError(f"nsys profile failed: {tail[0]}")
+            if self._stopping.is_set():
+                return results
+            if not rep.exists():
+                raise CaptureError("nsys profile wrote no report (live.nsys-rep)")
             try:
                 windows = last_window(rep, self.window_s, binary)
             except IngestError as exc:
