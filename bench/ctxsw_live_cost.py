@@ -6,7 +6,7 @@ duty, and the slowdown a capture causes to the workloads. On the device (root, o
         (calls with different --phases add up in OUTDIR)
 
 Phases (each writes OUTDIR/cost_<name>.json, all together OUTDIR/ctxsw_live_cost.json):
-- default: the exporter with --workload-ctxsw at the default duty (10 s every 120 s) for --minutes, while a
+- default: the exporter with --workload-ctxsw at the default duty (10 s every 180 s, 500 Hz) for --minutes, while a
   bf16 matmul loop and a launch-bound loop (bench/ctxsw_jobs.py) share GPU 0 by time slices;
 - full: the same at ~100 % duty (--ctxsw-window W --ctxsw-period W + 1 s) for --full-duty-minutes;
 - slowdown: each of the two loops alone on the GPU for --toggle-minutes, the exporter capturing
@@ -398,8 +398,8 @@ def main(argv=None) -> int:
     p.add_argument("--nsys", help="the nsys executable (default: on the PATH, else found under /)")
     p.add_argument("--minutes", type=float, default=10.0, help="length of the default-duty phase")
     p.add_argument("--full-duty-minutes", type=float, default=3.0, help="length of the ~100%% duty phase (0: skip)")
-    p.add_argument("--window", type=float, default=10.0, help="capture length (the default duty: 10 s every 120 s)")
-    p.add_argument("--period", type=float, default=120.0)
+    p.add_argument("--window", type=float, default=10.0, help="capture length (the default duty: 10 s every 180 s)")
+    p.add_argument("--period", type=float, default=180.0)
     p.add_argument("--warm-up", type=float, default=30.0, help="seconds of each phase left out of the CPU figure")
     p.add_argument("--holders", choices=("slurm", "kubelet"), default="slurm",
                    help="who holds the GPU: a Slurm mapping file, or pods (cgroups, log links, a PodResources server)")
