@@ -64,9 +64,10 @@ def runs(polls, index: int) -> list[tuple[float, float]]:
     return out
 
 
-def work_at(progress, t: float) -> float | None:
-    """Cumulative work at t, linear between progress points; None outside them."""
-    times = [p[0] for p in progress]
+def work_at(progress, t: float, times: list[float] | None = None) -> float | None:
+    """Cumulative work at t, linear between progress points; None outside them. `times`: the points'
+    times, when the caller looks up many t."""
+    times = times if times is not None else [p[0] for p in progress]
     i = bisect.bisect_left(times, t)
     if i < len(times) and times[i] == t:
         return progress[i][1]
@@ -81,6 +82,7 @@ def bins(progress, polls, bin_s: float = 1.0) -> list[tuple[float, str, float]]:
     if len(progress) < 2 or not polls:
         return []
     captures, busy = runs(polls, 1), runs(polls, 2)
+    times = [p[0] for p in progress]
     out = []
     t = progress[0][0]
     while t + bin_s <= min(progress[-1][0], polls[-1][0]):
@@ -94,7 +96,7 @@ def bins(progress, polls, bin_s: float = 1.0) -> list[tuple[float, str, float]]:
             state = "off"
         else:
             continue
-        w0, w1 = work_at(progress, a), work_at(progress, b)
+        w0, w1 = work_at(progress, a, times), work_at(progress, b, times)
         if w0 is not None and w1 is not None:
             out.append((a, state, (w1 - w0) / bin_s))
     return out

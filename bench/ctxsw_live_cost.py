@@ -139,29 +139,25 @@ class Meter:
             return float("nan")
         total = own["cpu"] + sum(table[p]["cpu"] for p in tree if p in table)
         self.peak_tree_rss = max(self.peak_tree_rss, own["rss"] + sum(table[p]["rss"] for p in tree))
-        nsys_rss = 0
-        for pid, info in table.items():
-            if pid == self.exporter or pid in tree:
-                if pid in tree and self.is_nsys(pid):
-                    nsys_rss += info["rss"]
-                continue
-            if self.is_nsys(pid):
-                self.stray_first.setdefault(pid, info["own_cpu"])
-                self.stray_names.setdefault(pid, cmdline(pid)[:160])
-                self.stray_last[pid] = info["own_cpu"]
-                nsys_rss += info["rss"]
-        self.peak_nsys_rss = max(self.peak_nsys_rss, nsys_rss)
+        nsys_rss = sum(table[pid]["rss"] for pid in tree if pid in table and self.is_nsys(pid))
+        self.peak_nsys_rss = max(self.peak_nsys_rss, nsys_rss + self._note_strays(table, tree))
         return total
 
     def sample_stray(self) -> None:
         """Only the nsys processes outside the exporter's tree."""
         table = processes()
-        tree = descendants(self.exporter, table)
+        self._note_strays(table, descendants(self.exporter, table))
+
+    def _note_strays(self, table: dict[int, dict], tree: set[int]) -> int:
+        """Records the CPU of the nsys processes outside the exporter's tree; returns their summed RSS."""
+        rss = 0
         for pid, info in table.items():
             if pid != self.exporter and pid not in tree and self.is_nsys(pid):
                 self.stray_first.setdefault(pid, info["own_cpu"])
                 self.stray_names.setdefault(pid, cmdline(pid)[:160])
                 self.stray_last[pid] = info["own_cpu"]
+                rss += info["rss"]
+        return rss
 
     def is_nsys(self, pid: int) -> bool:
         """An nsys process (its CLI, agent, launcher): by the program it runs, not by its arguments (this

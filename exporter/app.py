@@ -20,7 +20,7 @@ from exporter.collectors.health import HealthCollector
 from exporter.collectors.mps import MpsCollector
 from exporter.collectors.workloads import WorkloadCollector
 from exporter.fastpath import MetricsCache, MetricsFastPath
-from exporter.samplers.kubelet import API_PODS_PER_GPU
+from exporter.samplers.kubelet import listed_pods
 
 log = logging.getLogger(__name__)
 STALE_AFTER_TICKS = 10
@@ -38,7 +38,7 @@ def build_registry(engine) -> CollectorRegistry:
 def gpu_json(view, kubelet) -> dict:
     tel = view.telemetry
     pods = None if kubelet is None or kubelet.error else kubelet.pods.get(view.identity.uuid, ())
-    omitted = max(0, len(pods or ()) - API_PODS_PER_GPU)
+    listed, omitted = listed_pods(pods or ())
     return {
         "index": view.identity.index,
         "uuid": view.identity.uuid,
@@ -53,7 +53,7 @@ def gpu_json(view, kubelet) -> dict:
         "sharing_mode": view.sharing_mode,
         "diagnosis": view.diagnosis[0].to_json(view.diagnosis[1]) if view.diagnosis else None,
         "sources": [dataclasses.asdict(s) for s in view.sources],
-        "pods": None if pods is None else [dataclasses.asdict(ref) for ref in pods[:API_PODS_PER_GPU]],
+        "pods": None if pods is None else listed,
         "pods_omitted": omitted,
         "telemetry": None if tel is None else {
             "lost": tel.lost,

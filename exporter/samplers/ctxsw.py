@@ -223,7 +223,7 @@ class CtxswSampler:
         try:
             devices = ",".join(str(g.index) for g in targets)
             self._runner.run(profile_command(binary, devices, self.frequency, work / "ctxsw", self.window_s),
-                      self.window_s + STARTUP_GRACE_S, "nsys profile")
+                             self.window_s + STARTUP_GRACE_S, "nsys profile")
             # the window's wall time is ours: a replayed or clock-skewed export's own start time is not
             ended = time.time()
             if self._stopping.is_set():
@@ -231,8 +231,8 @@ class CtxswSampler:
             rep = work / "ctxsw.nsys-rep"
             if not rep.is_file():
                 raise CaptureError("nsys profile wrote no report (ctxsw.nsys-rep)")
-            self._runner.run([binary, "export", "--type", "sqlite", "-o", str(work / "ctxsw.sqlite"), "-f", "true", str(rep)],
-                      EXPORT_TIMEOUT_S, "nsys export")
+            self._runner.run([binary, "export", "--type", "sqlite", "-o", str(work / "ctxsw.sqlite"), "-f", "true",
+                              str(rep)], EXPORT_TIMEOUT_S, "nsys export")
             if self._stopping.is_set():
                 return None, ended
 

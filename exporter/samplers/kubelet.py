@@ -59,11 +59,17 @@ class KubeletSnapshot:
     error: str = ""
 
     def to_json(self) -> dict:
+        listed = {uuid: listed_pods(refs) for uuid, refs in self.pods.items()}
         return {"error": self.error,
-                "pods": {uuid: [ref.__dict__ for ref in refs[:API_PODS_PER_GPU]] for uuid, refs in self.pods.items()},
-                "pods_omitted": {uuid: len(refs) - API_PODS_PER_GPU for uuid, refs in self.pods.items()
-                                 if len(refs) > API_PODS_PER_GPU},
+                "pods": {uuid: pods for uuid, (pods, _) in listed.items()},
+                "pods_omitted": {uuid: omitted for uuid, (_, omitted) in listed.items() if omitted},
                 "process_owners": {str(pid): ref.__dict__ for pid, ref in self.owners.items()}}
+
+
+def listed_pods(refs) -> tuple[list[dict], int]:
+    """The holders of one GPU as the JSON API lists them (the first API_PODS_PER_GPU), and how many it
+    leaves out."""
+    return [ref.__dict__ for ref in refs[:API_PODS_PER_GPU]], max(0, len(refs) - API_PODS_PER_GPU)
 
 
 class DeviceMap:
