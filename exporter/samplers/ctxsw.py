@@ -265,8 +265,8 @@ class CtxswSampler:
 
 
 def release_free_memory() -> bool:
-    """Hands the heap that the attribution freed back to the system (glibc keeps it otherwise: ~26 MB of a
-    25 s export's ~36 MB on the development machine). False where there is no glibc malloc_trim."""
+    """Hands the heap that the attribution freed back to the system (glibc keeps it otherwise: ~10 MB of the
+    ~20 MB a 25 s export's attribution leaves, on the development machine: bench/attribution_memory.py). False where there is no glibc malloc_trim."""
     try:
         import ctypes
 
