@@ -266,7 +266,7 @@ class CtxswSampler:
 
 def release_free_memory() -> bool:
     """Hands the heap that the attribution freed back to the system (glibc keeps it otherwise: ~10 MB of the
-    ~20 MB a 25 s export's attribution leaves, on the development machine: bench/attribution_memory.py). False where there is no glibc malloc_trim."""
+    ~20 MB (at times 26 of 36) a 25 s export's attribution leaves, on the development machine: bench/attribution_memory.py). False where there is no glibc malloc_trim."""
     try:
         import ctypes
 
