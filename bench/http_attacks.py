@@ -39,7 +39,10 @@ ATTACKER = "127.0.0.2"  # another client address than the scraper's, as an attac
 
 def rss(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) * 1024
+    found = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    if found is None:  # exited, not yet reaped: no memory left to measure
+        raise ProcessLookupError(pid)
+    return int(found.group(1)) * 1024
 
 
 class Exporter:
