@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.http_attacks import RssWatch, Scraper  # noqa: E402
+from bench.http_attacks import MB, RssWatch, Scraper, run_measured  # noqa: E402
 from tests import synthetic_exports as synth  # noqa: E402
 from tests.helpers import Exporter, http_get, parse_metrics  # noqa: E402
 
-MB = 1024 * 1024
 # name -> (builder, keyword arguments): the issue's sizes
 CASES = {
     "one_sample_5000_slices_of_1ns": (synth.switches_in_one_sample, {"slices": 5000, "slice_ns": 1, "samples_ms": 1}),
@@ -44,24 +42,11 @@ LIVE = ("one_sample_5000_slices_of_1ns", "one_million_unknown_tags", "ill_condit
 
 
 def cli(code: Path, path: Path, timeout: float) -> dict:
-    started = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "nsys_ingest", "workloads", str(path), "--json"], cwd=code,
-                                stdout=out, stderr=err,
-                                env={**os.environ, "PYTHONPATH": str(code), "NSYS_INGEST_NO_PROGRESS": "1"})
-        with RssWatch(proc.pid) as watch:
-            try:
-                code_ = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                code_ = f"killed at {timeout:g} s"
-        seconds = time.perf_counter() - started
-        err.seek(0)
-        lines = err.read().decode(errors="replace").strip().splitlines()
-        size = out.seek(0, 2)
-    return {"exit": code_, "seconds": round(seconds, 2), "peak_rss_mb": round(watch.peak / MB, 1),
-            "stderr_last_line": lines[-1][:300] if lines else "", "stderr_lines": len(lines), "json_bytes": size}
+    done = run_measured([sys.executable, "-m", "nsys_ingest", "workloads", str(path), "--json"], code,
+                        {**os.environ, "PYTHONPATH": str(code), "NSYS_INGEST_NO_PROGRESS": "1"}, timeout)
+    lines, answer = done.pop("stderr").strip().splitlines(), done.pop("stdout")
+    return {**done, "stderr_last_line": lines[-1][:300] if lines else "", "stderr_lines": len(lines),
+            "json_bytes": len(answer)}
 
 
 def live(code: Path, path: Path, seconds: float, work: Path) -> dict:

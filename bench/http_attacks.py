@@ -139,6 +139,26 @@ class RssWatch(Every):
             return False
 
 
+def run_measured(argv: list[str], cwd: Path, env: dict, timeout: float) -> dict:
+    """A command in a fresh process: exit status (or "killed at N s"), wall seconds, peak RSS (MB, VmRSS every
+    0.1 s), its stdout (bytes) and stderr (text)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=env)
+        with RssWatch(proc.pid) as watch:
+            try:
+                status = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status = f"killed at {timeout:g} s"
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return {"exit": status, "seconds": round(seconds, 2), "peak_rss_mb": round(watch.peak / MB, 1),
+                "stdout": out.read(), "stderr": err.read().decode(errors="replace")}
+
+
 def pipelining(port: int, connections: int, requests: int, seconds: float) -> dict:
     """`connections` sockets each sending `requests` pipelined GET /metrics and never reading, held for
     `seconds`; what they got sent in is counted. Returns when the sockets are closed."""

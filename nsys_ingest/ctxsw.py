@@ -18,7 +18,7 @@ Estimators (how a sample's value is given to the slices; docs/workloads.md):
 - "within": only the samples that lie wholly inside one slice (or one gap) count: at 10 kHz (0.1 ms
   samples, ~2 ms slices) that is ~95 % of them, and the truth bench/ctxsw_estimators.py measures against.
 
-Bounds (hostile exports, docs/exposure.md): both tables are read in timestamp order in chunks of
+Bounds (hostile exports, docs/exposure.md and docs/limits.md): both tables are read in timestamp order in chunks of
 `chunk_rows`, per GPU; what is held at once is one chunk of samples, the slices overlapping it (at most
 MAX_PENDING_SLICES) and per-process sums (at most MAX_PROCESSES processes): memory does not grow with
 the length of the capture. Time is the export's Budget.
