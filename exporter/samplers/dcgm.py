@@ -174,6 +174,8 @@ def _reason(exc: Exception, url: str, timeout: float) -> str:
         return f"dcgm-exporter at {url} did not answer within {timeout} s"
     if kind == "status":
         return f"dcgm-exporter at {url} answered {exc}"
+    if kind == "large":
+        return f"dcgm-exporter at {url} answered more than {MAX_BODY_BYTES // 2**20} MB: not dcgm-exporter's /metrics?"
     if kind is not None or isinstance(exc, ValueError):
         return f"dcgm-exporter at {url} answered something that is not Prometheus text ({exc})"
     return f"dcgm-exporter at {url} unreachable: {getattr(exc, 'strerror', None) or exc}"
