@@ -16,6 +16,7 @@ from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, REPLICAS, WHOLE, Held, H
     join_owners
 from exporter.kubernetes_api import FORGET_AFTER_S, SLICES_EVERY_S, Endpoint, KubernetesApi
 from exporter.samplers.ctxsw import ACTIVE, STANDBY, CtxswReading, CtxswSampler, CtxswState
+from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity
 from exporter.samplers.dra import ApiView, attribute_claims, capacity_ratio, merge
 from exporter.workloads import CTXSW, TIME_SHARE, gpu_shares
 from nsys_ingest.ctxsw import attribute
@@ -24,6 +25,7 @@ from nsys_ingest.verdicts import Evidence, judge
 from tests import synthetic_exports as synth
 from tests.kubelet_server import SLICED_UUID as UUID, claim_pod
 from tests.kubernetes_api_server import FakeApiServer, device, resource_slice
+from tests.test_ctxsw_live import FAKE_NSYS, NVML_UUID, Nvml, fake_nsys, root_only  # noqa: F401 - fake_nsys: a fixture
 from tests.test_dra import A, B, node_gpus
 from tests.test_workloads import NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
 
@@ -103,6 +105,38 @@ def test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_s
     assert (stalled.state, stalled.window_end) == (STANDBY, 1000.0)
     assert "older than 370 s" in stalled.reason
     assert sampler.state("GPU-bbbb", 1000.0).state == STANDBY  # never captured
+
+
+class ChangingNvml:
+    """NVML listing 417 and 418 on the GPU until `nsys profile` ran (its call is logged), 417 and 419 after."""
+
+    def __init__(self, calls):
+        self.calls, self.gpus = calls, Nvml().gpus
+        self.gpu = self.gpus[0]
+
+    @property
+    def telemetry(self):
+        pids = (417, 419) if self.calls.exists() else (417, 418)
+        processes = tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in pids)
+        return {NVML_UUID: DeviceTelemetry(self.gpu, 0.0, compute_processes=processes),
+                OTHER_GPU.uuid: DeviceTelemetry(OTHER_GPU, 0.0, mig_enabled=True)}
+
+
+OTHER_GPU = GpuIdentity(1, "GPU-other", "NVIDIA H100 80GB HBM3")
+
+
+@root_only
+def test_a_window_lists_the_pids_nvml_saw_at_its_start_or_its_end_and_a_gpu_that_left_is_forgotten(fake_nsys):
+    """Mutants: the pids listed at the window's end only (418, there at its start, is missing); the states
+    and windows of a GPU that left kept."""
+    nvml = ChangingNvml(fake_nsys / "calls.log")
+    sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1, period_s=5.0)
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == ACTIVE
+    assert sampler.readings[NVML_UUID].listed == {417, 418, 419}
+    nvml.gpus = [OTHER_GPU]  # the GPU left (unbound, fell off the bus); another one (MIG: not captured) is there
+    sampler.tick()
+    assert set(sampler.states) == {OTHER_GPU.uuid} and sampler.readings == {}
 
 
 # -- exporter/workloads.py -----------------------------------------------------------------------------
