@@ -15,6 +15,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from nsys_ingest.commandline import missing_extra
+
 from .promapi import BASIC_AUTH_ENV, TOKEN_ENV, PrometheusAPI, ReportError, auth_header
 
 PROG = "gpu-spatial report"
@@ -134,6 +136,9 @@ def build(args, now: float):
     from .render import Report
 
     start, end = time_range(args, now)
+    missing = args.format == "html" and missing_extra(f"{PROG} --format html", "matplotlib", "plots")
+    if missing:
+        raise ReportError(missing.removeprefix(f"{PROG} "))
     plan = account.Plan(args.by, account.parse_matchers(args.match), args.source)
     if args.timeout <= 0 or args.max_response_mib <= 0:
         raise ReportError("--timeout and --max-response-mib must be positive")
@@ -149,7 +154,9 @@ def build(args, now: float):
         from . import charts
 
         step = chart_step(end - start)
-        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step)
+        wasters = summary.top_wasters(table, list(plan.labels), charts.MAX_GROUPS)
+        charted = {tuple(row[label] for label in plan.labels) for _, row in wasters.iterrows()}
+        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step, charted)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
         collected.queries = api.requests
