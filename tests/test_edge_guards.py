@@ -15,7 +15,8 @@ from exporter import kubernetes_api
 from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, REPLICAS, WHOLE, Held, Holder, Holdings, join_gpu, \
     join_owners
 from exporter.kubernetes_api import FORGET_AFTER_S, SLICES_EVERY_S, Endpoint, KubernetesApi
-from exporter.samplers.ctxsw import ACTIVE, STANDBY, CtxswReading, CtxswSampler, CtxswState
+from exporter.sampler import SourceState
+from exporter.samplers.ctxsw import ACTIVE, STANDBY, CtxswSampler
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity
 from exporter.samplers.dra import ApiView, attribute_claims, capacity_ratio, merge
 from exporter.workloads import CTXSW, TIME_SHARE, gpu_shares
@@ -25,7 +26,7 @@ from nsys_ingest.verdicts import Evidence, judge
 from tests import synthetic_exports as synth
 from tests.kubelet_server import SLICED_UUID as UUID, claim_pod
 from tests.kubernetes_api_server import FakeApiServer, device, resource_slice
-from tests.test_ctxsw_live import FAKE_NSYS, NVML_UUID, Nvml, fake_nsys, root_only  # noqa: F401 - fake_nsys: a fixture
+from tests.test_ctxsw_live import FAKE_NSYS, NVML_UUID, Nvml, fake_nsys, reading, root_only  # noqa: F401 - fake_nsys: a fixture
 from tests.test_dra import A, B, node_gpus
 from tests.test_workloads import NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
 
@@ -96,8 +97,8 @@ def test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_s
     source keeps saying "active")."""
     sampler = CtxswSampler(nvml=None, window_s=10.0, period_s=180.0)
     assert sampler.max_age == 370.0
-    sampler.readings["GPU-aaaa"] = CtxswReading(990.0, 1000.0, {417: (0.5, 0.2)}, frozenset({417}))
-    sampler.states["GPU-aaaa"] = CtxswState(ACTIVE, "captured", 990.0, 1000.0)
+    sampler.readings["GPU-aaaa"] = reading({417: (0.5, 0.2)}, listed=(417,))
+    sampler.states["GPU-aaaa"] = SourceState(ACTIVE, "captured", 990.0, 1000.0)
     assert sampler.fresh("GPU-aaaa", 1370.0) is sampler.readings["GPU-aaaa"]
     assert sampler.state("GPU-aaaa", 1370.0).state == ACTIVE
     assert sampler.fresh("GPU-aaaa", 1370.001) is None
@@ -143,8 +144,7 @@ def test_a_window_lists_the_pids_nvml_saw_at_its_start_or_its_end_and_a_gpu_that
 def test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw_sm():
     """Mutant: all() -> any() in the ctxsw SM basis: 418 was resident (0.1 of the time) without an SM
     value, so the trainer's SM of its own slices is unknown, not 417's 0.15 alone."""
-    ctx = CtxswReading(990.0, 1000.0, {417: (0.3, 0.15), 418: (0.1, None), 419: (0.45, 0.09)},
-                       frozenset({417, 418, 419, 420}))
+    ctx = reading({417: (0.3, 0.15), 418: (0.1, None), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
     trainer = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
     assert (trainer["time_share"], trainer["time_share_basis"]) == (0.4, CTXSW)
     assert (trainer["sm_active"], trainer["basis"]) == (round(0.05 * 0.4 / 0.99, 6), TIME_SHARE)
@@ -153,7 +153,7 @@ def test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw
     assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (None, None)
     assert (shares[NOTEBOOK]["sm_active"], shares[NOTEBOOK]["basis"]) == (0.09, CTXSW)
     # a process that was never resident (time 0) needs no SM value
-    ctx = CtxswReading(990.0, 1000.0, {417: (0.3, 0.15), 418: (0.0, None)}, frozenset({417, 418}))
+    ctx = reading({417: (0.3, 0.15), 418: (0.0, None)}, listed=(417, 418))
     trainer = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]
     assert (trainer["sm_active"], trainer["basis"]) == (0.15, CTXSW)
 
