@@ -20,26 +20,16 @@ from exporter.samplers.ctxsw import ACTIVE, STANDBY, CtxswSampler
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity
 from exporter.samplers.dra import ApiView, attribute_claims, capacity_ratio, merge
 from exporter.workloads import CTXSW, TIME_SHARE, gpu_shares
-from nsys_ingest.ctxsw import attribute
-from nsys_ingest.reader import Export
 from nsys_ingest.verdicts import Evidence, judge
 from tests import synthetic_exports as synth
 from tests.kubelet_server import SLICED_UUID as UUID, claim_pod
 from tests.kubernetes_api_server import FakeApiServer, device, resource_slice
 from tests.test_ctxsw_live import FAKE_NSYS, NVML_UUID, Nvml, fake_nsys, reading, root_only  # noqa: F401 - fake_nsys: a fixture
+from tests.test_ctxsw import procs, run
 from tests.test_dra import A, B, node_gpus
 from tests.test_workloads import NOTEBOOK, OWNERS, TIME_SLICED, TRAINER, view
 
 P, Q = 100, 200  # two processes
-
-
-def attributed(path, **kw):
-    with Export(path, require_metrics=False) as export:
-        return attribute(export, **kw)
-
-
-def by_pid(result, gpu=0):
-    return {p["pid"]: p for p in result["gpus"][gpu]["processes"]}
 
 
 # -- nsys_ingest/ctxsw.py ------------------------------------------------------------------------------
@@ -48,8 +38,8 @@ def test_at_gives_a_sample_stamped_at_a_slices_end_to_what_follows_and_one_at_it
     searchsorted side "right" -> "left" (the sample stamped 3 ms, Q's start, goes to the gap)."""
     path = synth.ctxsw_export(tmp_path / "at.sqlite", slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, Q, 2)],
                               samples=[(0, ms, {"sm_active": v}) for ms, v in enumerate((0.8, 0.8, 0.1, 0.4, 0.4))])
-    result = attributed(path, estimator="at")
-    p, q = by_pid(result)[P], by_pid(result)[Q]
+    result = run(path, estimator="at")
+    p, q = procs(result)[P], procs(result)[Q]
     assert p["while_resident"]["sm_active"] == pytest.approx(0.8, abs=1e-6)
     assert q["while_resident"]["sm_active"] == pytest.approx(0.4, abs=1e-6)
     assert result["gpus"][0]["gap_means"]["sm_active"] == pytest.approx(0.1, abs=1e-6)
@@ -59,7 +49,7 @@ def test_a_restore_start_without_a_pid_takes_its_save_ends_pid(tmp_path):
     """Mutant: the slice's owner from its RESTORE_START only (the slice's time goes to pid None)."""
     path = synth.ctxsw_export(tmp_path / "nopid.sqlite", slices=[(0, 4.0, 5.0, Q, 2)],
                               events=[(0, 0.0, "RESTORE_START", 1, None), (0, 2.0, "SAVE_END", 1, P)], samples=[])
-    processes = by_pid(attributed(path))
+    processes = procs(run(path))
     assert set(processes) == {P, Q}
     assert (processes[P]["time_share"], processes[P]["slices"]) == (0.4, 1)  # 2 ms of the 0-5 ms window
 
@@ -69,9 +59,9 @@ def test_the_default_window_ends_one_sampling_period_after_the_last_sample(tmp_p
     and the last sample's interval is cut off."""
     path = synth.ctxsw_export(tmp_path / "window.sqlite", slices=[(0, 1.0, 5.0, P, 1)],
                               samples=[(0, ms, {"sm_active": 0.5}) for ms in range(1, 10)])
-    result = attributed(path, estimator="overlap")
+    result = run(path, estimator="overlap")
     assert result["window_s"] == [0.001, 0.01]  # from P's RESTORE_START to the last sample (9 ms) + 1 ms
-    assert by_pid(result)[P]["time_share"] == pytest.approx(4 / 9, abs=1e-6)
+    assert procs(result)[P]["time_share"] == pytest.approx(4 / 9, abs=1e-6)
     assert result["gpus"][0]["switch_gap_share"] == pytest.approx(5 / 9, abs=1e-6)
     assert result["gpus"][0]["samples"] == 9
 
@@ -82,8 +72,8 @@ def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
                               slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, P, 2), (0, 6.0, 8.0, Q, 3)],
                               samples=[(0, ms, {"sm_active": v}) for ms, v in
                                        enumerate((0.8, 0.8, 0.0, 0.4, 0.4, 0.0, 0.2, 0.2, 0.0, 0.0))])
-    result = attributed(path, estimator="overlap")
-    p, q = by_pid(result)[P], by_pid(result)[Q]
+    result = run(path, estimator="overlap")
+    p, q = procs(result)[P], procs(result)[Q]
     assert (p["slices"], p["resident_s"], p["time_share"]) == (2, 0.004, 0.4)
     assert p["while_resident"]["sm_active"] == pytest.approx(0.6, abs=1e-6)  # 2 ms at 0.8, 2 ms at 0.4
     assert p["of_gpu"]["sm_active"] == pytest.approx(0.24, abs=1e-6)
