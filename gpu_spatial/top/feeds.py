@@ -2,15 +2,12 @@
 JSON API. Both hand the same JSON to state.screen_state, so both paths render the same."""
 from __future__ import annotations
 
-import http.client
-import json
 import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
+from exporter import bounded_http
 from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
@@ -100,28 +97,25 @@ class HttpFeed:
             return self._state
 
     def _get(self, path: str):
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                body = response.read(MAX_BODY_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404 and b"--no-api" in exc.read(4096):
-                raise ApiOff(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
-                             "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host") from None
-            raise
-        if len(body) > MAX_BODY_BYTES:
-            raise ValueError(f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
-        return json.loads(body)
+        """The JSON of GET path, the whole request within the timeout and bounded in bytes and parsed values;
+        or raises OSError, ValueError or AnswerError with a one-line reason (ApiOff: the API is switched off)."""
+        answer = bounded_http.fetch(self.url + path, time.monotonic() + self.timeout, MAX_BODY_BYTES,
+                                    headers={"Accept": "application/json"})
+        if answer.status == 404 and b"--no-api" in answer.body[:4096]:
+            raise ApiOff(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
+                         "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        return bounded_http.parse_json(answer.body, MAX_BODY_BYTES // bounded_http.BYTES_PER_VALUE)
 
     def fetch(self) -> dict:
-        """One snapshot with its workload records (who holds each pid), or raises OSError/ValueError with a
-        one-line reason."""
+        """One snapshot with its workload records (who holds each pid)."""
         data = self._get("/api/v1/gpus")
         if not isinstance(data, dict) or "gpus" not in data:
             raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
         try:
             data["workloads"] = mapping(self._get("/api/v1/workloads")).get("workloads")
-        except urllib.error.HTTPError:  # an exporter from before /api/v1/workloads: no holders shown
+        except ValueError:  # an exporter from before /api/v1/workloads (HTTP 404): no holders shown
             pass
         return data
 
@@ -132,7 +126,7 @@ class HttpFeed:
         except ApiOff as exc:
             self._failing_since = None
             state = ScreenState(self.origin, problem=str(exc))
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, HTTP error, bad JSON
+        except (OSError, ValueError, bounded_http.AnswerError) as exc:  # refused, reset, slow, large, not JSON
             now = time.time()
             self._failing_since = self._failing_since or now
             reason = getattr(exc, "reason", None) or exc
