@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import sys
 import urllib.parse
@@ -17,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import free_port, http_get, needs, wait_for
+from tests.test_top import Tmux
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = {"gpu-spatial-exporter": "exporter", "gpu-spatial": "gpu_spatial", "nsys-ingest": "nsys_ingest"}
@@ -30,49 +30,39 @@ def tour_lines() -> list[str]:
     return [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
-class Shell:
-    """bash in a private tmux server: lines are typed, the pane is read."""
+class Shell(Tmux):
+    """bash in a private tmux server (test_top's, with a shell instead of top): lines are typed, the pane
+    (with its scrollback) is read."""
 
     def __init__(self, home: Path, path: str):
-        self.socket = str(home / "tmux")
+        self.directory = str(home / "tmux-dir")
+        os.mkdir(self.directory)
+        self.socket = os.path.join(self.directory, "tmux")
         env = {"PATH": path, "HOME": str(home), "TMPDIR": str(home), "PS1": "tour$ ", "TERM": "xterm-256color",
                "LANG": os.environ.get("LANG", "C.UTF-8")}
         self._tmux("new-session", "-d", "-s", "t", "-x", "160", "-y", "50", "-c", str(ROOT),
                    "env -i " + " ".join(f"{k}='{v}'" for k, v in env.items()) + " bash --norc --noprofile -i")
-        self.wait(lambda text: "tour$" in text, "the prompt")
-
-    def _tmux(self, *args) -> str:
-        return subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True, text=True, timeout=10,
-                              check=True).stdout
+        self.wait(lambda text: "tour$" in text, what="the prompt")
 
     def type(self, line: str) -> None:
-        self._tmux("send-keys", "-t", "t", "-l", line)
-        self._tmux("send-keys", "-t", "t", "Enter")
+        self.keys("-l", line)
+        self.keys("Enter")
 
-    def key(self, key: str) -> None:
-        self._tmux("send-keys", "-t", "t", key)
-
-    def text(self) -> str:
-        return self._tmux("capture-pane", "-p", "-J", "-S", "-2000", "-t", "t")
+    def capture(self, *flags: str) -> str:
+        return super().capture("-J", "-S", "-2000", *flags)
 
     def clear(self) -> None:
-        self._tmux("send-keys", "-t", "t", "clear", "Enter")
+        self.keys("clear", "Enter")
         # bash may still report a job that ended (`kill %1`) after the clear: a prompt last is enough
-        self.wait(lambda text: text.strip().endswith("tour$") and len(text.strip().splitlines()) <= 3, "a clear screen")
+        self.wait(lambda text: text.strip().endswith("tour$") and len(text.strip().splitlines()) <= 3,
+                  what="a clear screen")
         self._tmux("clear-history", "-t", "t")
 
-    def wait(self, predicate, what: str, timeout: float = 60):
-        try:
-            return wait_for(lambda: predicate(text := self.text()) and text, timeout, 0.2, what)
-        except TimeoutError:
-            raise AssertionError(f"{what} not on the pane within {timeout} s:\n{self.text()}") from None
-
     def close(self):
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            self.type("kill %1 %2 %3 2>/dev/null")
-            wait_for(lambda: "tour$" in self.text(), 10, 0.2, "the jobs stopped")
         with contextlib.suppress(subprocess.SubprocessError, OSError, TimeoutError):
-            self._tmux("kill-server")
+            self.type("kill %1 %2 %3 2>/dev/null")
+            wait_for(lambda: "tour$" in self.capture(), 10, 0.2, "the jobs stopped")
+        super().close()
 
 
 @pytest.fixture
@@ -131,36 +121,36 @@ def test_the_readme_tour_as_written(shell, tmp_path):
 
     # 1. the replay, as a background job; its log says where it serves
     shell.type(replay)
-    shell.wait(lambda t: metric(exporter_port, "gpu_sm_active_ratio") is not None, "the replay published")
+    shell.wait(lambda t: metric(exporter_port, "gpu_sm_active_ratio") is not None, what="the replay published", timeout=60)
     # 2. what Prometheus would scrape: time 1, SM active 0.25
     shell.clear()
     shell.type(curl)
-    text = shell.wait(lambda t: "gpu_hidden_idle_sm_ratio{" in t and t.rstrip().endswith("tour$"), "the three ratios")
+    text = shell.wait(lambda t: "gpu_hidden_idle_sm_ratio{" in t and t.rstrip().endswith("tour$"), what="the three ratios")
     values = {m.group(1): float(m.group(2)) for m in re.finditer(r"^(gpu_\w+_ratio)\{[^}]*\} (\S+)$", text, re.M)}
     assert values["gpu_time_utilization_ratio"] >= 0.99 and values["gpu_sm_active_ratio"] == pytest.approx(0.25, abs=0.01)
     # 3. top: the two bars, hidden idle between them; q quits
     shell.clear()
     shell.type(top)
-    text = shell.wait(lambda t: "SM[" in t and "hid" in t and "verdict" in t, "top's screen")
+    text = shell.wait(lambda t: "SM[" in t and "hid" in t and "verdict" in t, what="top's screen", timeout=60)
     assert re.search(r"time\[#+\]100% SM\[#+~+\] 25% hid 75%", text), text
-    shell.key("q")
-    shell.wait(lambda t: t.rstrip().endswith("tour$"), "top quit")
+    shell.keys("q")
+    shell.wait(lambda t: t.rstrip().endswith("tour$"), what="top quit")
     # 4. diagnose on the time-sliced capture
     shell.clear()
     shell.type(diagnose)
-    text = shell.wait(lambda t: "change:" in t and t.rstrip().endswith("tour$"), "the verdict", timeout=120)
+    text = shell.wait(lambda t: "change:" in t and t.rstrip().endswith("tour$"), what="the verdict", timeout=120)
     assert "verdict: time_sliced_small_kernels" in text
     # 5. the account: the replay stopped, the users demo and a Prometheus that scrapes it
     shell.type(kill)
     wait_for(lambda: metric(exporter_port, "gpu_sm_active_ratio") is None, 20, 0.2, "the replay stopped")
     shell.type(users)
-    shell.wait(lambda t: metric(exporter_port, "gpu_workload_held_share_ratio") is not None, "the users")
+    shell.wait(lambda t: metric(exporter_port, "gpu_workload_held_share_ratio") is not None, what="the users", timeout=60)
     shell.type(prometheus)
     # "after a minute": once Prometheus holds three scrapes of the held counters
     wait_for(lambda: prometheus_has(prometheus_port, "count_over_time(gpu_workload_held_gpu_seconds_total[1h]) >= 3"),
              90, 0.5, "three scrapes of the users")
     shell.clear()
     shell.type(report)
-    text = shell.wait(lambda t: "held GPU-h" in t and t.rstrip().endswith("tour$"), "the account", timeout=90)
+    text = shell.wait(lambda t: "held GPU-h" in t and t.rstrip().endswith("tour$"), what="the account", timeout=90)
     rows = {m.group(1) for m in re.finditer(r"^\s*(alice|bob|1003)\s+\d", text, re.M)}
     assert rows == {"alice", "bob", "1003"}, text
