@@ -219,9 +219,12 @@ class CtxswSampler(SamplerDefaults):
                       for p in entry["processes"] if p["pid"] is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
                                                     shares=shares, switch_overhead=entry["switch_gap_share"])
+            stopped = entry.get("fit_unconverged")
             self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}", start, end))
+                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}"
+                        + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else ""),
+                start, end))
 
     def _refused(self, uuid: str) -> str | None:
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)

@@ -154,7 +154,9 @@ def build(args, now: float):
         from . import charts
 
         step = chart_step(end - start)
-        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step)
+        wasters = summary.top_wasters(table, list(plan.labels), charts.MAX_GROUPS)
+        charted = {tuple(row[label] for label in plan.labels) for _, row in wasters.iterrows()}
+        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step, charted)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
         collected.queries = api.requests

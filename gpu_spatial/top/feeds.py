@@ -2,14 +2,11 @@
 JSON API. Both hand the same JSON to state.screen_state, so both paths render the same."""
 from __future__ import annotations
 
-import http.client
-import json
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
+from exporter import bounded_http
 from gpu_spatial.top.state import LocalProcesses, ScreenState, screen_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
@@ -83,13 +80,13 @@ class HttpFeed:
             return self._state
 
     def fetch(self) -> dict:
-        """One snapshot, or raises OSError/ValueError with a one-line reason."""
-        request = urllib.request.Request(self.url + "/api/v1/gpus", headers={"Accept": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            body = response.read(MAX_BODY_BYTES + 1)
-        if len(body) > MAX_BODY_BYTES:
-            raise ValueError(f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
-        data = json.loads(body)
+        """One snapshot, the whole request within the timeout and bounded in bytes and parsed values; or raises
+        OSError, ValueError or AnswerError with a one-line reason."""
+        answer = bounded_http.fetch(self.url + "/api/v1/gpus", time.monotonic() + self.timeout, MAX_BODY_BYTES,
+                                    headers={"Accept": "application/json"})
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        data = bounded_http.parse_json(answer.body, MAX_BODY_BYTES // bounded_http.BYTES_PER_VALUE)
         if not isinstance(data, dict) or "gpus" not in data:
             raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
         return data
@@ -98,7 +95,7 @@ class HttpFeed:
         try:
             state = screen_state(self.fetch(), self.origin, self.local)
             self._failing_since = None
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, HTTP error, bad JSON
+        except (OSError, ValueError, bounded_http.AnswerError) as exc:  # refused, reset, slow, large, not JSON
             now = time.time()
             self._failing_since = self._failing_since or now
             reason = getattr(exc, "reason", None) or exc
