@@ -90,6 +90,7 @@ def snapshot_json(snapshot) -> dict:
         "kubelet": kubelet.to_json() if kubelet is not None else None,
         "spool": dataclasses.asdict(snapshot.spool) if snapshot.spool is not None else None,
         "slurm": snapshot.slurm.to_json() if snapshot.slurm is not None else None,
+        "holders": {name: holdings.to_json() for name, holdings in snapshot.holdings.items()},
     }
 
 
@@ -150,7 +151,7 @@ def nvml_enabled(engine) -> bool:
 
 def api(engine, upload=None):
     """The FastAPI app of the JSON API (the engine's lifespan and the /metrics fast path are LazyApi's
-    and MetricsFastPath's). `upload`: an exporter.samplers.nsys.UploadSpool, or None: then the POST
+    and MetricsFastPath's). `upload`: an exporter.uploads.UploadSpool, or None: then the POST
     routes answer 404 with why."""
     from fastapi import FastAPI, Path, Request, Security
     from fastapi.responses import JSONResponse

@@ -51,8 +51,9 @@ def build_spatial_sources(args, nvml, gpm=None):
         else:
             disabled["dcgm"] = reason
     if "nsys" in order:
-        from exporter.samplers.nsys import NsysSource, UploadSpool
+        from exporter.samplers.nsys import NsysSource
         from exporter.spool import Retention, SpoolRetention
+        from exporter.uploads import UploadSpool
 
         watch_dir = args.nsys_watch_dir
         if args.nsys_upload_token:

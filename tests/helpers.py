@@ -58,7 +58,8 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
 class Exporter:
     """`python -m exporter` as a child process on a free port, stopped on exit."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, module: str = "exporter"):
+        self.module = module  # a module that registers a part of its own, then runs the exporter
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--listen-address", "127.0.0.1", "--port", str(self.port), *args]
@@ -72,7 +73,7 @@ class Exporter:
 
         self.log_path = Path(tempfile.mkstemp(prefix="exporter-", suffix=".log")[1])
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", *self.args], cwd=self.cwd, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], cwd=self.cwd, env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for(self._ready, 20, what=f"exporter on {self.url}")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
-from exporter.hostfiles import FileTooLarge, read_capped
+from hostio.files import FileTooLarge, read_capped
 from exporter.samplers.cgroups import ProcFileOwners
 from exporter.snapshot import CollectorHealth, LogOnce
 

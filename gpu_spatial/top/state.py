@@ -11,7 +11,7 @@ import pwd
 import re
 from dataclasses import dataclass, field
 
-from exporter.hostfiles import read_text_capped
+from hostio.files import read_text_capped
 from exporter.snapshot import as_ratio
 
 NA = "n/a"
