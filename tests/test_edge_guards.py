@@ -136,16 +136,16 @@ def test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw
     value, so the trainer's SM of its own slices is unknown, not 417's 0.15 alone."""
     ctx = reading({417: (0.3, 0.15), 418: (0.1, None), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
     trainer = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
-    assert (trainer["time_share"], trainer["time_share_basis"]) == (0.4, CTXSW)
-    assert (trainer["sm_active"], trainer["basis"]) == (round(0.05 * 0.4 / 0.99, 6), TIME_SHARE)
+    assert (trainer.time_share, trainer.time_share_basis) == (0.4, CTXSW)
+    assert (trainer.sm_active, trainer.sm_active_basis) == (round(0.05 * 0.4 / 0.99, 6), TIME_SHARE)
     # without a spatial source for the GPU: no SM at all, not a partial one
     shares = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)
-    assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (None, None)
-    assert (shares[NOTEBOOK]["sm_active"], shares[NOTEBOOK]["basis"]) == (0.09, CTXSW)
+    assert (shares[TRAINER].sm_active, shares[TRAINER].sm_active_basis) == (None, None)
+    assert (shares[NOTEBOOK].sm_active, shares[NOTEBOOK].sm_active_basis) == (0.09, CTXSW)
     # a process that was never resident (time 0) needs no SM value
     ctx = reading({417: (0.3, 0.15), 418: (0.0, None)}, listed=(417, 418))
     trainer = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]
-    assert (trainer["sm_active"], trainer["basis"]) == (0.15, CTXSW)
+    assert (trainer.sm_active, trainer.sm_active_basis) == (0.15, CTXSW)
 
 
 # -- exporter/holders.py -------------------------------------------------------------------------------
