@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from exporter.config import duration
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
-from exporter.samplers.nsys import CaptureError, NsysRunner
+from exporter.nsys_exports import CaptureError, NsysRunner, read_export
+from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
@@ -104,6 +104,7 @@ class CtxswSampler(SamplerDefaults):
 
     name = "ctxsw"
     basis = CTXSW
+    description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -231,8 +232,6 @@ class CtxswSampler(SamplerDefaults):
             return MIG
         if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
             return MPS
-        from exporter.samplers.nsys import serves
-
         if serves(self._others, "dcgm", uuid):
             return DCGM
         return None
@@ -247,7 +246,6 @@ class CtxswSampler(SamplerDefaults):
 
     def _capture(self, binary: str, targets) -> tuple[dict | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
-        from exporter.samplers.nsys import read_export
         from nsys_ingest.ctxsw import EVENTS, attribute
         from nsys_ingest.reader import Budget, IngestError
 
