@@ -197,7 +197,7 @@ KUBE_API = (EDGE, "tests/test_dra.py")
 VERDICTS = (EDGE, "tests/test_verdicts.py")
 USERS = (EDGE, "tests/test_users.py")
 KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
-ACCOUNT = (REPORT_GUARDS, "tests/test_account_history.py")
+ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
 
 
 def _m(id, path, old, new, tests, why, listed=False):

@@ -237,6 +237,30 @@ def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tm
     assert users.build(args, None).interval == 1.0
 
 
+# -- exporter/samplers/kubelet.py ----------------------------------------------------------------------
+def test_device_plugin_shares_at_their_edges():
+    """Mutants: a container's IDs of one GPU not clamped to the GPU ("0" and "GPU-aaaa" are one GPU twice);
+    index:mig IDs held whole; a replica whose N the kubelet does not say held whole; an ID offered twice
+    counted as two replicas; the outermost container ID of a cgroup path taken."""
+    from collections import Counter
+
+    from exporter.samplers.kubelet import PodRef, cgroup_container_id, held_shares, offered_replicas, replicas_of
+    from tests.test_kubelet import two_gpus_one_mig
+
+    devices = two_gpus_one_mig()
+    ref = PodRef("ml", "train", "main")
+    assert held_shares([("0", "GPU-aaaa", ref), ("GPU-aaaa", "GPU-aaaa", ref)], devices, None) == \
+        {"GPU-aaaa": {("ml", "train", "main"): 1.0}}
+    assert devices.base_share("1:0") is None and devices.base_share("1") == 1.0
+    assert replicas_of("GPU-aaaa::2", None) is None and replicas_of("GPU-aaaa", None) == 1
+    assert held_shares([("GPU-aaaa::2", "GPU-aaaa", ref)], devices, None) == {"GPU-aaaa": {("ml", "train", "main"): None}}
+    offered = [type("Devices", (), {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-aaaa::0", "GPU-aaaa::1",
+                                                                                     "GPU-aaaa::1"]})()]
+    assert offered_replicas(offered) == Counter({"GPU-aaaa": 2})
+    outer, inner = "a" * 64, "b" * 64
+    assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
+
+
 # -- exporter/samplers/dra.py --------------------------------------------------------------------------
 def test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device():
     """Mutant: the clamp in capacity_ratio dropped: an allocation said to consume twice the MIG device's
@@ -382,6 +406,40 @@ def test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out(ap
     server.claims = {("nb", "x-gpu"): theirs}
     wanted = {("nb", "x-gpu", "node-a", "gpu-0", "s1"), ("nb", "x-gpu", "node-a", "gpu-0", "s2")}
     assert reader.view({("node-a", "gpu-0")}, wanted).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+# -- gpu_spatial/report/account.py ---------------------------------------------------------------------
+def test_rule_runs_and_spans_at_their_edges():
+    """Mutants: a spacing exactly 25 % off breaks a run; a spacing of exactly W breaks it; a run of two
+    evaluations used; the rollups' lag (W - D) / 2 dropped (the samples used shift by 2 minutes)."""
+    from gpu_spatial.report.account import plan_spans, runs
+
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
+    assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
+    assert [s.source for s in plan_spans([(100.0, 300.0), (160.0, 300.0)], 0.0, 1000.0)] == ["counters"]
+    # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
+    (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
+    assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
+                                                                                      3120.0, 60.0)
+
+
+def test_report_pieces_that_keep_unknown_and_odd_values_apart():
+    """Mutants: a matcher on a label the rollups drop still reads the rollups; the last day runs past the
+    range; NaN and Inf kept; busy without a basis label not "nvml"; the unknown held counted in a span's
+    held total."""
+    from gpu_spatial.report.account import Plan, Totals, _value, chunks
+
+    assert Plan("namespace", [("pod", "=", '"x"')]).rules_unusable() == \
+        "--match on pod, which the namespace rollups do not keep"
+    assert Plan("namespace", [("namespace", "=~", '"team-.*"')]).rules_unusable() is None
+    assert chunks(0.0, 100.0, 60.0) == [(0.0, 60.0), (60.0, 100.0)]
+    assert _value({"value": [0, "NaN"]}) == 0.0 and _value({"value": [0, "+Inf"]}) == 0.0
+    totals = Totals(("namespace",))
+    assert totals.add("busy", False, [{"metric": {"namespace": "a"}, "value": [0, "5"]}]) == 0.0
+    assert totals.add("held", True, [{"metric": {"namespace": "a"}, "value": [0, "2"]}]) == 0.0
+    assert totals.add("held", False, [{"metric": {"namespace": "a"}, "value": [0, "7"]}]) == 7.0
+    assert totals.groups == {("a",): {("busy", "nvml"): 5.0, ("held", "unknown"): 2.0, ("held", "exact"): 7.0}}
 
 
 # -- nsys_ingest/verdicts.py ---------------------------------------------------------------------------
