@@ -74,5 +74,5 @@ def build_spatial_sources(args, nvml, gpm=None):
             if upload is not None:
                 upload.retention.published = nsys.published_path
         else:
-            disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token"
+            disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token-file"
     return spatial, disabled, upload

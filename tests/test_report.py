@@ -430,7 +430,7 @@ def test_bad_input_is_one_line_and_exit_2(backfilled, scenario_server, capsys, t
     closed = f"http://127.0.0.1:{free_port()}"
     one_line_error(capsys, "--prometheus", closed, "--last", "1h", contains="cannot reach")
     one_line_error(capsys, "--prometheus", "prometheus:9090", contains="not an http(s) URL")
-    one_line_error(capsys, "--prometheus", url, "--start", end, "--end", start, contains="is not before --end")
+    one_line_error(capsys, "--prometheus", url, "--start", end, "--end", start, contains="is after --end")
     one_line_error(capsys, "--prometheus", url, "--start", "yesterday", contains="expected RFC3339")
     one_line_error(capsys, "--prometheus", url, "--last", "7 days", contains="expected a duration")
     one_line_error(capsys, "--prometheus", url, "--last", "1d", "--start", start, contains="not both")

@@ -271,6 +271,33 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     return out
 
 
+def why_no_rollups(evaluations) -> str:
+    """Why no span of the range can come from the rollups: no evaluation at all, or too few in a run yet (a
+    run's first and last window are left to the counters, so it needs more than two windows of evaluations)."""
+    if not evaluations:
+        return (f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, group "
+                f"gpu-workload-recording) did not run there")
+    run = max(runs(evaluations), key=len)
+    times, window = [t for t, _w in run], run[0][1]
+    step = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else window
+    need = max(3, math.ceil(2 * window / step) + 1)
+    edges = f"the first and last {window:g} s of a run come from the counters"
+    if len(run) < 2:
+        return f"too few evaluations of the recording rules yet: 1, need more than {2 * window:g} s of them ({edges})"
+    if len(run) < need:
+        return f"too few evaluations of the recording rules yet: {len(run)}, need {need} (every {step:g} s; {edges})"
+    return f"the recording rules' {len(run)} evaluations do not reach into the range"
+
+
+def other_groupings(api: PrometheusAPI, plan: Plan, start: float, end: float) -> str:
+    """For a report whose every group is (none): the --by choices whose label the held series do carry."""
+    held = counter("held") + plan.selector
+    found = [f"--by {by} ({len(values)})" for by, labels in GROUP_LABELS.items() if by != plan.by
+             and (values := [v for v in api.label_values(labels[-1], held, start, end) if v])]
+    said = f"; {', '.join(found)} {'has' if len(found) == 1 else 'have'} data" if found else ""
+    return f"every group is (none): no workload series of the range carries {'/'.join(plan.labels)}{said}"
+
+
 def plan_spans(evaluations, start: float, end: float, twice=frozenset()) -> list[Span]:
     """The range cut into rules spans (where a run of evaluations covers it) and counters spans (the rest)."""
     covered: list[Span] = []
@@ -388,8 +415,7 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
         evaluations, twice = heartbeat(api, plan, start - HEARTBEAT_MARGIN, end + HEARTBEAT_MARGIN, notes)
         spans = plan_spans(evaluations, start, end, twice)
         if plan.source == "rules" and not any(s.source == "rules" for s in spans):
-            raise ReportError(f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, "
-                              f"group gpu-workload-recording) did not run there; use --source counters")
+            raise ReportError(f"{why_no_rollups(evaluations)}; use --source counters (or auto)")
         if plan.source == "rules":
             uncovered = sum(s.end - s.start for s in spans if s.source == "counters")
             if uncovered:

@@ -102,12 +102,27 @@ class PrometheusAPI:
             raise ReportError(f"cannot reach {self.url} ({getattr(exc, 'strerror', None) or exc}): check --prometheus "
                               f"and that the server is up (timeout {self.timeout:g} s, --timeout)") from None
         if not isinstance(data, dict) or data.get("status") != "success":
+            if status == 404 and self._is_our_exporter():
+                raise ReportError(f"{self.url} is a gpu-spatial exporter, not a Prometheus query API: the report "
+                                  f"reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, e.g. "
+                                  f"--prometheus http://127.0.0.1:9090")
             error = str(data.get("error", "no error message") if isinstance(data, dict) else data)[:300]
             if SAMPLE_LIMIT.search(error):
                 raise TooManySamples(f"{self.url} refused to read that many samples in one query ({error}): raise "
                                      f"its limit or narrow --match")
             raise ReportError(f"{self.url} rejected the query (HTTP {status}): {error}")
         return data.get("data")
+
+    def _is_our_exporter(self) -> bool:
+        """Whether the URL serves the exporter's /healthz (its JSON: status and a GPU count; 503 included,
+        while it has no GPU or stalled)."""
+        try:
+            answer = bounded_http.fetch(self.url + "/healthz", time.monotonic() + self.timeout, 4096,
+                                        headers={"Accept": "application/json"})
+            health = bounded_http.parse_json(answer.body, 64)
+        except (bounded_http.AnswerError, OSError):
+            return False
+        return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health
 
     def _answer_error(self, exc: bounded_http.AnswerError, path: str, status: int | None) -> ReportError:
         if exc.kind == "slow":
@@ -144,12 +159,16 @@ class PrometheusAPI:
             raise ReportError(f"{self.url} answered a range query without a matrix: is it a Prometheus API?")
         return data["result"]
 
+    def label_values(self, label: str, selector: str, start: float, end: float) -> list:
+        """The values `label` takes on the series of `selector` between start and end (a few bytes back)."""
+        data = self._call(f"/api/v1/label/{label}/values", {"match[]": selector, "start": f"{start:.3f}",
+                                                             "end": f"{end:.3f}"}, post=False)
+        return data if isinstance(data, list) else []
+
     def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
         """Which of `names` have series between start and end (the label values API: a few bytes back)."""
-        selector = '{__name__=~"%s"}' % "|".join(names)
-        data = self._call("/api/v1/label/__name__/values", {"match[]": selector, "start": f"{start:.3f}",
-                                                             "end": f"{end:.3f}"}, post=False)
-        return set(data) & set(names) if isinstance(data, list) else set()
+        found = self.label_values("__name__", '{__name__=~"%s"}' % "|".join(names), start, end)
+        return set(found) & set(names)
 
 
 def vector(data, expr: str) -> list[dict]:
