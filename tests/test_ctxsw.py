@@ -51,7 +51,7 @@ def edited(tmp_path, script: str):
 
 def run(path, **kw):
     with Export(path, require_metrics=False) as export:
-        return attribute(export, **kw)
+        return attribute(export, **kw).to_json()
 
 
 def procs(result, gpu=0):
@@ -186,7 +186,7 @@ import json, resource, sys
 from nsys_ingest.ctxsw import attribute
 from nsys_ingest.reader import Export
 with Export(sys.argv[1], require_metrics=False) as export:
-    result = attribute(export)
+    result = attribute(export).to_json()
 print(json.dumps({"result": result, "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 
@@ -357,7 +357,7 @@ import json, re, sys
 from nsys_ingest.ctxsw import attribute
 from nsys_ingest.reader import Export
 with Export(sys.argv[1], require_metrics=False) as export:
-    result = attribute(export)
+    result = attribute(export).to_json()
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
 print(json.dumps({"result": result, "peak_rss_mb": peak}))
 """
@@ -396,7 +396,7 @@ def test_the_solver_stops_at_its_cap_of_updates_and_says_so(tmp_path, monkeypatc
     # the quantities sampled (GPU 0: SM, tensor, GR; GPU 1: SM and GR)
     assert [g["fit_unconverged"] for g in result["gpus"]] == [["sm_active", "tensor_active", "gr_active"],
                                                               ["sm_active", "gr_active"]]
-    ctxsw.print_workloads(result)
+    ctxsw.print_workloads(ctxsw.Attribution.from_json(result))
     assert "the fit stopped at its cap of 3 updates before converging (sm_active, " in capsys.readouterr().out
 
 

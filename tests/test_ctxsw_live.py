@@ -326,7 +326,7 @@ def test_the_h200_capture_replayed_gives_each_job_its_processes_shares(tmp_path)
 
     recorded = FIXTURES / "h200_ctxsw_1khz.sqlite"
     with Export(recorded) as export:
-        truth = {p["pid"]: p for p in attribute(export)["gpus"][0]["processes"]}
+        truth = {p["pid"]: p for p in attribute(export).to_json()["gpus"][0]["processes"]}
     renamed = {417: 514, 418: 518, 419: 516, 420: 515}
     args, env, _ = slurm_node(tmp_path, recorded, {514: "201", 518: "201", 516: "202", 515: "203"}, renamed,
                               uuid="GPU-915c814a-f1dc-3deb-0741-1665ee6a8727")
