@@ -161,6 +161,48 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
         engine.stop()
 
 
+def test_a_sampler_whose_tick_raises_has_its_values_withdrawn_until_a_tick_succeeds(tmp_path, caplog):
+    """Whatever a hostile input makes a tick raise (a RecursionError once escaped the kubelet's claim
+    view) is the source's error: success 0, one line, and what it published before is withdrawn, never
+    left standing for holders that may have left."""
+    from exporter.engine import Engine
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.gpm import GpmSource
+    from exporter.samplers.nvml import NvmlSampler
+    from exporter.samplers.slurm import SlurmSampler
+    from exporter.workloads import WorkloadAccountant
+
+    proc, mapping, _ = slurm_node(tmp_path)
+
+    class RaisingSampler(SlurmSampler):
+        raising = False
+
+        def tick(self):
+            if self.raising:
+                raise RecursionError("maximum recursion depth exceeded")
+            super().tick()
+
+    nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"), interval=0.1)
+    slurm = RaisingSampler(str(mapping), nvml, proc_root=str(proc), interval=0.1)
+    engine = Engine(nvml, gpm=GpmSource(), interval=0.1, holders=(slurm,), workloads=WorkloadAccountant())
+    jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}  # noqa: E731
+    caplog.set_level(logging.INFO, logger="exporter.engine")
+    engine.start()
+    try:
+        wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job held")
+        slurm.raising = True
+        wait_for(lambda: "slurm" not in engine.snapshot.holders, 15, 0.05, "values withdrawn")
+        version = engine.snapshot.version
+        wait_for(lambda: engine.snapshot.version > version + 10, 15, 0.05, "ticks go on raising")
+        assert jobs() == set() and "slurm" not in engine.snapshot.holders
+        assert "RecursionError" in engine.snapshot.health["slurm"].error
+        assert len([r for r in caplog.records if "sampler slurm: tick failed" in r.getMessage()]) == 1
+        slurm.raising = False
+        wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job back")
+    finally:
+        engine.stop()
+
+
 # -- item 10: a symbolic link loop named x.sqlite in the watch directory --------------------------------
 def test_a_link_loop_in_the_watch_directory_is_skipped_and_the_export_beside_it_published(tmp_path):
     watch = tmp_path / "watch"
