@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 import time
@@ -77,11 +78,19 @@ def kubelet_pods(kind) -> list:
     return [leaver, *shared_claims(kind)]
 
 
+DURATION = re.compile(rb'gpu_exporter_collector_duration_seconds\{collector="(kubelet|kubernetes_api)"\} (\S+)')
+
+
 class Presence(Scraper):
-    """The scraper (a fresh connection each time), also counting the scrapes that show `leaver` after `since`."""
+    """The scraper (a fresh connection each time), also counting the scrapes that show `leaver` after
+    `since`, and keeping the longest tick the kubelet and API reader reported."""
 
     since = float("inf")
     stale = 0
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.longest = {}
 
     def step(self):
         started = time.perf_counter()
@@ -94,6 +103,8 @@ class Presence(Scraper):
             self.failures.append(f"status {status}")
         if time.monotonic() > self.since:
             self.stale += b'pod="leaver"' in body
+        for name, value in DURATION.findall(body):
+            self.longest[name.decode()] = max(self.longest.get(name.decode(), 0.0), float(value))
 
 
 class ApiGets(Every):
@@ -154,6 +165,7 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
             "rss_peak_mb": round(peak / 1024, 1), **scraper.figures(),
             "api_gpus_max_ms": round(max(gets.latencies, default=float("nan")) * 1000, 1),
             "api_requests": len(api.requests) - asked_before,
+            "longest_tick_s": {k: round(v, 2) for k, v in scraper.longest.items()},
             "kubernetes_api_success": success.get("kubernetes_api"), "kubelet_success": success.get("kubelet"),
             "leaver_scrapes_after_it_left": scraper.stale,
             "api_log_lines": log.count("kubernetes api"), "tracebacks": log.count("Traceback")}

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, REPLICAS, WHOLE, Held, Holder
 from exporter.kubernetes_api import ApiError, Endpoint, KubernetesApi, endpoint, quantity
-from exporter.samplers.dra import (MAX_CLAIM_DEVICES, ApiView, DraDevices, NvidiaDeviceNames, attribute_claims,
+from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, ApiView, DraDevices, NvidiaDeviceNames, attribute_claims,
                                    capacity_ratio, merge)
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for
@@ -126,17 +126,22 @@ def test_a_container_holding_a_gpu_both_ways_is_one_holder_and_claims_beside_dev
     assert merged[B] == {Holder("ml", "p", "c", claim="big,small"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"))}
 
 
-def test_a_million_claims_cost_a_bounded_pass():
-    many = [claim_pod("ns", f"p{i}", {"c": [(f"c{i}", [("gpu-0", f"s{i}")])]}) for i in range(MAX_CLAIM_DEVICES + 500)]
-    started = time.process_time()
+def test_a_kubelet_listing_too_many_containers_or_devices_costs_a_bounded_pass():
+    """10^5 claims once took the exporter from 166 to 299 MB and scrapes to 720 ms: the first
+    MAX_CONTAINERS containers and MAX_DEVICES devices are read, the rest counted in one problem."""
+    many = [claim_pod("ns", f"p{i}", {"c": [(f"c{i}", [("gpu-0", f"s{i}")])]}) for i in range(MAX_CONTAINERS + 1)]
     found = attribute_claims(many, node_gpus())
-    assert time.process_time() - started < 30  # bounded work, not a timing claim: MAX_CLAIM_DEVICES read
-    assert len(found.held[A]) == MAX_CLAIM_DEVICES
-    assert any(f"only the first {MAX_CLAIM_DEVICES}" in p for p in found.problems)
+    assert len(found.held[A]) == MAX_CONTAINERS and len(found.shared) == MAX_CONTAINERS
+    assert ("ns", f"p{MAX_CONTAINERS - 1}", "c") in found.held[A] and ("ns", f"p{MAX_CONTAINERS}", "c") not in found.held[A]
+    assert found.problems == []  # the kubelet sampler's attribute() names the containers left out, once
+    one = [claim_pod("ns", "p", {"c": [("big", [("gpu-0", f"s{i}") for i in range(MAX_DEVICES + 1)])]})]
+    found = attribute_claims(one, node_gpus())
+    assert len(found.shared) == MAX_DEVICES
+    assert found.problems == [f"the kubelet lists {MAX_DEVICES + 1} DRA devices: only the first {MAX_DEVICES} are read"]
     # as many claims of devices this node lacks: ten named, the rest counted, so the log line stays short
-    ghosts = [claim_pod("ns", f"g{i}", {"c": [(f"g{i}", [(f"gpu-{100 + i}", None)])]}) for i in range(5000)]
+    ghosts = [claim_pod("ns", f"g{i}", {"c": [(f"g{i}", [(f"gpu-{100 + i}", None)])]}) for i in range(1000)]
     problems = attribute_claims(ghosts, node_gpus()).problems
-    assert len(problems) == 11 and problems[-1] == "and 4990 more DRA devices that are no GPU here"
+    assert len(problems) == 11 and problems[-1] == "and 990 more DRA devices that are no GPU here"
 
 
 @pytest.mark.parametrize("text, value", [("80Gi", 80 * 2**30), ("4", 4.0), ("500m", 0.5), ("1e3", 1000.0),
@@ -278,6 +283,24 @@ def test_a_quantity_at_the_edges_of_its_suffixes(api_server):
     assert view.capacity[("node-a", "gpu-0")] == {"shares": 2.0 ** 60}
     assert view.consumed[("nb", "x-gpu", "node-a", "gpu-0", "s1")] == {"shares": 2e18}
     assert capacity_ratio(view.capacity[("node-a", "gpu-0")], view.consumed[("nb", "x-gpu", "node-a", "gpu-0", "s1")]) == 1.0
+
+
+def test_any_exception_reading_an_answer_is_the_readers_error(api_server, monkeypatch, caplog):
+    """Not only the errors the reader foresees: whatever reading an answer raises is one line, success
+    0 and a back-off, never an exception out of the kubelet's tick."""
+    import exporter.kubernetes_api
+
+    def overflow(text):
+        raise OverflowError("int too large to convert to float")
+
+    shared_gpu(api_server)
+    monkeypatch.setattr(exporter.kubernetes_api, "quantity", overflow)
+    reader = KubernetesApi(Endpoint(api_server.url, None, None), node_name="node-a")
+    assert reader.view({("node-a", "gpu-0")}, SHARED) == ApiView() and not reader.health.success
+    assert "reading its answer: OverflowError: int too large" in reader.health.error
+    reader.view({("node-a", "gpu-0")}, SHARED)
+    assert len(api_server.requests) == 1
+    assert len([r for r in caplog.records if "kubernetes api" in r.getMessage()]) == 1
 
 
 def self_signed(folder, name):
