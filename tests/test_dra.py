@@ -134,6 +134,8 @@ def test_a_kubelet_listing_too_many_containers_or_devices_costs_a_bounded_pass()
     assert len(found.held[A]) == MAX_CONTAINERS and len(found.shared) == MAX_CONTAINERS
     assert ("ns", f"p{MAX_CONTAINERS - 1}", "c") in found.held[A] and ("ns", f"p{MAX_CONTAINERS}", "c") not in found.held[A]
     assert found.problems == []  # the kubelet sampler's attribute() names the containers left out, once
+    one = [claim_pod("ns", "p", {"c": [("big", [("gpu-0", f"s{i}") for i in range(MAX_DEVICES)])]})]
+    assert attribute_claims(one, node_gpus()).problems == []  # exactly the bound
     one = [claim_pod("ns", "p", {"c": [("big", [("gpu-0", f"s{i}") for i in range(MAX_DEVICES + 1)])]})]
     found = attribute_claims(one, node_gpus())
     assert len(found.shared) == MAX_DEVICES

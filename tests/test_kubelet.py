@@ -100,7 +100,7 @@ def test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound():
         assert caught.type.__name__ in ("ValueError", "IndexError", "DecodeError"), caught
 
 
-def test_a_kubelet_listing_more_pods_than_are_read_is_one_problem_of_the_tick(tmp_path):
+def test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem(tmp_path):
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.kubelet import KubeletSampler
     from exporter.samplers.nvml import NvmlSampler
@@ -118,6 +118,9 @@ def test_a_kubelet_listing_more_pods_than_are_read_is_one_problem_of_the_tick(tm
         server.service.pods = server.service.pods[:MAX_CONTAINERS]
         sampler.tick()
         assert len(sampler.snapshot.pods[UUID]) == MAX_CONTAINERS and sampler.health.success
+        server.service.raw = b"\x1d\x00\x00\x00\x00"  # field 3 as a fixed32: no List answer has one
+        sampler.tick()
+        assert "not a List answer" in sampler.health.error and not sampler.snapshot.pods  # withdrawn
     finally:
         sampler.close()
         server.stop()
