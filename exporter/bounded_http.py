@@ -1,4 +1,5 @@
-"""One bounded HTTP GET for answers from outside (the Kubernetes API server): the whole request (connect,
+"""One bounded HTTP request for answers from outside (the Kubernetes API server, the Prometheus API behind
+`gpu-spatial report`, another exporter's JSON behind `gpu-spatial top --url`): the whole request (connect,
 TLS handshake, request, headers, body) ends by one deadline, not a timeout per read, so a server
 dripping one byte at a time, in its headers, its body or 1-byte chunks, costs no more than the
 deadline; the answer is capped in bytes (chunk framing included), and its JSON in values before it is
@@ -14,10 +15,14 @@ import re
 import socket
 import ssl
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers
 READ_BYTES = 65536
+# A cap of parsed values from a cap of bytes, for callers without their own: a JSON value per 16 bytes (a
+# value parses into at most ~72 bytes of Python objects: an empty dict or list and its slot).
+BYTES_PER_VALUE = 16
 DEADLINE_EVERY_CHUNKS = 4096  # the deadline is looked at this often while chunks are decoded
 STATUS_LINE = re.compile(rb"^HTTP/1\.[01] ([0-9]{3})(?: |$)")
 
@@ -49,6 +54,29 @@ def get(host: str, port: int, path: str, deadline: float, max_bytes: int, header
         tls: ssl.SSLContext | None = None) -> Answer:
     """GET `path` of host:port over HTTP/1.1 (TLS with `tls`), done by `deadline` (time.monotonic()),
     the body at most `max_bytes`. Raises AnswerError, or OSError (ssl.SSLError included) from the socket."""
+    return request("GET", host, port, path, deadline, max_bytes, headers, tls)
+
+
+def fetch(url: str, deadline: float, max_bytes: int, method: str = "GET", body: bytes = b"",
+          headers: dict[str, str] | None = None) -> Answer:
+    """`method` on an http(s) URL (its path and query kept; https verified with the system's CAs), as
+    request(). Redirects are answers like any other: never followed."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise AnswerError(f"{url[:100]!r} is not an http(s) URL", "http")
+    https = parts.scheme == "https"
+    try:
+        port = parts.port or (443 if https else 80)
+    except ValueError:
+        raise AnswerError(f"{url[:100]!r} has no valid port", "http") from None
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return request(method, parts.hostname, port, path, deadline, max_bytes, headers,
+                   ssl.create_default_context() if https else None, body)
+
+
+def request(method: str, host: str, port: int, path: str, deadline: float, max_bytes: int,
+            headers: dict[str, str] | None = None, tls: ssl.SSLContext | None = None, body: bytes = b"") -> Answer:
+    """As get(), any method, with `body` (sent with its Content-Length)."""
     sock = socket.create_connection((host, port), timeout=left(deadline))
     try:
         if tls is not None:
@@ -56,10 +84,11 @@ def get(host: str, port: int, path: str, deadline: float, max_bytes: int, header
             sock.settimeout(left(deadline))
             sock.do_handshake()
         name = f"[{host}]" if ":" in host else host
-        lines = [f"GET {path} HTTP/1.1", f"Host: {name}:{port}", "Connection: close",
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {name}:{port}", "Connection: close",
+                 *([f"Content-Length: {len(body)}"] if body or method != "GET" else []),
                  *(f"{k}: {v}" for k, v in (headers or {}).items())]
         sock.settimeout(left(deadline))
-        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
         return _answer(sock, deadline, max_bytes)
     except TimeoutError:
         raise AnswerError("slower than its deadline", "slow") from None

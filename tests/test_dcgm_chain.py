@@ -25,12 +25,13 @@ class FakeDcgmExporter:
 
     def __init__(self):
         self.mode = "ok"
+        self.released = threading.Event()
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                if outer.mode == "slow":
-                    time.sleep(1.5)
+                if outer.mode == "slow":  # answers only when the test ends: the source's timeout must end the wait
+                    outer.released.wait(60)
                 body, status = {
                     "ok": (TEXT, 200), "slow": (TEXT, 200), "garbage": ("<html>{not prometheus</html>\x00", 200),
                     "error": ("internal error", 500),
@@ -53,6 +54,7 @@ class FakeDcgmExporter:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
+        self.released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -108,7 +110,9 @@ def test_broken_endpoints_become_source_states(dcgm, mode, state, words):
     source = DcgmExporterSource(dcgm.url, timeout=0.5, nvml=KnownGpus())
     started = time.monotonic()
     source.tick()
-    assert time.monotonic() - started < 1.4  # the timeout bounds a slow endpoint
+    # the 0.5 s timeout ends the wait, not the server (which holds the slow answer for 60 s): a generous
+    # bound, since a busy CI machine may take seconds where an idle one takes 0.5
+    assert time.monotonic() - started < 20
     assert source.results[H100].state == state and words in source.results[H100].reason
 
 
@@ -123,7 +127,7 @@ def test_engine_falls_back_to_gpm_when_dcgm_fails_and_back_when_it_recovers(dcgm
     backend = ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json")
     nvml = NvmlSampler(backend, interval=0.2)
     source = DcgmExporterSource(dcgm.url, timeout=0.3, nvml=nvml)
-    engine = Engine(nvml, gpm=GpmSource(), spatial={"dcgm": source}, interval=0.2)
+    engine = Engine(nvml, [GpmSource(nvml), source], interval=0.2)
     for _ in range(2):
         engine.tick_devices()
     source.tick()

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from exporter.hostfiles import FileTooLarge, NotRegularFile, read_capped
+from hostio.files import FileTooLarge, NotRegularFile, read_capped
 from tests.helpers import FIXTURES, Exporter, sample_value, wait_for
 from tests.test_faults import Scraper, log_lines, samples
 from tests.test_workloads import workloads
@@ -141,7 +141,7 @@ def test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back(tmp_
 
     nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"), interval=0.1)
     slurm = FailingMount(str(mapping), nvml, proc_root=str(proc), interval=0.1)
-    engine = Engine(nvml, gpm=GpmSource(), interval=0.1, holders=(slurm,), workloads=WorkloadAccountant())
+    engine = Engine(nvml, [GpmSource(nvml), slurm], interval=0.1, workloads=WorkloadAccountant())
     engine.tick_deadline = 1.0
     jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}  # noqa: E731
     caplog.set_level(logging.INFO, logger="exporter.engine")
@@ -149,14 +149,14 @@ def test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back(tmp_
     try:
         wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job held")
         slurm.failing = True
-        wait_for(lambda: "slurm" not in engine.snapshot.holders, 15, 0.05, "values withdrawn")
+        wait_for(lambda: "slurm" not in engine.snapshot.published, 15, 0.05, "values withdrawn")
         assert jobs() == set() and not engine.snapshot.health["slurm"].success
         why = {"stuck": "tick stuck for more than 1 s", "raising": "tick failed: RecursionError"}[failure]
         assert why in engine.snapshot.health["slurm"].error
         assert engine.snapshot.health["nvml"].success  # the other loops go on
         version = engine.snapshot.version
         wait_for(lambda: engine.snapshot.version > version + 10, 15, 0.05, "snapshots still published")
-        assert jobs() == set() and "slurm" not in engine.snapshot.holders
+        assert jobs() == set() and "slurm" not in engine.snapshot.published
         assert len([r for r in caplog.records if f"sampler slurm: {why}" in r.getMessage()]) == 1
         if failure == "stuck":
             with open(hang, "wb"):  # the mount answers again

@@ -6,7 +6,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from exporter.nvml import NvmlError
+from exporter.nvml import NvmlError, PartialAnswer
+from exporter.sampler import SamplerDefaults
 from exporter.samplers.xid import XidWatcher
 from exporter.snapshot import (
     CollectorHealth,
@@ -62,7 +63,7 @@ class _SlowReads:
     throttle_share: float | None = None
 
 
-class NvmlSampler:
+class NvmlSampler(SamplerDefaults):
     """Keeps the newest telemetry per GPU and a history of NVML utilization samples.
 
     `backend` is an `Nvml` or a `ReplayNvml`; or give `factory`, a callable that makes one, retried
@@ -154,9 +155,12 @@ class NvmlSampler:
         self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
 
     def close(self) -> None:
-        """Stops the XID watcher (before NVML shuts down)."""
+        """Stops the XID watcher, then shuts NVML down (the engine closes NVML last)."""
         if self.xid is not None:
             self.xid.stop()
+        closer = getattr(self.backend, "shutdown", None)
+        if closer:
+            closer()
 
     def _xid(self, gpu: GpuIdentity) -> dict:
         counts, last = self.xid.events(gpu.index) if self.xid is not None else ((), None)
@@ -313,11 +317,12 @@ class NvmlSampler:
         return True
 
     def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
-        """A dict-valued read (several NVML calls): its errors are kept until its next read."""
+        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its values, and its errors
+        kept until its next read."""
         answer, error = self._call(gpu, fn)
-        answer = dict(answer or {})  # a replayed answer is shared between loops: never edit it
-        slow.errors[name] = ([error] if error else []) + answer.pop("_errors", [])
-        return answer
+        answer = answer or PartialAnswer()
+        slow.errors[name] = ([error] if error else []) + list(answer.errors)
+        return answer.values
 
     def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
         slow = self._slow.setdefault(gpu.uuid, _SlowReads())
