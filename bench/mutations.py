@@ -276,7 +276,7 @@ KUBE_API = (EDGE, "tests/test_dra.py")
 VERDICTS = (EDGE, "tests/test_verdicts.py")
 USERS = (EDGE, "tests/test_users.py")
 KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
-ACCOUNT = (REPORT_GUARDS, "tests/test_account_history.py")
+ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
 
 
 def _m(id, path, old, new, tests, why, listed=False):
@@ -307,8 +307,8 @@ ROUND_39 = (
     _m("ctxsw-last-sample-dropped", "nsys_ingest/ctxsw.py",
        "if gpu.held is not None:  # the very last sample: one period", "if False:", CTXSW_INGEST,
        "the last sample covers one period"),
-    _m("ctxsw-merge-one-context-only", "nsys_ingest/ctxsw.py", 'share = sum(p["time_share"] for p in group)',
-       'share = group[0]["time_share"]', CTXSW_INGEST, "a pid with several contexts is one process"),
+    _m("ctxsw-merge-one-context-only", "nsys_ingest/ctxsw.py", "share = sum(p.time_share for p in group)",
+       "share = group[0].time_share", CTXSW_INGEST, "a pid with several contexts is one process"),
     _m("ctxsw-fit-not-clamped-above", "nsys_ingest/ctxsw.py",
        "new = min(max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0), 1.0)",
        "new = max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0)", CTXSW_INGEST, "a fitted ratio is at most 1"),
@@ -339,7 +339,7 @@ ROUND_39 = (
        "listed = frozenset(before[gpu.uuid] | after[gpu.uuid])", "listed = frozenset(after[gpu.uuid])", CTXSW_LIVE,
        "pids listed at the window's start or end"),
     _m("live-ctxsw-window-from-flag", "exporter/samplers/ctxsw.py",
-       'start, end = ended - (result["window_s"][1] - result["window_s"][0]), ended',
+       "start, end = ended - (result.window_s[1] - result.window_s[0]), ended",
        "start, end = ended - self.window_s, ended", CTXSW_LIVE, "the window's length is the export's"),
     # -- exporter/workloads.py -----------------------------------------------------------------------------
     _m("workloads-ctxsw-sm-any", "exporter/workloads.py", "if all(share.sm is not None or share.time == 0 for share in own):",
@@ -566,7 +566,49 @@ ROUND_39 = (
     _m("account-non-finite-kept", "gpu_spatial/report/account.py", "return value if math.isfinite(value) else 0.0",
        "return value", ACCOUNT, "NaN and Inf read as 0"),
 )
-MUTANTS = MUTANTS + ROUND_39
+
+# -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
+ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
+          "test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
+SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
+ROUND_39_NEW = (
+    _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
+       "two samplers never share a collector name"),
+    _m("engine-gpm-after-nvml", "exporter/engine.py",
+       "self._loops = {nvml.name: (*(s for s in samplers if s.in_nvml_loop), nvml)}",
+       "self._loops = {nvml.name: (nvml, *(s for s in samplers if s.in_nvml_loop))}", ENGINE,
+       "in_nvml_loop samplers tick right before NVML"),
+    _m("engine-any-loop-means-nvml-ticked", "exporter/engine.py",
+       "if self.nvml in members:\n                self._nvml_ticked.set()", "if True:\n                self._nvml_ticked.set()",
+       ENGINE, "after_nvml loops wait for NVML's own tick"),
+    _m("engine-stop-leaves-work", "exporter/engine.py", "            sampler.close()\n", "            pass\n", ENGINE,
+       "stop() ends work in flight"),
+    _m("engine-deadline-ignores-sampler", "exporter/engine.py",
+       "deadline = max(self.tick_deadline, 2 * interval, *(s.max_tick_seconds for s in members))",
+       "deadline = self.tick_deadline", ENGINE, "a sampler's own max_tick_seconds and 2 intervals"),
+    _m("engine-stuck-never-returns", "exporter/engine.py", "self._withdrawn.discard(name)", "pass", ENGINE,
+       "a stuck loop's values come back when it returns"),
+    _m("engine-stuck-values-published", "exporter/engine.py",
+       "return self._loop_of[sampler.name] not in self._withdrawn", "return True", ENGINE,
+       "a stuck loop's values are withdrawn"),
+    _m("engine-crash-health-hidden", "exporter/engine.py", "health[sampler.name] = crashed", "pass", ENGINE,
+       "a raising or stuck tick is its samplers' health"),
+    _m("engine-stuck-nvml-telemetry-kept", "exporter/engine.py",
+       "telemetry = self.nvml.telemetry if self.nvml in current else {}", "telemetry = self.nvml.telemetry", ENGINE,
+       "a stuck NVML loop publishes no telemetry"),
+    _m("engine-crash-never-cleared", "exporter/engine.py", "self._crashed.pop(name, None)", "pass", ENGINE,
+       "a good tick clears the crash"),
+    _m("engine-burst-after-falling-behind", "exporter/engine.py", "if delay < 0:  # fell behind", "if False:  # fell behind",
+       ENGINE, "a loop that fell behind skips ticks instead of bursting"),
+    _m("sampler-serves-any-state", "exporter/sampler.py", "return result is not None and result.state == OK",
+       "return result is not None", SAMPLER, "a source serves a GPU only while its state is ok"),
+    _m("sampler-defaults-after-nvml", "exporter/sampler.py", "    after_nvml = False\n", "    after_nvml = True\n",
+       SAMPLER, "samplers start at once unless they map things to GPUs"),
+    _m("sampler-state-window-always", "exporter/sampler.py",
+       '"window": None if self.window_end is None else [self.window_start, self.window_end]}',
+       '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW
 
 
 def _is_test_path(arg: str) -> bool:
