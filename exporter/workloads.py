@@ -6,7 +6,7 @@ kubelet, Slurm jobs, Unix users), their processes and NVML's per-process samples
 the GPU-second counters that make accounting exact over any range. Every quantity is in
 GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads", is the contract.
 
-What is exact and what is not (README, "Per-workload numbers"):
+What is exact and what is not (docs/workloads.md):
 - held share: what the scheduler allocated. Exact.
 - time share: basis "ctxsw" where the live context-switch source (exporter/samplers/ctxsw.py) has a
   fresh window of the GPU covering all the holder's processes: their resident time share, exact;

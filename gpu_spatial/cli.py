@@ -7,7 +7,7 @@
     gpu-spatial trace -- CMD       CMD's Python processes trace their own kernels when the exporter asks (MPS clients)
 
 Each subcommand is imported only when asked for, so `top` costs no report dependencies and the other
-way round. Errors are one line; bad input exits 2 (README, "Exit codes"); `--version` works on every
+way round. Errors are one line; bad input exits 2 (docs/operations.md, "Exit codes"); `--version` works on every
 subcommand; output cut short by its reader (`| head -1`) ends quietly with 0.
 """
 from __future__ import annotations
