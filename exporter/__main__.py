@@ -53,8 +53,10 @@ def build_engine(args):
 
             ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
                                  args.ctxsw_estimator, other_sources=spatial)
+        from exporter.samplers import cupti
+
         workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, series_limit=args.holder_series_limit,
-                                       ctxsw=ctxsw)
+                                       ctxsw=ctxsw, cupti=cupti.build(args, nvml))
     elif args.workload_ctxsw:
         log.warning("--workload-ctxsw: no holders are known here (--holders none): nothing to attribute to, "
                     "so no capture runs")

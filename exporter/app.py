@@ -106,6 +106,18 @@ def ctxsw_json(states) -> list[dict] | None:
              "window": None if s.window_end is None else [s.window_start, s.window_end]} for gpu, s in states]
 
 
+def cupti_json(accountant) -> list[dict] | None:
+    """The cupti source's per-GPU states with each MPS GPU's scaling (WorkloadAccountant.cupti_states and
+    cupti_gpus), or None when off."""
+    states = getattr(accountant, "cupti_states", None)
+    if states is None:
+        return None
+    scaling = {gpu.uuid: s.to_json() for gpu, s in accountant.cupti_gpus}
+    return [{"gpu": gpu.index, "uuid": gpu.uuid, "state": s.state, "reason": s.reason,
+             "window": None if s.window_end is None else [s.window_start, s.window_end],
+             **{k: v for k, v in scaling.get(gpu.uuid, {}).items() if k != "window"}} for gpu, s in states]
+
+
 def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
     """/healthz: 503 when the samplers stopped, or when NVML was asked for and no GPU is known (a GPU
     node whose driver is missing is not healthy); 200 with status no_gpu where no GPU is what was asked
@@ -190,7 +202,8 @@ def api(engine, upload=None):
         snapshot = engine.snapshot
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],
-                "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None))}
+                "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None)),
+                "cupti": cupti_json(engine.workloads)}
 
     @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,
               responses={**upload_errors, 409: {"model": models.Error, "description": "the exporter runs --replay: "

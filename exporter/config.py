@@ -309,6 +309,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--ctxsw-frequency", type=int, default=500, help="GPU metrics sampling frequency of the captures, Hz")
     g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
                    help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
+    from exporter.samplers import cupti
+
+    cupti.add_arguments(p)
     _apply_environment(p)
     return p
 
@@ -319,6 +322,10 @@ def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     if args.workload_ctxsw and not 1.0 <= args.ctxsw_window < args.ctxsw_period:
         parser.error(f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
                      f"{args.ctxsw_period:g}s")
+    from exporter.samplers import cupti
+
+    if cupti.check_arguments(args):
+        parser.error(cupti.check_arguments(args))
     if args.workload_ctxsw and args.nsys_live:
         parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
                      "session at a time can do: choose one")

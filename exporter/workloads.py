@@ -304,7 +304,7 @@ class WorkloadAccountant:
     @property
     def samplers(self) -> tuple:
         """The samplers of its own the engine runs (each with name, tick, interval, health, close)."""
-        return () if self.ctxsw is None else (self.ctxsw,)
+        return tuple(s for s in (self.ctxsw, self.cupti) if s is not None)
 
     def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, series_limit: int = HOLDER_SERIES_LIMIT,
                  ctxsw=None, cupti=None):
@@ -316,6 +316,7 @@ class WorkloadAccountant:
         self.cupti = cupti
         self.sm_history = SmHistory()
         self.cupti_gpus: tuple = ()  # (GpuIdentity, CuptiGpu) of every MPS GPU with a fresh cupti window
+        self.cupti_states: tuple | None = None if cupti is None else ()  # (GpuIdentity, SourceState) per GPU
         # per GPU at the last update: (GpuIdentity, CtxswState); None without the source
         self.ctxsw_states: tuple | None = None if ctxsw is None else ()
         self._log = LogOnce(log)
@@ -355,6 +356,9 @@ class WorkloadAccountant:
                 del self._accounts[key]
             self.sm_history.forget(v.identity.uuid for v in views)
             self.cupti_gpus = tuple(cupti_gpus)
+            if self.cupti is not None:
+                self.cupti_states = tuple((v.identity, self.cupti.state(v.identity.uuid, now)) for v in views
+                                          if v.telemetry is not None and not v.telemetry.lost)
             if self.ctxsw is not None:
                 self.ctxsw_states = tuple((v.identity, self.ctxsw.state(v.identity.uuid, now)) for v in views
                                           if v.telemetry is not None and not v.telemetry.lost)

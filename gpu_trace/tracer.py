@@ -63,6 +63,11 @@ class CuptiApi:
     def flush(self) -> None:
         self._cupti.activity_flush_all(1)  # forced: buffers not yet full too
 
+    def detach(self) -> None:
+        """cuptiFinalize: CUPTI leaves the process until the next window (its launch hooks cost even
+        with every activity disabled); the callbacks are registered again before the next enable."""
+        self._cupti.finalize()
+
     def timestamp(self) -> int:
         return int(self._cupti.get_timestamp())
 
@@ -95,7 +100,8 @@ class CuptiApi:
 class Tracer:
     """Windows of this process's kernels; `trace()` runs on the caller's (the client's) thread."""
 
-    def __init__(self, api=None, max_records: int = MAX_RECORDS, settle_s: float = SETTLE_S, clock=time.time):
+    def __init__(self, api=None, max_records: int = MAX_RECORDS, settle_s: float = SETTLE_S, clock=time.time,
+                 detach: bool = True):
         self.api = api if api is not None else CuptiApi()
         self.max_records = max_records
         self.settle_s = settle_s
@@ -105,7 +111,8 @@ class Tracer:
         self._fractions: dict[tuple, float] = {}  # launch shape -> SM share: kernels repeat their shapes
         self._full = threading.Event()
         self.late = 0  # records that arrived outside a window
-        self.api.register(self._requested, self._completed)
+        self.detach = detach and hasattr(self.api, "detach")
+        self._registered = False
 
     def _requested(self):
         return BUFFER_BYTES, 0
@@ -143,6 +150,9 @@ class Tracer:
         self._fractions.clear()
         self._full.clear()
         records = self._records = Records(self.max_records)
+        if not self._registered:
+            self.api.register(self._requested, self._completed)
+            self._registered = True
         host_start, lo = self.clock(), self.api.timestamp()
         self.api.enable()
         try:
@@ -158,6 +168,9 @@ class Tracer:
         time.sleep(self.settle_s)
         self.api.flush()
         self._records = None
+        if self.detach:
+            self.api.detach()
+            self._registered = False
         if self._full.is_set() and len(records):  # ends where the complete part of the record ends
             hi = min(hi, int(max(records.end)))
         summary = summarise(records, lo, hi, {o: uuid for o, (uuid, _l) in devices.items()})

@@ -380,6 +380,11 @@ class StubSource:
     def fresh(self, uuid, now):
         return self.window
 
+    def state(self, uuid, now):
+        from exporter.sampler import SourceState
+
+        return SourceState(V.ACTIVE, "3 client(s) traced", self.window.window_start, self.window.window_end)
+
 
 def test_the_accountant_counts_cupti_busy_and_sm_seconds_and_reports_the_gpu():
     win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)

@@ -174,11 +174,13 @@ def test_a_full_store_ends_the_window_where_its_records_end():
     assert body["end"] == pytest.approx(body["start"] + (first[-1] - w["stamps"][0]) / 1e9, abs=1e-6)
 
 
-def test_records_outside_a_window_are_not_kept():
+def test_records_outside_a_window_are_not_kept_and_cupti_is_detached_after_each():
     api = ReplayCupti(window("spin66"))
+    api.detach = lambda: api.calls.append("detach")
     tracer = Tracer(api, settle_s=0)
-    api.completed([SimpleNamespace(**r) for r in window("spin66")["records"][:3]])
-    assert tracer.late == 3
+    tracer.trace(0)
+    api.completed([SimpleNamespace(**r) for r in window("spin66")["records"][:3]])  # a buffer after the window
+    assert tracer.late == 3 and api.calls == ["enable", "disable", "flush", "detach"]
 
 
 def test_the_uuid_is_spelled_as_nvml_spells_it():

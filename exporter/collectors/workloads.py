@@ -36,6 +36,9 @@ class WorkloadCollector:
         sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
                           "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
                           "slices) or time_share (the GPU's split by time shares).", ["basis"])
+        estimate = gauge("gpu_workload_cupti_sm_estimate_ratio", "Basis cupti: the holder's MPS clients' own SM "
+                         "estimate (each kernel's grid against the SMs it can occupy, over their window), before the "
+                         "scaling that keeps all clients' sum within the GPU's measured SM active.")
         folded = GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
                                    "published summed as the holder pod=\"other\".", labels=GPU_LABELS)
         idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
@@ -68,6 +71,8 @@ class WorkloadCollector:
                 c_busy.add_metric(labels + [basis], value, created=w.created)
             if w.sm_active is not None:
                 sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
+            if w.sm_estimate is not None:
+                estimate.add_metric(labels, w.sm_estimate)
             for basis, value in sorted(w.counters["sm_active"].items()):
                 c_sm.add_metric(labels + [basis], value, created=w.created)
             for basis, value in sorted(w.counters["hidden_idle"].items()):
@@ -75,9 +80,39 @@ class WorkloadCollector:
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
-        yield from (held, held_basis, processes, time_share, sm_active, folded, idle_seconds, held_idle,
+        yield from (held, held_basis, processes, time_share, sm_active, estimate, folded, idle_seconds, held_idle,
                     c_held, c_busy, c_sm, c_hidden, c_idle)
         yield from self._ctxsw_states()
+        yield from self._cupti_gpus()
+
+    def _cupti_gpus(self):
+        """Per GPU, the cupti source's state (--workload-cupti only) and, on MPS GPUs with a fresh window,
+        the SM activity no traced client accounts for."""
+        from exporter import vocabulary as V
+
+        accountant = self._engine.workloads
+        states = getattr(accountant, "cupti_states", None)
+        if states is None:
+            return
+        state = GaugeMetricFamily("gpu_workload_cupti_state", "1 for the current state of the cupti source of MPS "
+                                  "clients' shares (--workload-cupti): active, standby, unsupported, error, disabled; "
+                                  "/api/v1/workloads and the log say why.", labels=GPU_LABELS + ["state"])
+        unattributed = GaugeMetricFamily("gpu_workload_cupti_unattributed_sm_ratio", "On an MPS GPU: the GPU's SM "
+                                         "active over the clients' last window less what the traced clients were "
+                                         "given (the SM activity of clients that do not trace, and the estimates' "
+                                         "shortfall).", labels=GPU_LABELS)
+        untraced = GaugeMetricFamily("gpu_workload_cupti_untraced_clients", "MPS clients on the GPU whose last "
+                                     "window was not traced (no tracer, or no CUPTI in them).", labels=GPU_LABELS)
+        for gpu, current in states:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            for name in V.WORKLOAD_SOURCE_STATES:
+                state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
+        for gpu, scaling in accountant.cupti_gpus:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            if scaling.unattributed is not None:
+                unattributed.add_metric(labels, scaling.unattributed)
+            untraced.add_metric(labels, scaling.untraced)
+        yield from (state, unattributed, untraced)
 
     def _ctxsw_states(self):
         """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""

@@ -204,6 +204,8 @@ class CuptiSource:
         self.open()
         self._accept()
         gpus = frozenset(g.uuid for g in getattr(self._nvml, "gpus", ()))
+        if not gpus:  # NVML has not listed the GPUs yet: their UUIDs are what reports are checked against
+            return
         if not self._clients:
             self.windows.clear()
             self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS) for uuid in gpus}
