@@ -27,7 +27,9 @@ import threading
 from dataclasses import dataclass, field
 
 from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
+from exporter.sampler import ProcessShare
 from exporter.snapshot import GpuIdentity, LogOnce
+from exporter.vocabulary import CTXSW, CUPTI, EXACT, NVML, TIME_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +37,12 @@ IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idl
 HELD_IDLE_AFTER_S = 1800.0
 HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
-EXACT, TIME_SHARE, CTXSW, NVML, CUPTI = "exact", "time_share", "ctxsw", "nvml", "cupti"
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
+NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkloadView:
     holder: Holder
     gpu: GpuIdentity
@@ -217,13 +219,36 @@ def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
                     estimated, round(scale, 6), unattributed, len(traced), len(clients - traced))
 
 
+@dataclass(frozen=True)
+class HolderShare:
+    """What one holder did on one GPU at one update (gpu_shares)."""
+
+    pids: tuple[int, ...]  # its processes on the GPU
+    processes: int | None  # how many; None: NVML could not list the GPU's processes
+    time_share: float | None
+    time_share_basis: str | None  # exporter.vocabulary.TIME_SHARE_BASES
+    reason: str  # how the time share was obtained, or why there is none
+    sm_active: float | None
+    sm_active_basis: str | None  # exporter.vocabulary.SM_ACTIVE_BASES
+    window: tuple[float, float] | None = None  # wall time of the per-process window behind the values
+    sm_estimate: float | None = None  # cupti: its MPS clients' own SM estimate, unscaled
+
+
+def _holder_share(entry: dict) -> HolderShare:
+    """The record of one holder's entry as gpu_shares builds it up."""
+    return HolderShare(pids=entry["pids"], processes=entry["processes"], time_share=entry["time_share"],
+                       time_share_basis=entry["time_share_basis"], reason=entry["reason"],
+                       sm_active=entry["sm_active"], sm_active_basis=entry["basis"], window=entry["window"],
+                       sm_estimate=entry.get("sm_estimate"))
+
+
 def gpu_shares(view, holders, owners: dict[int, Holder],
                mig_sm: dict[Holder, float | None] | None = None, ctxsw=None, cupti=None,
-               cupti_scaling: CuptiGpu | None = None) -> dict[Holder, dict]:
+               cupti_scaling: CuptiGpu | None = None) -> dict[Holder, HolderShare]:
     """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
     how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
-    `ctxsw`: the GPU's fresh context-switch window (exporter.samplers.ctxsw.CtxswReading), or None.
+    `ctxsw`: the GPU's fresh context-switch window (exporter.sampler.ProcessWindow), or None.
     `cupti`: the GPU's fresh window of MPS clients' own traces (exporter.sampler.ProcessWindow), with
     `cupti_scaling` (cupti_gpu) the factor that keeps their SM estimates within the GPU's SM active."""
     tel = view.telemetry
@@ -246,7 +271,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                  "time_share": None, "time_share_basis": None, "sm_active": None, "basis": None, "window": None}
         if compute is None:
             entry["reason"] = "NVML could not list the GPU's processes"
-            out[holder] = entry
+            out[holder] = _holder_share(entry)
             continue
         if mig:
             entry["reason"] = MIG_REASON
@@ -270,13 +295,13 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
             entry["reason"] = ("NVML per-process utilization, scaled to the GPU's time utilization"
                                if scale is not None else "NVML per-process utilization (no GPU total to scale to)")
             # every process of the holder ran (or held its context) during the window: its slices are its time
-            if ctxsw is not None and set(pids[holder]) <= ctxsw.listed | ctxsw.shares.keys():
-                own = [ctxsw.shares.get(pid, (0.0, 0.0)) for pid in pids[holder]]
-                entry["time_share"] = round(min(sum(t for t, _ in own), 1.0), 6)
+            if ctxsw is not None and ctxsw.covers(pids[holder]):
+                own = [ctxsw.shares.get(pid, NOT_RESIDENT) for pid in pids[holder]]
+                entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)
                 entry["time_share_basis"], entry["window"] = CTXSW, (ctxsw.window_start, ctxsw.window_end)
                 entry["reason"] = "GPU context switches: the resident time of its processes' slices"
-                if all(sm is not None or t == 0 for t, sm in own):
-                    entry["ctxsw_sm"] = round(min(sum(sm or 0.0 for _, sm in own), 1.0), 6)
+                if all(share.sm is not None or share.time == 0 for share in own):
+                    entry["ctxsw_sm"] = round(min(sum(share.sm or 0.0 for share in own), 1.0), 6)
         if not mig and sm is None and pids[holder] and entry.get("ctxsw_sm") is not None:
             entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # no spatial source for the GPU itself
         elif sm is not None and not mig:
@@ -294,7 +319,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                 # (MPS clients' kernels overlap: their time shares do not split the GPU's SM activity)
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
-        out[holder] = entry
+        out[holder] = _holder_share(entry)
     return out
 
 
@@ -302,37 +327,36 @@ class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
     @property
-    def samplers(self) -> tuple:
-        """The samplers of its own the engine runs (each with name, tick, interval, health, close)."""
-        return tuple(s for s in (self.ctxsw, self.cupti) if s is not None)
+    def ctxsw_states(self) -> tuple | None:
+        """The context-switch source's per-GPU states; None without the source."""
+        return self.source_states.get(CTXSW)
 
     def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, series_limit: int = HOLDER_SERIES_LIMIT,
-                 ctxsw=None, cupti=None):
-        """`ctxsw`: exporter.samplers.ctxsw.CtxswSampler (--workload-ctxsw), or None; `cupti`:
-        exporter.samplers.cupti.CuptiSource (--workload-cupti), or None."""
+                 sources=()):
+        """`sources`: the workload sources (exporter.sampler.WorkloadSource, exporter/workload_sources.py);
+        the engine ticks them, the join reads their fresh windows."""
         self.held_idle_after = held_idle_after
         self.series_limit = max(1, series_limit)
-        self.ctxsw = ctxsw
-        self.cupti = cupti
+        self.sources = {source.name: source for source in sources}
+        # source name -> per GPU at the last update: (GpuIdentity, exporter.sampler.SourceState)
+        self.source_states: dict[str, tuple] = {source.name: () for source in sources}
         self.sm_history = SmHistory()
         self.cupti_gpus: tuple = ()  # (GpuIdentity, CuptiGpu) of every MPS GPU with a fresh cupti window
-        self.cupti_states: tuple | None = None if cupti is None else ()  # (GpuIdentity, SourceState) per GPU
-        # per GPU at the last update: (GpuIdentity, CtxswState); None without the source
-        self.ctxsw_states: tuple | None = None if ctxsw is None else ()
         self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, holdings=(), mig_instances=None) -> tuple[WorkloadView, ...]:
+    def update(self, now: float, views, holdings=(), mig_instances=None, owners=None) -> tuple[WorkloadView, ...]:
         """`holdings`: the exporter.holders.Holdings of every holder sampler; `mig_instances`:
-        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
+        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading; `owners`: their joined
+        process owners (exporter.holders.join_owners, which the engine computes once per update)."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
-            owners = join_owners(holdings)
+            owners = join_owners(holdings) if owners is None else owners
             out, seen, cupti_gpus = [], set(), []
             for view in views:
                 tel = view.telemetry
@@ -341,12 +365,13 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
-                reading = None if self.ctxsw is None else self.ctxsw.fresh(view.identity.uuid, now)
-                traced, scaling = self._cupti(view, now)
+                windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
+                scaling = self._cupti_scaling(view, windows.get(CUPTI))
                 if scaling is not None:
                     cupti_gpus.append((view.identity, scaling))
                 gpu_views = []
-                for holder, entry in gpu_shares(view, holders, owners, mig_sm, reading, traced, scaling).items():
+                for holder, entry in gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
+                                                windows.get(CUPTI) if scaling else None, scaling).items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))
@@ -356,23 +381,19 @@ class WorkloadAccountant:
                 del self._accounts[key]
             self.sm_history.forget(v.identity.uuid for v in views)
             self.cupti_gpus = tuple(cupti_gpus)
-            if self.cupti is not None:
-                self.cupti_states = tuple((v.identity, self.cupti.state(v.identity.uuid, now)) for v in views
-                                          if v.telemetry is not None and not v.telemetry.lost)
-            if self.ctxsw is not None:
-                self.ctxsw_states = tuple((v.identity, self.ctxsw.state(v.identity.uuid, now)) for v in views
-                                          if v.telemetry is not None and not v.telemetry.lost)
+            for source in self.sources.values():
+                self.source_states[source.name] = tuple((v.identity, source.state(v.identity.uuid, now)) for v in views
+                                                        if v.telemetry is not None and not v.telemetry.lost)
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
 
-    def _cupti(self, view, now: float):
-        """(the GPU's fresh cupti window, its scaling) for a GPU with MPS clients; (None, None) otherwise."""
-        compute = view.telemetry.compute_processes
-        clients = {p.pid for p in compute or () if p.kind == "mps"}
-        window = None if self.cupti is None or not clients else self.cupti.fresh(view.identity.uuid, now)
-        if window is None:
-            return None, None
-        gpu_sm = self.sm_history.mean(view.identity.uuid, window.window_start, window.window_end)
-        return window, cupti_gpu(window, clients, gpu_sm)
+    def _cupti_scaling(self, view, window) -> CuptiGpu | None:
+        """The scaling of a GPU's MPS clients' estimates over their fresh cupti window; None: no MPS client
+        or no window."""
+        clients = {p.pid for p in view.telemetry.compute_processes or () if p.kind == "mps"}
+        if window is None or not clients:
+            return None
+        return cupti_gpu(window, clients, self.sm_history.mean(view.identity.uuid, window.window_start,
+                                                               window.window_end))
 
     def _bounded(self, gpu, views: list[WorkloadView], now: float, seen: set) -> list[WorkloadView]:
         """At most series_limit holders of one GPU, the rest summed into OTHER, whose counters integrate
@@ -407,17 +428,20 @@ class WorkloadAccountant:
         sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
         processes = [w.processes for w in folded]
         kept.append(WorkloadView(
-            OTHER, gpu, _sum(w.held_share for w in folded), None if None in processes else sum(processes),
-            tuple(sorted(p for w in folded for p in w.pids)), _sum(w.time_share for w in folded),
-            f"the sum of {len(folded)} holders beyond --holder-series-limit", _sum(w.sm_active for w in folded),
-            TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
-            other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded),
-            _weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
+            holder=OTHER, gpu=gpu, held_share=_sum(w.held_share for w in folded),
+            processes=None if None in processes else sum(processes), pids=tuple(sorted(p for w in folded for p in w.pids)),
+            time_share=_sum(w.time_share for w in folded),
+            time_share_reason=f"the sum of {len(folded)} holders beyond --holder-series-limit",
+            sm_active=_sum(w.sm_active for w in folded),
+            sm_active_basis=TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), idle_seconds=None,
+            held_idle=False, counters=other.published_counters(), created=other.created,
+            held_share_basis=weakest_basis(w.held_share_basis for w in folded), folded=len(folded),
+            time_share_basis=_weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
         return kept
 
-    def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float) -> WorkloadView:
+    def _view(self, gpu, holder, held: Held, entry: HolderShare, account: _Account, now: float) -> WorkloadView:
         share = held.share
-        processes, time_share = entry["processes"], entry["time_share"]
+        processes, time_share = entry.processes, entry.time_share
         if processes is not None:  # unknown process lists leave the idle clock as it was
             idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
             if not idle:
@@ -426,17 +450,20 @@ class WorkloadAccountant:
                 account.idle_since = now
         idle_seconds = None if processes is None and account.idle_since is None else \
             (0.0 if account.idle_since is None else round(now - account.idle_since, 3))
-        sm, basis = entry["sm_active"], entry["basis"]
+        sm, basis = entry.sm_active, entry.sm_active_basis
         account.rates = {
             "held": share,
             "busy": time_share,
-            "busy_basis": {entry["time_share_basis"]: time_share} if time_share is not None else None,
+            "busy_basis": {entry.time_share_basis: time_share} if time_share is not None else None,
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": {basis: sm} if sm is not None else None,
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
         }
         counters = account.published_counters()
-        return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
-                            idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created, held.basis, 0, entry["time_share_basis"], entry["window"],
-                            entry.get("sm_estimate"))
+        return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,
+                            time_share=time_share, time_share_reason=entry.reason, sm_active=sm, sm_active_basis=basis,
+                            idle_seconds=idle_seconds,
+                            held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
+                            counters=counters, created=account.created, held_share_basis=held.basis,
+                            time_share_basis=entry.time_share_basis, ctxsw_window=entry.window,
+                            sm_estimate=entry.sm_estimate)

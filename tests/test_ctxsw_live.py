@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.samplers.ctxsw import (ACTIVE, ALONE, DCGM, ERROR, MIG, MPS, NOT_ROOT, STANDBY, UNSUPPORTED,
-                                     CtxswReading, CtxswSampler)
+                                     CtxswSampler)
+from exporter.sampler import ProcessShare, ProcessWindow
 from exporter.snapshot import OK, ComputeProcess, DeviceTelemetry, GpuIdentity, SourceResult
 from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountant, gpu_shares
 from tests import synthetic_exports as synth
@@ -46,7 +47,9 @@ def live_export(path: Path) -> Path:
 
 
 def reading(shares, listed=(), end=1000.0):
-    return CtxswReading(end - 10.0, end, shares, frozenset(listed))
+    """A ctxsw window from pid -> (time share, SM active)."""
+    return ProcessWindow(basis=CTXSW, window_start=end - 10.0, window_end=end, listed=frozenset(listed),
+                         shares={pid: ProcessShare(time=t, sm=sm) for pid, (t, sm) in shares.items()})
 
 
 # -- the join: exact figures ------------------------------------------------------------------------
@@ -54,39 +57,39 @@ def test_ctxsw_time_shares_and_sm_of_own_slices_replace_nvml_for_covered_holders
     ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
     shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}, OWNERS, None, ctx)
     trainer, notebook, idle = shares[TRAINER], shares[NOTEBOOK], shares[IDLE]
-    assert (trainer["time_share"], trainer["time_share_basis"], trainer["window"]) == (0.4, CTXSW, (990.0, 1000.0))
-    assert (trainer["sm_active"], trainer["basis"]) == (pytest.approx(0.17), CTXSW)
-    assert (notebook["time_share"], notebook["sm_active"], notebook["basis"]) == (0.45, 0.09, CTXSW)
-    assert (idle["time_share"], idle["sm_active"], idle["basis"]) == (0.0, 0.0, EXACT)  # runs nothing
+    assert (trainer.time_share, trainer.time_share_basis, trainer.window) == (0.4, CTXSW, (990.0, 1000.0))
+    assert (trainer.sm_active, trainer.sm_active_basis) == (pytest.approx(0.17), CTXSW)
+    assert (notebook.time_share, notebook.sm_active, notebook.sm_active_basis) == (0.45, 0.09, CTXSW)
+    assert (idle.time_share, idle.sm_active, idle.sm_active_basis) == (0.0, 0.0, EXACT)  # runs nothing
 
 
 def test_a_process_the_window_did_not_see_keeps_the_holder_on_nvml():
     # 418 started after the window: the trainer's ctxsw sum would miss it, so its NVML share stays
     ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 419, 420))
     shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)
-    assert (shares[TRAINER]["time_share"], shares[TRAINER]["time_share_basis"]) == (pytest.approx(0.396), NVML)
-    assert shares[TRAINER]["basis"] == TIME_SHARE
-    assert shares[NOTEBOOK]["time_share_basis"] == CTXSW
+    assert (shares[TRAINER].time_share, shares[TRAINER].time_share_basis) == (pytest.approx(0.396), NVML)
+    assert shares[TRAINER].sm_active_basis == TIME_SHARE
+    assert shares[NOTEBOOK].time_share_basis == CTXSW
     # listed by NVML during the window but never resident: it held a context and got no slice
     ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
-    assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]["time_share"] == 0.3
+    assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER].time_share == 0.3
     # a pid that left (418 is no longer on the GPU): its slices are no longer the trainer's
     gone = dict(processes={417: 0.3, 419: 0.4}, compute={417: "time_sliced", 419: "time_sliced"})
     ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419))
     entry = gpu_shares(view(**gone), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
-    assert (entry["time_share"], entry["sm_active"], entry["pids"]) == (0.3, 0.15, (417,))
+    assert (entry.time_share, entry.sm_active, entry.pids) == (0.3, 0.15, (417,))
 
 
 def test_the_holder_alone_on_the_gpu_keeps_the_exact_sm():
     alone = dict(processes={417: 0.5, 418: 0.3}, compute={417: "time_sliced", 418: "time_sliced"})
     ctx = reading({417: (0.6, 0.2), 418: (0.3, 0.1)}, listed=(417, 418))
     entry = gpu_shares(view(**alone), {TRAINER: 1.0}, OWNERS, None, ctx)[TRAINER]
-    assert (entry["time_share"], entry["time_share_basis"], entry["sm_active"], entry["basis"]) == (0.9, CTXSW, 0.05, EXACT)
+    assert (entry.time_share, entry.time_share_basis, entry.sm_active, entry.sm_active_basis) == (0.9, CTXSW, 0.05, EXACT)
 
 
 class Sampler:
     """What the accountant reads of the ctxsw sampler."""
-    name, interval, health = "ctxsw", 60.0, None
+    name, interval, health, basis = "ctxsw", 60.0, None, CTXSW
 
     def __init__(self, readings, max_age=130.0):
         self.readings, self.max_age = readings, max_age
@@ -102,7 +105,7 @@ def test_busy_counters_integrate_the_best_basis_and_keep_it_and_old_windows_disa
     trainer = Holder("team-a", "train-0", "trainer")
     holdings = [Holdings(gpus={"GPU-aaaa": {trainer: Held(0.5, REPLICAS)}}, owners={417: trainer, 418: trainer})]
     sampler = Sampler({})
-    acc = WorkloadAccountant(ctxsw=sampler)
+    acc = WorkloadAccountant(sources=[sampler])
     busy = view(**TIME_SLICED)
     acc.update(100.0, (busy,), holdings)  # no window yet: nvml, 0.396
     acc.update(110.0, (busy,), holdings)
@@ -153,7 +156,9 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys, monkey
     state = sampler.states[NVML_UUID]
     assert state.state == ACTIVE and sampler.health.success, (state, sampler.health)
     got = sampler.readings[NVML_UUID]
-    assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.1), 419: (0.45, 0.09)}
+    assert got.shares == {417: ProcessShare(time=0.4, sm=0.2), 418: ProcessShare(time=0.1, sm=0.1),
+                          419: ProcessShare(time=0.45, sm=0.09)}
+    assert (got.basis, got.switch_overhead) == (CTXSW, pytest.approx(0.05))  # gaps 4-4.5 and 6.5-7 ms of 20
     assert got.listed == {417, 418} and got.window_end - got.window_start == pytest.approx(0.02)
     calls = (fake_nsys / "calls.log").read_text().splitlines()
     assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=500")

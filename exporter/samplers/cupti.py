@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from exporter import vocabulary as V
-from exporter.sampler import ProcessShare, ProcessWindow, SourceState
+from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
 from exporter.snapshot import CollectorHealth, LogOnce
 from gpu_trace import protocol
 
@@ -139,13 +139,13 @@ def gpu_windows(reports: list[ClientReport]) -> dict[str, ProcessWindow]:
     return out
 
 
-class CuptiSource:
-    """The exporter's end of the channel (a WorkloadSource, basis cupti)."""
+class CuptiSource(SamplerDefaults):
+    """The exporter's end of the channel (an exporter.sampler.WorkloadSource of basis cupti)."""
 
     name = "cupti"
     basis = V.CUPTI
+    description = "cupti source of MPS clients' own time and SM shares (--workload-cupti)"
     after_nvml = True  # the GPUs' UUIDs come from NVML
-    in_nvml_loop = False
 
     def __init__(self, nvml, socket_path: str = protocol.DEFAULT_SOCKET, window_s: float = 10.0,
                  period_s: float = 120.0, max_clients: int = 128, clock=time.time):

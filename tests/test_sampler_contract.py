@@ -1,0 +1,199 @@
+"""The sampler contract (issue 38): the engine runs one list of samplers and knows none of them by kind.
+
+A sampler of a kind the engine has never heard of (a "fan" reader) is added to the list: it ticks in its
+own loop, its health is a gpu_exporter_collector_success series, its snapshot is published under its
+name, "after NVML's first tick" and "in NVML's loop" are its own attributes, and stop() closes it.
+NVML is the recorded H100 (exporter/nvml_replay.py)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+from prometheus_client import generate_latest
+
+from exporter.app import build_registry
+from exporter.engine import Engine
+from exporter.nvml_replay import ReplayNvml
+from exporter.sampler import ProcessShare, ProcessWindow, Sampler, SamplerDefaults, SourceState, WorkloadSource
+from exporter.samplers.ctxsw import CtxswSampler
+from exporter.samplers.nvml import NvmlSampler
+from exporter.snapshot import CollectorHealth
+from exporter.vocabulary import CTXSW
+from tests.helpers import FIXTURES, parse_metrics, sample_value, wait_for
+
+RECORDING = FIXTURES / "nvml_h100_quarter_sms_frame.json"
+
+
+class FanSampler(SamplerDefaults):
+    """A new kind: reads fan speeds, publishes them as its snapshot."""
+
+    def __init__(self, nvml, name="fan", after_nvml=False, in_nvml_loop=False):
+        self.name, self.interval = name, 0.05
+        self.after_nvml, self.in_nvml_loop = after_nvml, in_nvml_loop
+        self.health = CollectorHealth(False, 0.0, "not sampled yet")
+        self._nvml = nvml
+        self.gpus_seen: list[int] = []  # len(nvml.gpus) at each tick
+        self.closed = threading.Event()
+        self.fail = False
+
+    def tick(self) -> None:
+        self.gpus_seen.append(len(self._nvml.gpus))
+        if self.fail:
+            raise RuntimeError("fan controller gone")
+        self.snapshot = {"rpm": 1200 + len(self.gpus_seen)}
+        self.health = CollectorHealth(True, 0.001)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def nvml():
+    return NvmlSampler(ReplayNvml(RECORDING), interval=0.05)
+
+
+def test_a_new_kind_of_sampler_is_run_published_and_closed_by_the_engine_unchanged():
+    device = nvml()
+    fan = FanSampler(device)
+    assert isinstance(fan, Sampler)
+    engine = Engine(device, [fan], interval=0.05)
+    engine.start()
+    try:
+        wait_for(lambda: engine.snapshot.published.get("fan") and engine.snapshot.gpus, 30, 0.05, "fan published")
+    finally:
+        engine.stop()
+    assert fan.closed.is_set()
+    assert engine.snapshot.published["fan"]["rpm"] > 1200
+    samples = parse_metrics(generate_latest(build_registry(engine)).decode())
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="fan") == 1.0
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="nvml") == 1.0
+
+
+def test_after_nvml_waits_for_the_gpus_and_its_absence_does_not():
+    class SlowToList(ReplayNvml):
+        def __init__(self, path):
+            super().__init__(path)
+            self.listed, self.asked = threading.Event(), threading.Event()
+
+        def device_count(self):
+            self.asked.set()
+            self.listed.wait(60)
+            return super().__getattr__("device_count")()
+
+    backend = SlowToList(RECORDING)
+    device = NvmlSampler(backend, interval=0.05)
+    waiting, eager = FanSampler(device, "waiting", after_nvml=True), FanSampler(device, "eager")
+    engine = Engine(device, [waiting, eager], interval=0.05)
+    engine.start()
+    try:
+        assert backend.asked.wait(30)
+        wait_for(lambda: eager.gpus_seen, 30, 0.05, "the eager sampler's first tick")
+        assert waiting.gpus_seen == []  # NVML has not listed the GPUs yet: it waits
+        backend.listed.set()
+        wait_for(lambda: waiting.gpus_seen, 30, 0.05, "the waiting sampler's first tick")
+    finally:
+        backend.listed.set()
+        engine.stop()
+    assert eager.gpus_seen[0] == 0 and waiting.gpus_seen[0] == 1
+
+
+def test_in_nvml_loop_ticks_before_nvml_and_shares_its_failures():
+    device = nvml()
+    inside = FanSampler(device, "inside", in_nvml_loop=True)
+    engine = Engine(device, [inside], interval=0.05)
+    assert [name for name, _, _ in engine.loops()] == ["nvml"]  # no loop of its own
+    engine.tick_devices()
+    assert inside.gpus_seen == [0]  # ticked before NVML's first tick listed the GPU
+    engine.tick_devices()
+    assert inside.gpus_seen == [0, 1]
+    engine.publish()
+    assert engine.snapshot.health["inside"].success
+    inside.fail = True
+    engine._tick("nvml", threading.Event())  # one tick of the loop as its thread runs it
+    health = engine.publish().health
+    assert health["inside"].error.startswith("tick failed") and health["nvml"].error == health["inside"].error
+
+
+def test_two_samplers_of_one_name_are_refused():
+    device = nvml()
+    with pytest.raises(ValueError, match="share a collector name"):
+        Engine(device, [FanSampler(device), FanSampler(device)])
+    with pytest.raises(ValueError, match="share a collector name"):
+        Engine(device, [FanSampler(device, "nvml")])
+
+
+def test_the_ctxsw_source_is_a_workload_source_of_process_windows():
+    source = CtxswSampler(nvml())
+    assert isinstance(source, WorkloadSource) and source.basis == CTXSW
+    window = ProcessWindow(basis=CTXSW, window_start=10.0, window_end=20.0, listed=frozenset({7, 8}),
+                           shares={7: ProcessShare(time=0.25, sm=0.1)}, switch_overhead=0.05)
+    source.readings["GPU-x"] = window
+    assert source.fresh("GPU-x", 20.0 + source.max_age) is window
+    assert source.fresh("GPU-x", 20.0 + source.max_age + 0.001) is None  # stale: gone
+    assert window.covers({7, 8}) and not window.covers({7, 9})
+    assert window.to_json() == {"basis": "ctxsw", "window": [10.0, 20.0], "listed": [7, 8],
+                                "shares": {"7": {"time": 0.25, "sm": 0.1}}, "switch_overhead": 0.05}
+    assert SourceState("active", "ok", 1.0, 2.0).to_json() == {"state": "active", "reason": "ok", "window": [1.0, 2.0]}
+
+
+def test_describe_lists_what_collect_yields_so_a_family_registered_twice_is_refused():
+    import dataclasses
+
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.holders import Held, Holder, Holdings, HolderSampler
+    from exporter.samplers.gpm import GpmSource
+    from exporter.samplers.mps import MpsSnapshot
+    from exporter.spool import SpoolStats
+    from exporter.workloads import WorkloadAccountant
+
+    device = nvml()
+
+    class OneJob(HolderSampler):
+        name = "onejob"
+
+        def tick(self):
+            self.holdings = Holdings(gpus={uuid: {Holder(hpc_job="7"): Held(1.0)} for uuid in device.telemetry})
+
+    job = OneJob()
+    engine = Engine(device, [GpmSource(device), job], workloads=WorkloadAccountant(sources=[CtxswSampler(device)]))
+    engine.tick_devices()
+    job.tick()
+    snapshot = engine.publish()  # every part published: MPS and the spool too
+    engine.snapshot = dataclasses.replace(snapshot, published={
+        **snapshot.published, "mps": MpsSnapshot(default_active_thread_percentage=50.0), "spool": SpoolStats(1, 2, 3)})
+    registry = build_registry(engine)
+    for collector in registry._collector_to_names:
+        assert [f.name for f in collector.collect()] == [f.name for f in collector.describe()], collector
+    names = {name for names in registry._collector_to_names.values() for name in names}
+    assert {"gpu_time_utilization_ratio", "mps_default_active_thread_ratio", "gpu_exporter_nsys_spool_files",
+            "gpu_workload_held_share_ratio", "gpu_workload_ctxsw_state"} <= names
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(GpuCollector(engine))
+
+
+def test_a_new_holder_kind_is_one_module_and_reaches_metrics_and_api(tmp_path):
+    """tests/dummy_holder.py (LSF jobs) registered by its own module: its holders are workloads in /metrics
+    and /api/v1/workloads, /api/v1/gpus lists what it holds, and the process series join its owners."""
+    import json
+
+    from exporter.nvml_replay import cut
+    from tests.helpers import Exporter, http_get
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)  # pids 417-420: 30/10/40/20 %
+    (tmp_path / "jobs").write_text("417 77\n418 77\n419 88\n")
+    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--holders", "lsf",
+                  "--lsf-job-file", str(tmp_path / "jobs"), module="tests.dummy_holder") as running:
+        workloads = lambda: json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]  # noqa: E731
+        found = wait_for(lambda: len(workloads()) == 2 and workloads(), 20, what="two LSF jobs")
+        samples = parse_metrics(running.metrics())
+        gpus = running.gpus()
+    assert {(w["hpc_job"], w["held_share"], w["processes"]) for w in found} == {("lsf-77", 0.5, 2),
+                                                                                       ("lsf-88", 0.5, 1)}
+    held = {l["hpc_job"]: v for l, v in samples["gpu_workload_held_share_ratio"]}
+    assert held == {"lsf-77": 0.5, "lsf-88": 0.5}
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="lsf") == 1.0
+    process = {l["hpc_job"]: v for l, v in samples["gpu_process_sm_utilization_ratio"]}
+    assert process == {"lsf-77": pytest.approx(0.4), "lsf-88": pytest.approx(0.4), "": pytest.approx(0.2)}
+    listed = gpus["holders"]["lsf"]
+    assert listed["error"] == "" and {h["hpc_job"] for held in listed["gpus"].values() for h in held} == {"lsf-77",
+                                                                                                          "lsf-88"}
+    assert listed["process_owners"]["419"]["hpc_job"] == "lsf-88"
