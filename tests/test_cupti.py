@@ -316,11 +316,11 @@ def test_clients_whose_estimates_exceed_the_gpus_sm_active_are_scaled_to_it():
         (1.2, 0.5, 0.0, 3, 0)
     shares = gpu_shares(view(**MPS, sm_active=0.6), HOLDERS, MPS_OWNERS, None, None, win, scaling)
     trainer, notebook = shares[TRAINER], shares[NOTEBOOK]
-    assert (trainer["time_share"], trainer["time_share_basis"], trainer["window"]) == (1.0, CUPTI, (990.0, 1000.0))
-    assert (trainer["sm_estimate"], trainer["sm_active"], trainer["basis"]) == (0.8, 0.4, CUPTI)
-    assert (notebook["time_share"], notebook["sm_estimate"], notebook["sm_active"]) == (0.8, 0.4, 0.2)
-    assert trainer["sm_active"] + notebook["sm_active"] == pytest.approx(0.6)  # never past the GPU's
-    assert (shares[IDLE]["sm_active"], shares[IDLE]["basis"]) == (0.0, EXACT)
+    assert (trainer.time_share, trainer.time_share_basis, trainer.window) == (1.0, CUPTI, (990.0, 1000.0))
+    assert (trainer.sm_estimate, trainer.sm_active, trainer.sm_active_basis) == (0.8, 0.4, CUPTI)
+    assert (notebook.time_share, notebook.sm_estimate, notebook.sm_active) == (0.8, 0.4, 0.2)
+    assert trainer.sm_active + notebook.sm_active == pytest.approx(0.6)  # never past the GPU's
+    assert (shares[IDLE].sm_active, shares[IDLE].sm_active_basis) == (0.0, EXACT)
 
 
 def test_estimates_under_the_gpus_sm_active_are_not_scaled_up():
@@ -328,7 +328,7 @@ def test_estimates_under_the_gpus_sm_active_are_not_scaled_up():
     scaling = cupti_gpu(win, {501, 502, 503}, 0.5)
     assert (scaling.scale, scaling.unattributed) == (1.0, 0.1)
     shares = gpu_shares(view(**MPS, sm_active=0.5), HOLDERS, MPS_OWNERS, None, None, win, scaling)
-    assert (shares[TRAINER]["sm_active"], shares[NOTEBOOK]["sm_active"]) == (0.3, 0.1)
+    assert (shares[TRAINER].sm_active, shares[NOTEBOOK].sm_active) == (0.3, 0.1)
 
 
 def test_a_holder_with_an_untraced_client_keeps_the_mps_reason_and_the_gpu_says_what_is_unattributed():
@@ -337,10 +337,10 @@ def test_a_holder_with_an_untraced_client_keeps_the_mps_reason_and_the_gpu_says_
     assert (scaling.traced, scaling.untraced, scaling.estimated, scaling.unattributed) == (2, 1, 0.55, 0.2)
     shares = gpu_shares(view(**MPS, sm_active=0.75), HOLDERS, MPS_OWNERS, None, None, win, scaling)
     trainer, notebook = shares[TRAINER], shares[NOTEBOOK]
-    assert trainer["time_share"] is None and trainer["sm_active"] is None and "sm_estimate" not in trainer
-    assert trainer["reason"] == (f"{MPS_REASON}; 1 of its clients do not trace their kernels (gpu-spatial trace: "
+    assert trainer.time_share is None and trainer.sm_active is None and trainer.sm_estimate is None
+    assert trainer.reason == (f"{MPS_REASON}; 1 of its clients do not trace their kernels (gpu-spatial trace: "
                                  "docs/mps-clients.md)")
-    assert (notebook["time_share"], notebook["sm_active"], notebook["basis"]) == (0.5, 0.25, CUPTI)
+    assert (notebook.time_share, notebook.sm_active, notebook.sm_active_basis) == (0.5, 0.25, CUPTI)
 
 
 def test_a_report_for_a_gpu_the_process_is_not_on_changes_nothing():
@@ -352,8 +352,8 @@ def test_without_the_gpus_sm_active_over_the_window_no_scaled_value_is_published
     win = clients({501: (1.0, 0.5), 503: (0.8, 0.4)})
     scaling = cupti_gpu(win, {501, 503}, None)
     shares = gpu_shares(view(**MPS, sm_active=0.6), HOLDERS, MPS_OWNERS, None, None, win, scaling)
-    assert shares[NOTEBOOK]["time_share"] == 0.8 and shares[NOTEBOOK]["sm_estimate"] == 0.4
-    assert shares[NOTEBOOK]["sm_active"] is None and scaling.unattributed is None
+    assert shares[NOTEBOOK].time_share == 0.8 and shares[NOTEBOOK].sm_estimate == 0.4
+    assert shares[NOTEBOOK].sm_active is None and scaling.unattributed is None
 
 
 def test_the_gpus_sm_active_is_averaged_over_the_clients_window_not_read_now():
@@ -388,7 +388,7 @@ class StubSource:
 
 def test_the_accountant_counts_cupti_busy_and_sm_seconds_and_reports_the_gpu():
     win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)
-    accountant = WorkloadAccountant(cupti=StubSource(win))
+    accountant = WorkloadAccountant(sources=[StubSource(win)])
     holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
     accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)  # GPM's [0, 1] reading: 0.6
     views = {w.holder: w for w in accountant.update(11.0, [view(**MPS, sm_active=0.6)], holdings)}
