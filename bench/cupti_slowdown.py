@@ -78,7 +78,7 @@ def measure(kind: str, args, work: Path) -> dict:
     for i in range(args.windows):
         asked = time.time()
         source.tick()
-        win = source.windows.get(uuid)
+        win = source.readings.get(uuid)
         marks.append((asked, asked + args.window))
         reports.append(None if win is None else {str(p): s.to_json() for p, s in win.shares.items()})
         time.sleep(max(0.0, started + WARM_S + (i + 1) * args.period - time.time()))

@@ -163,11 +163,11 @@ def test_the_real_client_replaying_recorded_cupti_records_gives_its_window(sourc
 
 
 def win_end(source):
-    return source.windows[UUID].window_end
+    return source.readings[UUID].window_end
 
 
 def client_window_length(source):
-    win = source.windows[UUID]
+    win = source.readings[UUID]
     return win.window_end - win.window_start
 
 
@@ -203,7 +203,7 @@ def test_another_process_claiming_our_pid_is_refused_with_one_line(source, caplo
     body = json.dumps({"window": 0, "pid": os.getpid(), "start": 0, "end": 1, "devices": []})
     lines = run_attack(source, body.replace('"window": 0', '"window": WINDOW') + "\n", caplog)
     assert len(lines) == 1 and f"speaks for pid {os.getpid()}, but the socket's peer is pid" in lines[0]
-    assert source.windows == {} and source._clients == {} and source.refused == {"bad report": 1}
+    assert source.readings == {} and source._clients == {} and source.refused == {"bad report": 1}
 
 
 def test_an_oversized_report_is_cut_off_at_the_cap(source, caplog):
@@ -398,3 +398,11 @@ def test_the_accountant_counts_cupti_busy_and_sm_seconds_and_reports_the_gpu():
     assert trainer.counters["busy_basis"] == {CUPTI: 10.0} and trainer.counters["sm_active"] == {CUPTI: 4.0}
     [(gpu, scaling)] = accountant.cupti_gpus
     assert gpu == GPU0 and (scaling.gpu_sm_active, scaling.scale, scaling.window) == (0.6, 0.5, (0.0, 1.0))
+
+
+def test_holders_folded_beyond_the_series_limit_keep_the_cupti_basis():
+    win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)
+    accountant = WorkloadAccountant(series_limit=1, sources=[StubSource(win)])
+    holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
+    views = {w.holder.pod: w for w in accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)}
+    assert views["other"].time_share == 0.8 and views["other"].time_share_basis == CUPTI

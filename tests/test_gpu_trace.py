@@ -48,6 +48,7 @@ def test_registers_threads_and_the_block_limit_each_bound_the_blocks_per_sm():
     assert blocks_per_sm(H200, 1024, 32, 0) == 2  # 64 warps per SM / 32 warps
     assert blocks_per_sm(H200, 1024, 64, 0) == 1  # 64 registers x 1024 threads = the SM's 65536
     assert blocks_per_sm(H200, 1024, 33, 0) == 1  # 33 registers round up to 40 per thread per warp unit
+    assert blocks_per_sm(H200, 256, 36, 0) == 6  # 36 x 32 = 1152 registers a warp, allocated as 1280: 6, not 7
     assert blocks_per_sm(H200, 32, 8, 0) == 32  # the per-SM block limit, not the 64 warps
     assert blocks_per_sm(H200, 2048, 255, 233472) == 1  # never below one: the kernel did launch
 
@@ -56,6 +57,7 @@ def test_a_partial_last_wave_counts_the_sms_it_holds():
     assert sms_occupied(132, 200, 1) == (132 + 68) / 2  # two waves, the second on 68 SMs
     assert sms_occupied(132, 264, 1) == 132
     assert sms_occupied(132, 265, 2) == (132 + 1) / 2  # 264 per wave at two per SM, one block left over
+    assert sms_occupied(132, 464, 2) == 132  # a last wave of 200 blocks at two per SM still holds every SM once
     assert sms_occupied(132, 0, 1) == 0.0
 
 
@@ -163,6 +165,16 @@ def test_the_recorded_matmul_holds_every_sm_and_its_memsets_are_copies():
     assert kernels and memsets
     assert gpu["sm_seconds"] == pytest.approx(gpu["kernel_busy_s"], abs=1e-9)  # 132 blocks, one per SM
     assert gpu["copy_busy_s"] > 0 and gpu["kernels"] == len(kernels)
+
+
+def test_a_kernel_still_running_at_the_flush_is_not_counted():
+    w = dict(window("spin66"))
+    lo, hi = w["stamps"]
+    w["records"] = [{**w["records"][0], "start": lo + 1000, "end": 0}, {**w["records"][1], "start": lo + 10,
+                                                                         "end": lo + 4_000_010}]
+    body = Tracer(ReplayCupti(w), max_records=1, settle_s=0).trace(0)  # it takes no place in the store either
+    [gpu] = body["devices"]
+    assert (gpu["kernels"], gpu["kernel_busy_s"], body["records"], body["refused"]) == (1, 0.004, 1, 0)
 
 
 def test_a_full_store_ends_the_window_where_its_records_end():

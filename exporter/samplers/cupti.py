@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from exporter import vocabulary as V
 from exporter.config import duration
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
+from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState
 from exporter.snapshot import CollectorHealth, LogOnce
 from gpu_trace import protocol
 
@@ -142,12 +142,13 @@ def gpu_windows(reports: list[ClientReport]) -> dict[str, ProcessWindow]:
     return out
 
 
-class CuptiSource(SamplerDefaults):
+class CuptiSource(LatestWindows):
     """The exporter's end of the channel (an exporter.sampler.WorkloadSource of basis cupti)."""
 
     name = "cupti"
     basis = V.CUPTI
     description = "cupti source of MPS clients' own time and SM shares (--workload-cupti)"
+    not_yet = "the first window has not been asked for yet"
     after_nvml = True  # the GPUs' UUIDs come from NVML
 
     def __init__(self, nvml, socket_path: str = protocol.DEFAULT_SOCKET, window_s: float = 5.0,
@@ -161,7 +162,7 @@ class CuptiSource(SamplerDefaults):
         self.max_age = 2 * period_s + window_s
         self.clock = clock
         self.health = CollectorHealth(True, 0.0, "")
-        self.windows: dict[str, ProcessWindow] = {}
+        self.readings: dict[str, ProcessWindow] = {}  # GPU UUID -> the last window
         self.states: dict[str, SourceState] = {}
         self.refused: dict[str, int] = {}  # kind of fault -> reports and connections refused so far
         self._clients: dict[int, _Client] = {}  # fd -> client
@@ -169,20 +170,6 @@ class CuptiSource(SamplerDefaults):
         self._window = 0
         self._log = LogOnce(log)
         self._stopping = threading.Event()
-
-    # -- what the join reads --------------------------------------------------------------------------
-    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
-        window = self.windows.get(uuid)
-        return window if window is not None and now - window.window_end <= self.max_age else None
-
-    def state(self, uuid: str, now: float) -> SourceState:
-        state = self.states.get(uuid)
-        if state is None:
-            return SourceState(V.STANDBY, "the first window has not been asked for yet")
-        if state.state == V.ACTIVE and self.fresh(uuid, now) is None:
-            return SourceState(V.STANDBY, f"the last window is older than {self.max_age:g} s", state.window_start,
-                               state.window_end)
-        return state
 
     # -- one tick: one window -------------------------------------------------------------------------
     def tick(self) -> None:
@@ -196,7 +183,7 @@ class CuptiSource(SamplerDefaults):
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
             for uuid in self.states:
                 self.states[uuid] = SourceState(V.ERROR, str(exc))
-            self.windows.clear()
+            self.readings.clear()
 
     def open(self) -> None:
         """Listens on the socket (at the first tick, or earlier); clients connect between windows."""
@@ -210,18 +197,18 @@ class CuptiSource(SamplerDefaults):
         if not gpus:  # NVML has not listed the GPUs yet: their UUIDs are what reports are checked against
             return
         if not self._clients:
-            self.windows.clear()
+            self.readings.clear()
             self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS) for uuid in gpus}
             return
         reports = self._ask(gpus)
         if self._stopping.is_set():
             return
-        self.windows = gpu_windows([r for r in reports if r.error is None])
+        self.readings = gpu_windows([r for r in reports if r.error is None])
         failing = sorted(r.pid for r in reports if r.error is not None)
         note = f"; {len(failing)} client(s) cannot trace (pid {', '.join(map(str, failing[:5]))})" if failing else ""
         self.states = {}
         for uuid in gpus:
-            window = self.windows.get(uuid)
+            window = self.readings.get(uuid)
             self.states[uuid] = SourceState(V.STANDBY, NOT_ON_GPU + note) if window is None else SourceState(
                 V.ACTIVE, f"{len(window.shares)} client(s) traced {window.window_end - window.window_start:.1f} s{note}",
                 window.window_start, window.window_end)
