@@ -449,3 +449,13 @@ def test_a_hardware_slowdown_asks_for_both_cooling_and_power():
                            clock_event_reasons=("hw_slowdown",)))
     assert found.verdict == "throttled"
     assert found.advice.startswith("cooling: ") and "; power: " in found.advice
+
+
+def test_copies_as_long_as_kernels_are_the_work():
+    """Mutant: `copy_busy_share >= kernel_busy_share` -> `>` (copies running exactly as long as kernels
+    read as kernels' memory traffic)."""
+    even = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.5))
+    assert even.verdict == "memory_bound" and "memory copies run 50% of the window" in even.reason
+    less = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.49))
+    assert "copies" not in less.reason
+
