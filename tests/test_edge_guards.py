@@ -67,11 +67,18 @@ def test_the_default_window_ends_one_sampling_period_after_the_last_sample(tmp_p
 
 
 def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
-    """Mutant: _merge keeps the first context's time share (P reads 0.2, not 0.4)."""
+    """Mutant: _merge keeps the first part's time share (P reads 0.2, not 0.4). P's second context carries
+    another globalPid of the same pid (nsys' upper bits differ), so the two are summed per pid."""
+    import sqlite3
+
     path = synth.ctxsw_export(tmp_path / "contexts.sqlite",
                               slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, P, 2), (0, 6.0, 8.0, Q, 3)],
                               samples=[(0, ms, {"sm_active": v}) for ms, v in
                                        enumerate((0.8, 0.8, 0.0, 0.4, 0.4, 0.0, 0.2, 0.2, 0.0, 0.0))])
+    con = sqlite3.connect(path)
+    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set globalPid = globalPid + ? where contextId = 2", (1 << 49,))
+    con.commit()
+    con.close()
     result = run(path, estimator="overlap")
     p, q = procs(result)[P], procs(result)[Q]
     assert (p["slices"], p["resident_s"], p["time_share"]) == (2, 0.004, 0.4)
