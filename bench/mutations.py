@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -739,6 +740,10 @@ def per_module(results: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
@@ -766,11 +771,17 @@ def main(argv=None) -> int:
             print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
         print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
         return 1 if stale else 0
+    # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run
+    # through the mutant's `finally`: its file is restored and its pytest killed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     results = []
     for mutant in chosen:
         result = run_mutant(mutant, set(args.without))
         results.append(result)
         print(f"{result['result']:18} {mutant.id:42} {result.get('seconds', '')!s:>6} s  {result['detail']}", flush=True)
+        if args.out:  # as it goes: a run cut short keeps what it found
+            Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"{len(results)} mutants, {caught} caught, "
           f"{sum(r['result'] == 'survived' for r in results)} survived, "
