@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -182,6 +183,79 @@ MUTANTS = (
            "(max by (instance, uuid) (gpu_sm_active_ratio) <= 0.5)", "(max by (instance, uuid) (gpu_sm_active_ratio) < 0.5)",
            (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
            "HiddenIdleSMs fires at SM active 0.5"),
+    # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------
+    Mutant('exporterdown-any-job', 'rules/gpu-utilization.rules.yaml', '          or (up == 0 and on (job, instance) present_over_time(gpu_exporter_collector_success[1d]))\n', '',
+           ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), "ExporterDown for any job that published the exporter's series"),
+    Mutant('exporterdown-absent-by-job', 'rules/gpu-utilization.rules.yaml', 'or absent(up{job="gpu-spatial-exporter"} or (up and on (job, instance) present_over_time(gpu_exporter_collector_success[1d])))', 'or absent(up{job="gpu-spatial-exporter"})',
+           ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), 'no false ExporterDown for a job named otherwise'),
+    Mutant('rollups-need-formula', 'gpu_spatial/report/account.py', 'need = max(3, math.ceil(2 * window / step) + 1)', 'need = max(3, math.ceil(2 * window / step) + 2)',
+           ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'the evaluations a run needs'),
+    Mutant('rollups-need-boundary', 'gpu_spatial/report/account.py', '    if len(run) < need:', '    if len(run) <= need:',
+           ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'too few is fewer than needed'),
+    Mutant('top-url-metrics', 'gpu_spatial/top/feeds.py', 'r"/(metrics|healthz|docs', 'r"/(healthz|docs',
+           ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes .../metrics'),
+    Mutant('top-api-off', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and b"--no-api" in answer.body[:4096]:', 'if False:',
+           ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top says the API is off'),
+    Mutant('report-exporter-probe', 'gpu_spatial/report/promapi.py', 'return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health', 'return True',
+           ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter',), "only the exporter's /healthz makes a URL the exporter"),
+    Mutant('report-exporter-said', 'gpu_spatial/report/promapi.py', 'if status == 404 and self._is_our_exporter():', 'if False:',
+           ('tests/test_first_hour.py::test_trap4_report_pointed_at_the_exporter_says_it_is_one',), 'the report says a URL is the exporter'),
+    Mutant('plot-format', 'nsys_ingest/plot.py', '    if suffix not in formats:', '    if False:',
+           ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'plot refuses an unknown format'),
+    Mutant('plot-format-first', 'nsys_ingest/__main__.py', '        check_output(args.output)\n', '',
+           ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'the format is checked before the export is read'),
+    Mutant('users-passwd-own-proc', 'exporter/samplers/users.py', 'own_proc = not passwd and os.path.realpath(self.proc_root) == "/proc"', 'own_proc = not passwd',
+           ('tests/test_first_hour.py::test_trap6_users_named_from_etc_passwd_when_init_is_not_readable', 'tests/test_first_hour.py::test_trap6_a_foreign_proc_root_never_falls_back_to_this_hosts_users'), "/etc/passwd only for this host's /proc"),
+    Mutant('users-passwd-fallback', 'exporter/samplers/users.py', 'self.passwd_files = [self.passwd, *([Path("/etc/passwd")] if own_proc else [])]', 'self.passwd_files = [self.passwd]',
+           ('tests/test_first_hour.py::test_trap6_users_named_from_etc_passwd_when_init_is_not_readable', 'tests/test_first_hour.py::test_trap6_a_foreign_proc_root_never_falls_back_to_this_hosts_users'), '/etc/passwd is tried'),
+    Mutant('advice-host-bound', 'nsys_ingest/verdicts.py', '"--trace=cuda, then nsys-ingest diagnose (or gpu-spatial nsys diagnose)")', '"--trace=cuda, then nsys_ingest diagnose")',
+           ('tests/test_first_hour.py::test_trap7_verdict_advice_names_installed_commands', 'tests/test_first_hour.py::test_trap7_no_advice_names_a_command_that_is_not_installed'), 'advice names installed commands (host-bound)'),
+    Mutant('advice-small-kernels', 'nsys_ingest/verdicts.py', 'run nsys-ingest diagnose (or gpu-spatial nsys diagnose) to tell', 'run nsys_ingest diagnose to tell',
+           ('tests/test_first_hour.py::test_trap7_verdict_advice_names_installed_commands', 'tests/test_first_hour.py::test_trap7_no_advice_names_a_command_that_is_not_installed'), 'advice names installed commands (small kernels)'),
+    Mutant('root-page', 'exporter/app.py', 'elif scope["type"] == "http" and scope["path"] == "/" and', 'elif False and',
+           ('tests/test_first_hour.py::test_trap8_the_root_page_links_what_the_exporter_serves',), 'GET / is a page'),
+    Mutant('root-page-no-api', 'exporter/app.py', 'INDEX.format(api=INDEX_API if self._api_on else INDEX_NO_API)', 'INDEX.format(api=INDEX_API)',
+           ('tests/test_first_hour.py::test_trap8_the_root_page_links_what_the_exporter_serves',), 'GET / without the API links no /docs'),
+    Mutant('report-equal-dates', 'gpu_spatial/report/__init__.py', '    if start == end:', '    if False:',
+           ('tests/test_first_hour.py::test_trap8_equal_dates_are_a_day_not_swapped_timestamps',), 'equal dates said as a day'),
+    Mutant('bare-gpu-spatial', 'gpu_spatial/cli.py', '        return 2\n    if argv[0] == "--version"', '        return 0\n    if argv[0] == "--version"',
+           ('tests/test_first_hour.py::test_trap8_bare_gpu_spatial_is_a_usage_error',), 'bare gpu-spatial exits 2'),
+    Mutant('nsys-subcommand-usage', 'nsys_ingest/__main__.py', '    if unknown:', '    if False:',
+           ('tests/test_first_hour.py::test_trap8_nsys_help_and_errors_name_the_command_as_typed',), "a subcommand's bad flag: its own usage"),
+    Mutant('nsys-help-prog', 'nsys_ingest/__main__.py', 'GPUs per process from their context switches (workloads). Installed as nsys-ingest and gpu-spatial nsys.', 'GPUs per process (python -m nsys_ingest).',
+           ('tests/test_first_hour.py::test_trap8_nsys_help_and_errors_name_the_command_as_typed',), 'nsys --help names no python -m'),
+    Mutant('top-user-from-holders', 'gpu_spatial/top/state.py', '        proc.user = users.get(proc.pid)  #', '        proc.user = None  #',
+           ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), "top's USER from the exporter's holders"),
+    Mutant('top-inprocess-workloads', 'gpu_spatial/top/feeds.py', 'data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads]}', 'data = snapshot_json(snapshot)',
+           ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), 'in-process top has the workloads'),
+    Mutant('top-narrow-model', 'gpu_spatial/top/render.py', '([mark], f" hid{pct(gpu.hidden_idle)}"),\n', '',
+           ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrow top drops the model first'),
+    Mutant('top-narrow-bars', 'gpu_spatial/top/render.py', '                       ([mark], "")):', '                       ([mark, model], "")):',
+           ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrowest top keeps both bars'),
+    Mutant('nsys-reason-token-file', 'exporter/sources.py', '--nsys-live or --nsys-upload-token-file"', '--nsys-live or --nsys-upload-token"',
+           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the nsys reason names the token file'),
+    Mutant('upload-off-token-file', 'exporter/app.py', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token-file"', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"',
+           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the upload refusal names the token file'),
+    Mutant('report-only-none', 'gpu_spatial/report/__init__.py', '        collected.notes.append(account.other_groupings(api, plan, start, end))', '        pass',
+           ('tests/test_first_hour.py::test_a_report_of_only_none_says_which_by_has_data',), 'a report of only (none) names the --by with data'),
+    Mutant('report-html-extra', 'gpu_spatial/report/__init__.py', '    missing = args.format == "html" and missing_extra', '    missing = False and missing_extra',
+           ('tests/test_first_hour.py::test_install_without_the_plots_extra_says_which_extra', 'tests/test_first_hour.py::test_an_extra_is_named_only_when_its_own_package_is_missing'), 'report --format html names the extra'),
+    Mutant('extra-own-package', 'nsys_ingest/commandline.py', '        if (missing.name or "").split(".")[0] != package:\n            raise', '        if False:\n            raise',
+           ('tests/test_first_hour.py::test_install_without_the_plots_extra_says_which_extra', 'tests/test_first_hour.py::test_an_extra_is_named_only_when_its_own_package_is_missing'), "only the extra's own package is called left out"),
+    Mutant('docs-slug', 'tests/test_docs.py', '    text = re.sub(r"[^\\w\\- ]", "", text)', '    pass',
+           ('tests/test_docs.py',), "anchors are GitHub's"),
+    Mutant('docs-anchor', 'tests/test_docs.py', '        elif anchor and where.suffix == ".md" and anchor not in anchors(where):', '        elif False:',
+           ('tests/test_docs.py',), 'a broken anchor fails'),
+    Mutant('readme-flag', 'README.md', '--held-idle-after 1m', '--held-idle-afterwards 1m',
+           ('tests/test_docs.py',), 'a README flag --help lacks fails'),
+    Mutant('readme-link', 'README.md', '(docs/exporter.md#without-a-gpu)', '(docs/exporter.md#without-gpu)',
+           ('tests/test_docs.py',), 'a broken README link fails'),
+    Mutant('readme-subcommand', 'README.md', 'nsys-ingest diagnose tests/fixtures/h100_diag_time_sliced.sqlite', 'nsys-ingest diagnosis tests/fixtures/h100_diag_time_sliced.sqlite',
+           ('tests/test_docs.py',), 'a README subcommand that does not exist fails'),
+    Mutant('demo-alias', 'docker-compose.yaml', '      default:\n        aliases: [gpu-spatial-exporter]\n', '      default:\n        aliases: [gpu-spatial-exporter-x]\n',
+           ('tests/test_stack.py::test_compose_profiles_gpu_and_demo_start_what_they_need',), 'the demo exporter is reached as gpu-spatial-exporter'),
+    Mutant('demo-profile', 'docker-compose.yaml', '  gpu-spatial-exporter-demo:\n    profiles: [demo]\n', '  gpu-spatial-exporter-demo:\n    profiles: [demo, gpu]\n',
+           ('tests/test_stack.py::test_compose_profiles_gpu_and_demo_start_what_they_need',), 'the demo exporter is in the demo profile only'),
 )
 
 
@@ -197,7 +271,7 @@ KUBE_API = (EDGE, "tests/test_dra.py")
 VERDICTS = (EDGE, "tests/test_verdicts.py")
 USERS = (EDGE, "tests/test_users.py")
 KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
-ACCOUNT = (REPORT_GUARDS, "tests/test_account_history.py")
+ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
 
 
 def _m(id, path, old, new, tests, why, listed=False):
@@ -228,8 +302,8 @@ ROUND_39 = (
     _m("ctxsw-last-sample-dropped", "nsys_ingest/ctxsw.py",
        "if gpu.held is not None:  # the very last sample: one period", "if False:", CTXSW_INGEST,
        "the last sample covers one period"),
-    _m("ctxsw-merge-one-context-only", "nsys_ingest/ctxsw.py", 'share = sum(p["time_share"] for p in group)',
-       'share = group[0]["time_share"]', CTXSW_INGEST, "a pid with several contexts is one process"),
+    _m("ctxsw-merge-one-context-only", "nsys_ingest/ctxsw.py", "share = sum(p.time_share for p in group)",
+       "share = group[0].time_share", CTXSW_INGEST, "a pid with several contexts is one process"),
     _m("ctxsw-fit-not-clamped-above", "nsys_ingest/ctxsw.py",
        "new = min(max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0), 1.0)",
        "new = max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0)", CTXSW_INGEST, "a fitted ratio is at most 1"),
@@ -260,7 +334,7 @@ ROUND_39 = (
        "listed = frozenset(before[gpu.uuid] | after[gpu.uuid])", "listed = frozenset(after[gpu.uuid])", CTXSW_LIVE,
        "pids listed at the window's start or end"),
     _m("live-ctxsw-window-from-flag", "exporter/samplers/ctxsw.py",
-       'start, end = ended - (result["window_s"][1] - result["window_s"][0]), ended',
+       "start, end = ended - (result.window_s[1] - result.window_s[0]), ended",
        "start, end = ended - self.window_s, ended", CTXSW_LIVE, "the window's length is the export's"),
     # -- exporter/workloads.py -----------------------------------------------------------------------------
     _m("workloads-ctxsw-sm-any", "exporter/workloads.py", "if all(share.sm is not None or share.time == 0 for share in own):",
@@ -487,7 +561,49 @@ ROUND_39 = (
     _m("account-non-finite-kept", "gpu_spatial/report/account.py", "return value if math.isfinite(value) else 0.0",
        "return value", ACCOUNT, "NaN and Inf read as 0"),
 )
-MUTANTS = MUTANTS + ROUND_39
+
+# -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
+ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
+          "test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
+SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
+ROUND_39_NEW = (
+    _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
+       "two samplers never share a collector name"),
+    _m("engine-gpm-after-nvml", "exporter/engine.py",
+       "self._loops = {nvml.name: (*(s for s in samplers if s.in_nvml_loop), nvml)}",
+       "self._loops = {nvml.name: (nvml, *(s for s in samplers if s.in_nvml_loop))}", ENGINE,
+       "in_nvml_loop samplers tick right before NVML"),
+    _m("engine-any-loop-means-nvml-ticked", "exporter/engine.py",
+       "if self.nvml in members:\n                self._nvml_ticked.set()", "if True:\n                self._nvml_ticked.set()",
+       ENGINE, "after_nvml loops wait for NVML's own tick"),
+    _m("engine-stop-leaves-work", "exporter/engine.py", "            sampler.close()\n", "            pass\n", ENGINE,
+       "stop() ends work in flight"),
+    _m("engine-deadline-ignores-sampler", "exporter/engine.py",
+       "deadline = max(self.tick_deadline, 2 * interval, *(s.max_tick_seconds for s in members))",
+       "deadline = self.tick_deadline", ENGINE, "a sampler's own max_tick_seconds and 2 intervals"),
+    _m("engine-stuck-never-returns", "exporter/engine.py", "self._withdrawn.discard(name)", "pass", ENGINE,
+       "a stuck loop's values come back when it returns"),
+    _m("engine-stuck-values-published", "exporter/engine.py",
+       "return self._loop_of[sampler.name] not in self._withdrawn", "return True", ENGINE,
+       "a stuck loop's values are withdrawn"),
+    _m("engine-crash-health-hidden", "exporter/engine.py", "health[sampler.name] = crashed", "pass", ENGINE,
+       "a raising or stuck tick is its samplers' health"),
+    _m("engine-stuck-nvml-telemetry-kept", "exporter/engine.py",
+       "telemetry = self.nvml.telemetry if self.nvml in current else {}", "telemetry = self.nvml.telemetry", ENGINE,
+       "a stuck NVML loop publishes no telemetry"),
+    _m("engine-crash-never-cleared", "exporter/engine.py", "self._crashed.pop(name, None)", "pass", ENGINE,
+       "a good tick clears the crash"),
+    _m("engine-burst-after-falling-behind", "exporter/engine.py", "if delay < 0:  # fell behind", "if False:  # fell behind",
+       ENGINE, "a loop that fell behind skips ticks instead of bursting"),
+    _m("sampler-serves-any-state", "exporter/sampler.py", "return result is not None and result.state == OK",
+       "return result is not None", SAMPLER, "a source serves a GPU only while its state is ok"),
+    _m("sampler-defaults-after-nvml", "exporter/sampler.py", "    after_nvml = False\n", "    after_nvml = True\n",
+       SAMPLER, "samplers start at once unless they map things to GPUs"),
+    _m("sampler-state-window-always", "exporter/sampler.py",
+       '"window": None if self.window_end is None else [self.window_start, self.window_end]}',
+       '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW
 
 
 def _is_test_path(arg: str) -> bool:
@@ -545,6 +661,10 @@ def per_module(results: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
@@ -572,11 +692,17 @@ def main(argv=None) -> int:
             print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
         print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
         return 1 if stale else 0
+    # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run
+    # through the mutant's `finally`: its file is restored and its pytest killed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     results = []
     for mutant in chosen:
         result = run_mutant(mutant, set(args.without))
         results.append(result)
         print(f"{result['result']:18} {mutant.id:42} {result.get('seconds', '')!s:>6} s  {result['detail']}", flush=True)
+        if args.out:  # as it goes: a run cut short keeps what it found
+            Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"{len(results)} mutants, {caught} caught, "
           f"{sum(r['result'] == 'survived' for r in results)} survived, "

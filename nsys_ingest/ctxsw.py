@@ -451,10 +451,9 @@ class _Gpu:
         fraction = np.bincount(where, weights=fraction[keep], minlength=len(key))
         sample, code = key // size, key % size
         sampled = ~np.isnan(values)
-        y = np.nan_to_num(values)[sample]
+        y = np.nan_to_num(values)[sample]  # a sample without the quantity adds 0 to X'y (and nothing to X'X below)
         for q in range(len(self.quantities)):
-            m = sampled[sample, q]
-            self.moment[q] += np.bincount(code[m], weights=(fraction * y[:, q])[m], minlength=size)
+            self.moment[q] += np.bincount(code, weights=fraction * y[:, q], minlength=size)
         first = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])  # each sample's first entry
         entries = np.diff(np.r_[first, len(sample)])
         pairs_before = np.cumsum(entries ** 2) - entries ** 2

@@ -21,7 +21,7 @@ T4 = "GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52"
 
 
 class FakeDcgmExporter:
-    """A real HTTP server whose behaviour the test switches: ok, slow, garbage, error, not loaded."""
+    """A real HTTP server whose behaviour the test switches: ok, slow, drip, garbage, error, not loaded."""
 
     def __init__(self):
         self.mode = "ok"
@@ -32,6 +32,17 @@ class FakeDcgmExporter:
             def do_GET(self):
                 if outer.mode == "slow":  # answers only when the test ends: the source's timeout must end the wait
                     outer.released.wait(60)
+                if outer.mode == "drip":  # a byte every 0.1 s: every read returns, only a whole-request deadline ends it
+                    self.send_response(200)
+                    self.end_headers()
+                    for byte in TEXT.encode()[:100]:
+                        try:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                        except OSError:
+                            return
+                        time.sleep(0.1)
+                    return
                 body, status = {
                     "ok": (TEXT, 200), "slow": (TEXT, 200), "garbage": ("<html>{not prometheus</html>\x00", 200),
                     "error": ("internal error", 500),
@@ -101,6 +112,7 @@ def test_source_reads_the_endpoint_and_marks_gpus_without_profiling(dcgm):
 
 @pytest.mark.parametrize("mode, state, words", [
     ("slow", ERROR, "did not answer within"),
+    ("drip", ERROR, "did not answer within 0.5 s"),  # issue 39: the timeout was per read (10 s of drip)
     ("garbage", ERROR, "not Prometheus text"),
     ("error", ERROR, "HTTP 500"),
     ("not_loaded", UNSUPPORTED, "not loaded"),

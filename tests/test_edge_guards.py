@@ -7,7 +7,7 @@ live source's default max age and its staleness; the ctxsw SM basis; which holde
 consumed capacity (clamp, order, both parts kept); the API reader forgetting devices; the cooling advice."""
 from __future__ import annotations
 
-import types
+import json
 
 import pytest
 
@@ -23,7 +23,7 @@ from exporter.workloads import CTXSW, TIME_SHARE, gpu_shares
 from nsys_ingest.verdicts import Evidence, judge
 from tests import synthetic_exports as synth
 from tests.kubelet_server import SLICED_UUID as UUID, claim_pod
-from tests.kubernetes_api_server import FakeApiServer, device, resource_slice
+from tests.kubernetes_api_server import FakeApiServer, claim, device, resource_slice
 from tests.test_ctxsw_live import FAKE_NSYS, NVML_UUID, Nvml, fake_nsys, reading, root_only  # noqa: F401 - fake_nsys: a fixture
 from tests.test_ctxsw import procs, run
 from tests.test_dra import A, B, node_gpus
@@ -67,11 +67,18 @@ def test_the_default_window_ends_one_sampling_period_after_the_last_sample(tmp_p
 
 
 def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
-    """Mutant: _merge keeps the first context's time share (P reads 0.2, not 0.4)."""
+    """Mutant: _merge keeps the first part's time share (P reads 0.2, not 0.4). P's second context carries
+    another globalPid of the same pid (nsys' upper bits differ), so the two are summed per pid."""
+    import sqlite3
+
     path = synth.ctxsw_export(tmp_path / "contexts.sqlite",
                               slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, P, 2), (0, 6.0, 8.0, Q, 3)],
                               samples=[(0, ms, {"sm_active": v}) for ms, v in
                                        enumerate((0.8, 0.8, 0.0, 0.4, 0.4, 0.0, 0.2, 0.2, 0.0, 0.0))])
+    con = sqlite3.connect(path)
+    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set globalPid = globalPid + ? where contextId = 2", (1 << 49,))
+    con.commit()
+    con.close()
     result = run(path, estimator="overlap")
     p, q = procs(result)[P], procs(result)[Q]
     assert (p["slices"], p["resident_s"], p["time_share"]) == (2, 0.004, 0.4)
@@ -148,6 +155,15 @@ def test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw
     assert (trainer.sm_active, trainer.sm_active_basis) == (0.15, CTXSW)
 
 
+def test_a_holders_ctxsw_time_share_is_at_most_the_whole_gpu():
+    """Mutant: the clamp of the summed ctxsw time shares dropped (417 and 418 said to be resident 0.7 and
+    0.6 of one window: 1.3 of the GPU)."""
+    ctx = reading({417: (0.7, 0.5), 418: (0.6, 0.6)}, listed=(417, 418))
+    trainer = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]
+    assert (trainer.time_share, trainer.time_share_basis) == (1.0, CTXSW)
+    assert (trainer.sm_active, trainer.sm_active_basis) == (1.0, CTXSW)
+
+
 # -- exporter/holders.py -------------------------------------------------------------------------------
 def test_where_two_kinds_claim_one_pid_the_first_kind_keeps_it_and_a_failed_kind_says_nothing():
     """Mutants: join_owners lets the later kind win (417 becomes a Unix user's, not the Slurm job's); the
@@ -159,6 +175,97 @@ def test_where_two_kinds_claim_one_pid_the_first_kind_keeps_it_and_a_failed_kind
     assert join_owners([slurm, users, failed]) == {417: job, 418: user}
     assert join_owners([users, slurm]) == {417: user, 418: user}
     assert join_gpu("GPU-aaaa", [slurm, users, failed]) == {job: Held(1.0), user: Held(1.0)}
+
+
+def test_holder_kinds_are_built_in_their_order_users_only_without_a_scheduler_or_when_named(tmp_path):
+    """Mutants: KINDS reordered (Slurm's owners would win over the kubelet's); users beside a scheduler under
+    --holders auto; --holders none building some; `explicit` inverted (users of this host's /proc for a
+    replay under auto, none when named)."""
+    from exporter.config import parse_args
+    from exporter.holders import build_holders
+    from tests.helpers import FIXTURES
+
+    (tmp_path / "map").mkdir()
+    replay = ["--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--kubernetes-api", "off"]
+    schedulers = ["--kubelet-socket", str(tmp_path / "kubelet.sock"), "--hpc-job-mapping-dir", str(tmp_path / "map")]
+
+    def kinds(*flags):
+        return [s.name for s in build_holders(parse_args([*replay, *flags]), Nvml())]
+
+    assert kinds(*schedulers, "--proc-root", str(tmp_path), "--holders", "auto") == ["kubelet", "slurm"]
+    assert kinds(*schedulers, "--proc-root", str(tmp_path), "--holders", "users,slurm") == ["slurm", "users"]
+    assert kinds(*schedulers, "--holders", "none") == []
+    assert kinds("--kubelet-socket", "none", "--holders", "auto") == []  # a replay against this host's /proc
+    assert kinds("--kubelet-socket", "none", "--proc-root", str(tmp_path), "--holders", "auto") == ["users"]
+    assert kinds("--kubelet-socket", "none", "--holders", "users") == ["users"]  # named: the user's call
+
+
+def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
+    """Mutants: the bases' order (capacity after even split); the strongest said instead of the weakest."""
+    from exporter.holders import weakest_basis
+
+    assert weakest_basis([CAPACITY, EVEN_SPLIT]) == EVEN_SPLIT
+    assert weakest_basis([WHOLE, MIG]) == MIG and weakest_basis([MIG, REPLICAS]) == REPLICAS
+    assert weakest_basis([REPLICAS, CAPACITY]) == CAPACITY and weakest_basis([]) == WHOLE
+
+
+# -- exporter/samplers/users.py ------------------------------------------------------------------------
+def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tmp_path, monkeypatch):
+    """Mutants: the effective uid instead of the real one; the MPS server holding its GPU; a lost GPU
+    keeping holders; a process without a uid holding as user "None"; no even split; names kept after the
+    user database became unreadable; the interval floor of 1 s."""
+    import exporter.samplers.users as users
+    from exporter.config import parse_args
+    from exporter.samplers.users import UsersSampler, context_pids, status_uid
+
+    assert status_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n") == 1000  # real 1000, effective root (setuid)
+    gpu, lost = GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-lost", "H100")
+    kinds = {417: "time_sliced", 418: "mps", 419: "time_sliced", 420: "mps_server"}
+    telemetry = {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=tuple(ComputeProcess(p, "x", k) for p, k in kinds.items())),
+                 lost.uuid: DeviceTelemetry(lost, 0.0, compute_processes=(ComputeProcess(417, "x", "time_sliced"),), lost=True)}
+    assert context_pids(telemetry) == {gpu.uuid: {417, 418, 419}}
+    for pid, uid in ((417, "1000"), (418, "1001"), (419, None), (420, "0")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n" if uid else "Name:\tx\n")
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/:/bin/sh\nalice:x:1000:1000::/:/bin/sh\nbob:x:1001:1001::/:/bin/sh\n")
+    clock = Clock(10_000.0)
+    monkeypatch.setattr(users, "time", clock)
+    sampler = UsersSampler(type("Nvml", (), {"telemetry": telemetry})(), proc_root=tmp_path, passwd=str(passwd))
+    sampler.tick()
+    alice, bob = Holder(user="alice"), Holder(user="bob")
+    assert sampler.holdings.gpus == {gpu.uuid: {alice: Held(0.5, EVEN_SPLIT), bob: Held(0.5, EVEN_SPLIT)}}
+    assert sampler.holdings.owners == {417: alice, 418: bob}
+    passwd.unlink()
+    clock.now += users.PASSWD_EVERY_S
+    sampler.tick()
+    assert set(sampler.holdings.gpus[gpu.uuid]) == {Holder(user="1000"), Holder(user="1001")}
+    args = parse_args(["--nvml-replay", "x.json", "--proc-root", str(tmp_path), "--interval", "0.2"])
+    assert users.build(args, None).interval == 1.0
+
+
+# -- exporter/samplers/kubelet.py ----------------------------------------------------------------------
+def test_device_plugin_shares_at_their_edges():
+    """Mutants: a container's IDs of one GPU not clamped to the GPU ("0" and "GPU-aaaa" are one GPU twice);
+    index:mig IDs held whole; a replica whose N the kubelet does not say held whole; an ID offered twice
+    counted as two replicas; the outermost container ID of a cgroup path taken."""
+    from collections import Counter
+
+    from exporter.samplers.kubelet import PodRef, cgroup_container_id, held_shares, offered_replicas, replicas_of
+    from tests.test_kubelet import two_gpus_one_mig
+
+    devices = two_gpus_one_mig()
+    ref = PodRef("ml", "train", "main")
+    assert held_shares([("0", "GPU-aaaa", ref), ("GPU-aaaa", "GPU-aaaa", ref)], devices, None) == \
+        {"GPU-aaaa": {("ml", "train", "main"): 1.0}}
+    assert devices.base_share("1:0") is None and devices.base_share("1") == 1.0
+    assert replicas_of("GPU-aaaa::2", None) is None and replicas_of("GPU-aaaa", None) == 1
+    assert held_shares([("GPU-aaaa::2", "GPU-aaaa", ref)], devices, None) == {"GPU-aaaa": {("ml", "train", "main"): None}}
+    offered = [type("Devices", (), {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-aaaa::0", "GPU-aaaa::1",
+                                                                                     "GPU-aaaa::1"]})()]
+    assert offered_replicas(offered) == Counter({"GPU-aaaa": 2})
+    outer, inner = "a" * 64, "b" * 64
+    assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
 
 
 # -- exporter/samplers/dra.py --------------------------------------------------------------------------
@@ -174,6 +281,15 @@ def test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device
     assert held[("nb", "x", "c")][:2] == (round(16 / 132, 9), CAPACITY)
     assert held[("nb", "y", "c")][:2] == (round(16 / 132 / 2, 9), CAPACITY)
     assert capacity_ratio({"shares": 2.0}, {"shares": 2.0}) == 1.0
+
+
+def test_a_container_holding_two_allocations_of_one_gpu_holds_at_most_the_gpu():
+    """Mutant: the clamp of a container's summed allocations dropped (3 + 3 of 4 shares: 1.5 GPUs)."""
+    answer = [claim_pod("nb", "x", {"c": [("a-gpu", [("gpu-0", "s1")]), ("b-gpu", [("gpu-0", "s2")])]})]
+    api = ApiView(capacity={("node-a", "gpu-0"): {"shares": 4.0}},
+                  consumed={("nb", "a-gpu", "node-a", "gpu-0", "s1"): {"shares": 3.0},
+                            ("nb", "b-gpu", "node-a", "gpu-0", "s2"): {"shares": 3.0}})
+    assert attribute_claims(answer, node_gpus(api)).held[A][("nb", "x", "c")] == (1.0, CAPACITY, (), "a-gpu,b-gpu")
 
 
 def test_shares_decide_before_memory_where_a_device_offers_both():
@@ -206,15 +322,18 @@ def test_a_container_holding_one_gpu_both_ways_holds_the_sum_of_both_parts():
 
 # -- exporter/kubernetes_api.py ------------------------------------------------------------------------
 class Clock:
-    """The reader's monotonic clock, moved by the test (its module's `time`); sleep is real."""
+    """A module's `time`, whose monotonic clock the test moves (everything else is the real module's)."""
 
     def __init__(self, now: float):
-        import time
-
-        self.now, self.sleep, self.time = now, time.sleep, time.time
+        self.now = now
 
     def monotonic(self) -> float:
         return self.now
+
+    def __getattr__(self, name):
+        import time
+
+        return getattr(time, name)
 
 
 def test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_answering(monkeypatch):
@@ -240,6 +359,96 @@ def test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_
         server.stop()
 
 
+@pytest.fixture()
+def api_at(monkeypatch):
+    """A FakeApiServer on 127.0.0.1 with this node's GPU 0 (4 shares) and a reader of it whose clock the
+    test moves."""
+    server = FakeApiServer().start()
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4")])]
+    clock = Clock(10_000.0)
+    monkeypatch.setattr(kubernetes_api, "time", clock)
+    yield server, KubernetesApi(Endpoint(server.url, None, None), node_name="node-a"), clock
+    server.stop()
+
+
+def test_a_claim_deleted_meanwhile_is_no_failure_and_is_asked_again_after_the_back_off(api_at):
+    """Mutants: a 404 for a claim is a failure (the reader backs off, health 0); a claim lacking an
+    allocation listed now read again at once, not after BACKOFF_S."""
+    from exporter.kubernetes_api import BACKOFF_S
+
+    server, reader, clock = api_at
+    gone = {("nb", "x-gpu", "node-a", "gpu-0", "s1")}
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {} and reader.health.success
+    asked = len(server.requests)
+    server.claims = {("nb", "x-gpu"): claim("nb", "x-gpu", [("node-a", "gpu-0", "s1", {"shares": "1"})])}
+    clock.now += BACKOFF_S - 0.001
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {} and len(server.requests) == asked
+    clock.now += 0.001
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+def test_a_device_the_slices_did_not_name_lists_them_again_after_a_sixth_of_the_period(api_at):
+    """Mutant: an unknown device waits for the next full SLICES_EVERY_S."""
+    server, reader, clock = api_at
+    assert reader.view({("node-a", "gpu-0")}, set()).uuids == {("node-a", "gpu-0"): UUID}
+    server.slices[0]["spec"]["devices"].append(device("gpu-1", "GPU-one"))
+    clock.now += SLICES_EVERY_S / 6 - 0.001
+    assert ("node-a", "gpu-1") not in reader.view({("node-a", "gpu-0"), ("node-a", "gpu-1")}, set()).uuids
+    clock.now += 0.001
+    assert reader.view({("node-a", "gpu-0"), ("node-a", "gpu-1")}, set()).uuids[("node-a", "gpu-1")] == "GPU-one"
+
+
+def test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out(api_at):
+    """Mutants: the driver checks on slices and on claim results dropped (an API server or proxy that
+    ignores the field selector); capacities of 0 or that are no quantity kept."""
+    server, reader, _ = api_at
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="0", memory="lots")])]
+    other = resource_slice("node-a", "node-a", [device("gpu-0", "GPU-not-nvidia", shares="2")], driver="x.example.com")
+    server.body = json.dumps({"kind": "ResourceSliceList", "metadata": {}, "items": [other, *server.slices]}).encode()
+    view = reader.view({("node-a", "gpu-0")}, set())
+    assert view.uuids == {("node-a", "gpu-0"): UUID} and view.capacity == {("node-a", "gpu-0"): {}}
+    server.body = None
+    theirs = claim("nb", "x-gpu", [("node-a", "gpu-0", "s1", {"shares": "1"}), ("node-a", "gpu-0", "s2", {"shares": "3"})])
+    theirs["status"]["allocation"]["devices"]["results"][1]["driver"] = "x.example.com"
+    server.claims = {("nb", "x-gpu"): theirs}
+    wanted = {("nb", "x-gpu", "node-a", "gpu-0", "s1"), ("nb", "x-gpu", "node-a", "gpu-0", "s2")}
+    assert reader.view({("node-a", "gpu-0")}, wanted).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+# -- gpu_spatial/report/account.py ---------------------------------------------------------------------
+def test_rule_runs_and_spans_at_their_edges():
+    """Mutants: a spacing exactly 25 % off breaks a run; a spacing of exactly W breaks it; a run of two
+    evaluations used; the rollups' lag (W - D) / 2 dropped (the samples used shift by 2 minutes)."""
+    from gpu_spatial.report.account import plan_spans, runs
+
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
+    assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
+    assert [s.source for s in plan_spans([(100.0, 300.0), (160.0, 300.0)], 0.0, 1000.0)] == ["counters"]
+    # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
+    (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
+    assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
+                                                                                      3120.0, 60.0)
+
+
+def test_report_pieces_that_keep_unknown_and_odd_values_apart():
+    """Mutants: a matcher on a label the rollups drop still reads the rollups; the last day runs past the
+    range; NaN and Inf kept; busy without a basis label not "nvml"; the unknown held counted in a span's
+    held total."""
+    from gpu_spatial.report.account import Plan, Totals, _value, chunks
+
+    assert Plan("namespace", [("pod", "=", '"x"')]).rules_unusable() == \
+        "--match on pod, which the namespace rollups do not keep"
+    assert Plan("namespace", [("namespace", "=~", '"team-.*"')]).rules_unusable() is None
+    assert chunks(0.0, 100.0, 60.0) == [(0.0, 60.0), (60.0, 100.0)]
+    assert _value({"value": [0, "NaN"]}) == 0.0 and _value({"value": [0, "+Inf"]}) == 0.0
+    totals = Totals(("namespace",))
+    assert totals.add("busy", False, [{"metric": {"namespace": "a"}, "value": [0, "5"]}]) == 0.0
+    assert totals.add("held", True, [{"metric": {"namespace": "a"}, "value": [0, "2"]}]) == 0.0
+    assert totals.add("held", False, [{"metric": {"namespace": "a"}, "value": [0, "7"]}]) == 7.0
+    assert totals.groups == {("a",): {("busy", "nvml"): 5.0, ("held", "unknown"): 2.0, ("held", "exact"): 7.0}}
+
+
 # -- nsys_ingest/verdicts.py ---------------------------------------------------------------------------
 def test_a_hardware_slowdown_asks_for_both_cooling_and_power():
     """Mutants: hw_slowdown dropped from the cooling advice, or from the power advice."""
@@ -247,3 +456,77 @@ def test_a_hardware_slowdown_asks_for_both_cooling_and_power():
                            clock_event_reasons=("hw_slowdown",)))
     assert found.verdict == "throttled"
     assert found.advice.startswith("cooling: ") and "; power: " in found.advice
+
+
+def test_copies_as_long_as_kernels_are_the_work():
+    """Mutant: `copy_busy_share >= kernel_busy_share` -> `>` (copies running exactly as long as kernels
+    read as kernels' memory traffic)."""
+    even = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.5))
+    assert even.verdict == "memory_bound" and "memory copies run 50% of the window" in even.reason
+    less = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.49))
+    assert "copies" not in less.reason
+
+
+
+# -- exporter/engine.py and exporter/sampler.py (the sampler contract) ----------------------------------
+def test_a_samplers_own_max_tick_seconds_keeps_a_long_tick_published_and_a_failure_clears_when_it_ticks_again():
+    """Mutants: the deadline ignores the sampler's max_tick_seconds (a 3 s tick of a sampler allowed 600 s
+    is withdrawn after the engine's 0.3 s); a crashed tick's failure never cleared by a good one."""
+    import threading
+    import time
+
+    from exporter.engine import Engine
+    from tests.helpers import wait_for
+    from tests.test_sampler_contract import FanSampler, nvml
+
+    class LongTicks(FanSampler):
+        max_tick_seconds = 600.0
+
+        def __init__(self, device):
+            super().__init__(device, "long")
+            self.go, self.waiting = threading.Event(), threading.Event()
+            self.go.set()
+
+        def tick(self):
+            if not self.go.is_set():
+                self.waiting.set()
+                self.go.wait(60)
+            super().tick()
+
+    device = nvml()
+    long = LongTicks(device)
+    engine = Engine(device, [long], interval=0.05)
+    engine.tick_deadline = 0.3
+    engine.start()
+    try:
+        wait_for(lambda: "long" in engine.snapshot.published, 30, 0.05, "published")
+        long.go.clear()
+        assert long.waiting.wait(30)
+        blocked = time.monotonic()
+        # ten times the engine's deadline (the mutant withdraws after it), a fiftieth of the sampler's own
+        wait_for(lambda: time.monotonic() - blocked > 3.0 and engine.publish(), 30, 0.1, "3 s into the long tick")
+        assert "long" in engine.snapshot.published and engine.snapshot.health["long"].success
+        long.go.set()
+        long.fail = True
+        wait_for(lambda: engine.snapshot.health["long"].error.startswith("tick failed"), 30, 0.05, "the failure")
+        long.fail = False
+        wait_for(lambda: engine.snapshot.health["long"].success, 30, 0.05, "a good tick clears it")
+    finally:
+        long.go.set()
+        engine.stop()
+
+
+def test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_none():
+    """Mutants: serves() true for any state (a DCGM in error would keep the live captures off the GPU); the
+    contract's defaults (start at once, in a loop of its own); a state's JSON inventing a window."""
+    from exporter.sampler import SamplerDefaults, serves
+    from exporter.snapshot import SourceResult
+    from exporter.vocabulary import ERROR, OK
+
+    dcgm = type("Dcgm", (), {"results": {"GPU-aaaa": SourceResult(OK, ""), "GPU-bbbb": SourceResult(ERROR, "down")}})()
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-aaaa") is True
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-bbbb") is False and serves({"dcgm": dcgm}, "dcgm", "GPU-cccc") is False
+    assert serves({}, "dcgm", "GPU-aaaa") is False
+    assert (SamplerDefaults.after_nvml, SamplerDefaults.in_nvml_loop, SamplerDefaults.max_tick_seconds) == (False, False, 0.0)
+    assert SourceState(STANDBY, "not yet").to_json() == {"state": STANDBY, "reason": "not yet", "window": None}
+    assert SourceState(ACTIVE, "ok", 990.0, 1000.0).to_json()["window"] == [990.0, 1000.0]
