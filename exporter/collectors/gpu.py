@@ -185,10 +185,11 @@ class GpuCollector:
         for w in snapshot.workloads:
             published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
         pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
-        time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
+        time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu, "
+                           "or GPM GRAPHICS_UTIL over the same tick where GPM serves the GPU).")
         time_source = _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes from: "
-                             "nvml, or a spatial source's own busy time (nsys GR Active: a GPU only an export knows).",
-                             ["source"])
+                             "nvml (utilization samples), gpm (GRAPHICS_UTIL), or a spatial source's own busy time "
+                             "(nsys GR Active: a GPU only an export knows).", ["source"])
         memory_util = _gauge("gpu_memory_time_utilization_ratio",
                              "Share of time device memory was read or written (NVML utilization.memory).")
         telemetry = {attr: _gauge(name, doc) for attr, name, doc in TELEMETRY}
