@@ -78,3 +78,81 @@ def test_the_slow_reads_keep_10_30_and_60_s():
     assert calls["nvmlDeviceGetEncoderUtilization"] == round(12 / 120, 3)  # every 10 s
     assert calls["nvmlDeviceGetMigMode"] == round(4 / 120, 3)  # every 30 s
     assert calls["nvmlDeviceGetFieldValues"] == round((12 + 2) / 120, 3)  # health every 10 s, errors every 60 s
+
+
+# -- bench/cost_per_gpu.py: what the device run reports, computed right ----------------------------------------
+def device_report(**phases):
+    return {"gpus": 2, "ctxsw_period_s": 180.0, "phases": phases}
+
+
+def side(one_gpu, ours, nvitop, rss=(60.0, 56.0)):
+    return {"one_gpu": one_gpu, "exporters": {"ours": {"cpu_percent_of_core": ours, "vmrss_mib": rss[0]},
+                                               "nvitop": {"cpu_percent_of_core": nvitop, "vmrss_mib": rss[1]}}}
+
+
+def test_the_device_summary_gives_the_slope_per_gpu_the_8_gpu_projection_and_the_rss_margin():
+    from bench.cost_per_gpu import summary
+
+    found = summary(device_report(all_idle=side(False, 1.0, 6.9), one_idle=side(True, 0.6, 0.5),
+                                  all_loaded=side(False, 1.3, 5.9, rss=(67.0, 56.0)), one_loaded=side(True, 0.8, 0.9)))
+    assert found["slope_percent_per_gpu"] == {"ours_idle": 0.4, "nvitop_idle": 6.4, "ours_loaded": 0.5, "nvitop_loaded": 5.0}
+    assert found["projection_8_gpus_percent"] == {"ours_idle": 3.4, "nvitop_idle": 45.3, "ours_loaded": 4.3,
+                                                  "nvitop_loaded": 35.9}
+    # nvitop-exporter's + 10 MB (10.49 MiB): 66.49 MiB passes, 67 does not
+    assert {k: v["met"] for k, v in found["rss_within_nvitop_plus_10mb"].items()} == \
+        {"all_idle": True, "one_idle": True, "all_loaded": False, "one_loaded": True}
+    assert [(r["phase"], r["gpus"], r["exporter"]) for r in found["rows"]][:2] == [("all_idle", 2, "ours"),
+                                                                                   ("all_idle", 2, "nvitop")]
+
+
+def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
+    from bench.cost_per_gpu import summary
+
+    window = {"seconds": 20.0, "exporter_tree_cpu_s": 1.5, "nsys_outside_cpu_s": 2.0, "baseline_percent_of_core": 1.0,
+              "exporter": {"vmrss_mib": 62.0, "vmhwm_mib": 63.0}, "attribution_child": {"cpu_s": 0.4, "peak_mib": 150}}
+    found = summary(device_report(all_ctxsw={**window, "gpus": 2}, one_ctxsw={**window, "gpus": 1,
+                                                                                "exporter_tree_cpu_s": 1.0}))
+    both, one = found["ctxsw"]["all_ctxsw"], found["ctxsw"]["one_ctxsw"]
+    assert both["window_cpu_s"] == 3.3  # 1.5 + 2.0 - 1 % of 20 s
+    assert (both["percent_of_core_at_default_duty"], both["per_gpu_percent_at_default_duty"]) == (1.833, 0.917)
+    assert (one["window_cpu_s"], found["ctxsw"]["window_cpu_s_per_added_gpu"]) == (2.8, 0.5)
+    assert both["attribution_child"] == {"cpu_s": 0.4, "peak_mib": 150}
+
+
+def test_the_device_run_reads_the_sources_state_and_the_childs_cost_as_the_exporter_writes_them():
+    from bench.cost_per_gpu import CHILD_COST, settled
+    from exporter.samplers.ctxsw import CtxswSampler
+
+    sampler = CtxswSampler(None)
+    sampler.attribution = {"cpu_s": 0.4567, "peak_rss_bytes": 150 * 2**20 + 1}
+    match = CHILD_COST.search(f"12 slices of 2 processes in 10.0 s{sampler._attribution_cost()}")
+    assert (float(match.group(1)), int(match.group(2))) == (0.46, 150)
+    line = 'gpu_workload_ctxsw_state{gpu="%d",uuid="GPU-%d",model="H200",state="%s"} %s'
+    metrics = "\n".join([line % (0, 0, "active", "1.0"), line % (0, 0, "standby", "0.0"), line % (1, 1, "standby", "1.0")])
+    assert not settled(metrics)  # GPU 1 still waits for its first window
+    assert settled(metrics.replace('state="standby"} 1.0', 'state="error"} 1.0'))
+    assert not settled("")
+
+
+def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
+    """bench/cost_per_gpu.py end to end without a GPU: our exporter on the NVML replay, no nvitop-exporter,
+    no loops, no capture; every side-by-side phase measured and summarised (the figures are this machine's)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import FIXTURES, ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cost_per_gpu.py"), "--out", str(tmp_path),
+                           "--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-nvitop", "--no-workers",
+                           "--no-ctxsw", "--measure", "1", "--warmup", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "cost_per_gpu.json").read_text())
+    assert list(report["phases"]) == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
+    for name, phase in report["phases"].items():
+        ours = phase["exporters"]["ours"]
+        assert ours["alive"] and ours["cpu_percent_of_core"] is not None and ours["vmrss_mib"] > 0, name
+        assert ours["scrapes"] and all(s["ok"] and s["gpu_series"] > 0 for s in ours["scrapes"]), name
+    assert [r["phase"] for r in report["summary"]["rows"]] == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
+    assert "| one_idle | 1 | ours |" in done.stdout

@@ -175,6 +175,42 @@ def test_gpus_it_must_not_capture(fake_nsys, nvml, others, state, reason):
     assert not (fake_nsys / "calls.log").exists()  # nothing ran
 
 
+class TwoGpus:
+    """NVML on a node of two GPUs whose indices run the other way round from the export's device ids."""
+
+    def __init__(self):
+        self.gpus = [GpuIdentity(0, "GPU-00000001-0000-4000-8000-000000000000", "NVIDIA H200"),
+                     GpuIdentity(1, "GPU-00000000-0000-4000-8000-000000000000", "NVIDIA H200")]
+        listed = {0: (419, 420), 1: (417, 418)}
+        self.telemetry = {g.uuid: DeviceTelemetry(g, 0.0, compute_processes=tuple(
+            ComputeProcess(pid, "python3", "time_sliced") for pid in listed[g.index])) for g in self.gpus}
+
+
+@root_only
+def test_one_capture_covers_every_gpu_and_each_gpu_keeps_its_own_processes(fake_nsys, monkeypatch):
+    """Two GPUs in one 20 ms export at 1 kHz. Export device 0 (NVML index 1): 417 [0,10) at SM 0.5, 418
+    [10,20) at 1.0. Export device 1 (NVML index 0): 419 [0,5) at 0.2, 420 [5,20) at 0.8. By hand: 417
+    0.5 of the time and 0.25 of the GPU's SMs, 418 0.5 and 0.5; 419 0.25 and 0.05, 420 0.75 and 0.6."""
+    slices = [(0, 0.0, 10.0, 417, 1), (0, 10.0, 20.0, 418, 2), (1, 0.0, 5.0, 419, 3), (1, 5.0, 20.0, 420, 4)]
+    density = {0: lambda ms: 0.5 if ms < 10 else 1.0, 1: lambda ms: 0.2 if ms < 5 else 0.8}
+    samples = [(gpu, ms, {"sm_active": density[gpu](ms), "gr_active": 1.0}) for gpu in (0, 1) for ms in range(20)]
+    export = synth.ctxsw_export(fake_nsys / "two.sqlite", slices=slices, samples=samples,
+                                processes={pid: "python3" for pid in (417, 418, 419, 420)})
+    monkeypatch.setenv("FAKE_NSYS_EXPORT", str(export))
+    sampler = CtxswSampler(TwoGpus(), str(FAKE_NSYS), window_s=0.1)
+    sampler.tick()
+    calls = (fake_nsys / "calls.log").read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["profile", "export"]  # one capture, one export for both GPUs
+    assert "--gpu-metrics-devices=0,1" in calls[0].split()
+    first, second = (sampler.readings[g.uuid] for g in TwoGpus().gpus)
+    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in first.shares.items()} == \
+        {419: (0.25, 0.05), 420: (0.75, 0.6)}
+    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in second.shares.items()} == \
+        {417: (0.5, 0.25), 418: (0.5, 0.5)}
+    assert (first.listed, second.listed) == ({419, 420}, {417, 418})
+    assert all(sampler.states[g.uuid].state == ACTIVE for g in TwoGpus().gpus)
+
+
 def test_no_nsys_or_no_root_is_unsupported_with_one_line(tmp_path, caplog, monkeypatch):
     sampler = CtxswSampler(Nvml(), str(tmp_path / "no-such-nsys"), window_s=0.1)
     for _ in range(3):
@@ -354,6 +390,21 @@ def test_the_first_capture_waits_for_nvmls_first_look_at_the_gpus(fake_nsys):
     sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1)
     sampler.tick()
     assert sampler.states[NVML_UUID].state == ACTIVE
+
+
+def test_the_exporter_with_the_source_on_never_loads_the_attributions_libraries(tmp_path):
+    """numpy and pandas (~50 MB resident) and the export's rows belong to the attribution's child: the exporter
+    builds the source and its accountant without them."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from exporter.__main__ import build_engine; from exporter.config import parse_args; "
+            "engine, _ = build_engine(parse_args(['--nvml-replay', sys.argv[1], '--no-mps', '--kubelet-socket', 'none', "
+            "'--hpc-job-mapping-dir', sys.argv[2], '--workload-ctxsw'])); "
+            "print([s.name for s in engine.workloads.samplers], sorted(m for m in ('numpy', 'pandas') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "nvml_h100_time_sliced.json"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.strip() == "['ctxsw'] []", done.stderr[-500:]
 
 
 def test_the_attribution_child_answers_one_json_line_and_its_failures_are_one_line(tmp_path):

@@ -86,14 +86,12 @@ class CtxswSampler:
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
-        from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
-
         self._nvml = nvml  # NvmlSampler: the GPUs, their process lists and modes
         self.binary = binary
         self.window_s = window_s
         self.interval = period_s
         self.frequency = frequency
-        self.estimator = estimator or DEFAULT_ESTIMATOR
+        self.estimator = estimator  # None: the attribution's default (nsys_ingest.ctxsw, which loads pandas: not here)
         self.max_age = 2 * period_s + window_s
         self._others = other_sources or {}  # name -> spatial source (dcgm: its profiling excludes ours)
         self.readings: dict[str, CtxswReading] = {}  # GPU UUID -> the last window
@@ -199,7 +197,8 @@ class CtxswSampler:
             self.readings[gpu.uuid] = CtxswReading(start, end, shares, listed)
             self._set(gpu.uuid, CtxswState(
                 ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}{self._attribution_cost()}",
+                        f"{entry['switch_gap_share']:.1%}, estimator {self.attribution.get('estimator')}"
+                        f"{self._attribution_cost()}",
                 start, end))
 
     def _attribution_cost(self) -> str:
@@ -247,12 +246,13 @@ class CtxswSampler:
             if self._stopping.is_set():
                 return None, ended
             out = self._runner.run([sys.executable, "-m", "exporter.samplers.ctxsw", str(work / "ctxsw.sqlite"),
-                                    "--estimator", self.estimator, "--nsys", binary, "--window", f"{self.window_s:g}"],
+                                    *(["--estimator", self.estimator] if self.estimator else []), "--nsys", binary,
+                                    "--window", f"{self.window_s:g}"],
                                    READ_BUDGET_S + CHILD_START_S, "the attribution")
             if self._stopping.is_set():
                 return None, ended
             answer = child_answer(out)
-            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes") if k in answer}
+            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes", "estimator") if k in answer}
             if "error" in answer:
                 raise CaptureError(f"the capture's export is unreadable: {answer['error']}")
             return answer["result"], ended
@@ -329,7 +329,7 @@ def main(argv=None) -> int:
         answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window)}
     except IngestError as exc:
         answer = {"error": str(exc)}
-    answer.update(cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
+    answer.update(estimator=args.estimator, cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
     print(json.dumps(answer))
     return 0
 
