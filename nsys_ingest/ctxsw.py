@@ -9,16 +9,16 @@ RESTORE_START, following a launch loop at ~1 % SM, reads 99.6 %; the one 50 us b
 tensor, DRAM, GR) of its own slices. This is the one place that attribution is computed: the
 `workloads` command and the exporter's live source (exporter/samplers/ctxsw.py) both call attribute().
 
-Estimators (how a sample's value is given to the slices; README, "Per-workload numbers"):
+Estimators (how a sample's value is given to the slices; docs/workloads.md):
 - "at": the whole sample goes to the slice at its timestamp (or to the switch gap);
 - "overlap": a sample that straddles a switch is split by the time each slice covers of it;
 - "fit" (default): each process's density is fitted over all samples, least squares of
   value = sum over processes (and the gap) of overlap fraction x density, each density within 0..1
-  (on the H200 at 1 kHz the only one within 0.02 of the 10 kHz truth for every process: README);
+  (on the H200 at 1 kHz the only one within 0.02 of the 10 kHz truth for every process: docs/workloads.md);
 - "within": only the samples that lie wholly inside one slice (or one gap) count: at 10 kHz (0.1 ms
   samples, ~2 ms slices) that is ~95 % of them, and the truth bench/ctxsw_estimators.py measures against.
 
-Bounds (hostile exports, README "nsys_ingest"): both tables are read in timestamp order in chunks of
+Bounds (hostile exports, docs/exposure.md): both tables are read in timestamp order in chunks of
 `chunk_rows`, per GPU; what is held at once is one chunk of samples, the slices overlapping it (at most
 MAX_PENDING_SLICES) and per-process sums (at most MAX_PROCESSES processes): memory does not grow with
 the length of the capture. Time is the export's Budget.

@@ -309,7 +309,7 @@ def calls_per_tick(gpus: int = 2, processes: dict[int, int] | None = None, ticks
 
             def tick():
                 if source is not None:
-                    source.tick(backend, sampler.gpus, sampler.telemetry)
+                    getattr(source, "sample", source.tick)(backend, sampler.gpus, sampler.telemetry)  # before the contract: tick
                 sampler.tick()
                 clock.advance(interval)
 

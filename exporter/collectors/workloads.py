@@ -5,6 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
 from exporter.holders import Holder
+from exporter.vocabulary import ACTIVE, WORKLOAD_SOURCE_STATES
 
 HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
@@ -81,8 +82,6 @@ class WorkloadCollector:
 
     def _ctxsw_states(self):
         """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""
-        from exporter.samplers.ctxsw import ACTIVE, STATES
-
         states = getattr(self._engine.workloads, "ctxsw_states", None)
         if states is None:
             return
@@ -93,7 +92,7 @@ class WorkloadCollector:
                                   "context-switch window the basis=\"ctxsw\" values describe.", labels=GPU_LABELS)
         for gpu, current in states:
             labels = [str(gpu.index), gpu.uuid, gpu.model]
-            for name in STATES:
+            for name in WORKLOAD_SOURCE_STATES:
                 state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
             if current.state == ACTIVE and current.window_end is not None:
                 stamp.add_metric(labels, current.window_end)
