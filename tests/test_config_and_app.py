@@ -47,8 +47,10 @@ def test_metrics_are_rendered_once_per_snapshot():
     engine = Engine(nvml, [GpmSource(nvml)], interval=0.5)
     engine.tick_devices()
     engine.publish()
-    cache = MetricsCache(engine, build_registry(engine))
+    now = [0.0]
+    cache = MetricsCache(engine, build_registry(engine), clock=lambda: now[0])
     first = cache.render()
     assert cache.render() is first  # same snapshot: the same bytes, no collect()
     engine.publish()
+    now[0] += 1.0  # the last render is FRESH_S old: the scrape renders the new snapshot itself
     assert cache.render() is not first

@@ -156,3 +156,28 @@ def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
         assert ours["scrapes"] and all(s["ok"] and s["gpu_series"] > 0 for s in ours["scrapes"]), name
     assert [r["phase"] for r in report["summary"]["rows"]] == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
     assert "| one_idle | 1 | ours |" in done.stdout
+
+
+# -- /metrics under steady scraping: the render leaves the scrape path ----------------------------------------
+def test_a_fresh_body_answers_while_the_next_snapshot_renders_in_the_background():
+    from exporter.app import build_registry
+    from exporter.engine import Engine
+    from exporter.fastpath import FRESH_S, MetricsCache
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.nvml import NvmlSampler
+    from tests.helpers import FIXTURES, wait_for
+
+    engine = Engine(NvmlSampler(ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json"), interval=0.5), interval=0.5)
+    engine.tick_devices()
+    engine.publish()
+    now = [0.0]
+    cache = MetricsCache(engine, build_registry(engine), clock=lambda: now[0])
+    first = cache.render()
+    engine.publish()
+    now[0] += FRESH_S - 0.01  # under FRESH_S: the scrape is answered at once, from the previous render
+    assert cache.render() is first
+    newer = wait_for(lambda: (b := cache.render()) is not first and b, 10, 0.01, "the background render")
+    assert cache.render() is newer  # rendered once, then cached
+    engine.publish()
+    now[0] += FRESH_S  # a quiet spell: the current snapshot, rendered on the scrape itself
+    assert cache.render() is not newer

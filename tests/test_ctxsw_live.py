@@ -208,9 +208,9 @@ def test_one_capture_covers_every_gpu_and_each_gpu_keeps_its_own_processes(fake_
     assert [c.split()[0] for c in calls] == ["profile", "export"]  # one capture, one export for both GPUs
     assert "--gpu-metrics-devices=0,1" in calls[0].split()
     first, second = (sampler.readings[g.uuid] for g in TwoGpus().gpus)
-    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in first.shares.items()} == \
+    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in ((p, (s.time, s.sm)) for p, s in first.shares.items())} == \
         {419: (0.25, 0.05), 420: (0.75, 0.6)}
-    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in second.shares.items()} == \
+    assert {pid: (t, pytest.approx(sm, abs=1e-6)) for pid, (t, sm) in ((p, (s.time, s.sm)) for p, s in second.shares.items())} == \
         {417: (0.5, 0.25), 418: (0.5, 0.5)}
     assert (first.listed, second.listed) == ({419, 420}, {417, 418})
     assert all(sampler.states[g.uuid].state == ACTIVE for g in TwoGpus().gpus)
@@ -406,7 +406,7 @@ def test_the_exporter_with_the_source_on_never_loads_the_attributions_libraries(
     code = ("import sys; from exporter.__main__ import build_engine; from exporter.config import parse_args; "
             "engine, _ = build_engine(parse_args(['--nvml-replay', sys.argv[1], '--no-mps', '--kubelet-socket', 'none', "
             "'--hpc-job-mapping-dir', sys.argv[2], '--workload-ctxsw'])); "
-            "print([s.name for s in engine.workloads.samplers], sorted(m for m in ('numpy', 'pandas') if m in sys.modules))")
+            "print([s.name for s in engine.workloads.sources.values()], sorted(m for m in ('numpy', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code, str(FIXTURES / "nvml_h100_time_sliced.json"), str(tmp_path)],
                           capture_output=True, text=True, timeout=60, cwd=Path(__file__).resolve().parent.parent)
     assert done.stdout.strip() == "['ctxsw'] []", done.stderr[-500:]
