@@ -41,7 +41,7 @@ MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkloadView:
     holder: Holder
     gpu: GpuIdentity
@@ -154,8 +154,29 @@ def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, 
     return out
 
 
+@dataclass(frozen=True)
+class HolderShare:
+    """What one holder did on one GPU at one update (gpu_shares)."""
+
+    pids: tuple[int, ...]  # its processes on the GPU
+    processes: int | None  # how many; None: NVML could not list the GPU's processes
+    time_share: float | None
+    time_share_basis: str | None  # exporter.vocabulary.TIME_SHARE_BASES
+    reason: str  # how the time share was obtained, or why there is none
+    sm_active: float | None
+    sm_active_basis: str | None  # exporter.vocabulary.SM_ACTIVE_BASES
+    window: tuple[float, float] | None = None  # wall time of the per-process window behind the values
+
+
+def _holder_share(entry: dict) -> HolderShare:
+    """The record of one holder's entry as gpu_shares builds it up."""
+    return HolderShare(pids=entry["pids"], processes=entry["processes"], time_share=entry["time_share"],
+                       time_share_basis=entry["time_share_basis"], reason=entry["reason"],
+                       sm_active=entry["sm_active"], sm_active_basis=entry["basis"], window=entry["window"])
+
+
 def gpu_shares(view, holders, owners: dict[int, Holder],
-               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, dict]:
+               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, HolderShare]:
     """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
     how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
@@ -180,7 +201,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                  "time_share": None, "time_share_basis": None, "sm_active": None, "basis": None, "window": None}
         if compute is None:
             entry["reason"] = "NVML could not list the GPU's processes"
-            out[holder] = entry
+            out[holder] = _holder_share(entry)
             continue
         if mig:
             entry["reason"] = MIG_REASON
@@ -214,7 +235,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
             elif entry["time_share"] is not None and gpu_time:
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
-        out[holder] = entry
+        out[holder] = _holder_share(entry)
     return out
 
 
@@ -232,7 +253,7 @@ class WorkloadAccountant:
         the engine ticks them, the join reads their fresh windows."""
         self.held_idle_after = held_idle_after
         self.series_limit = max(1, series_limit)
-        self.sources = {source.basis: source for source in sources}
+        self.sources = {source.name: source for source in sources}
         # source name -> per GPU at the last update: (GpuIdentity, exporter.sampler.SourceState)
         self.source_states: dict[str, tuple] = {source.name: () for source in sources}
         self._log = LogOnce(log)
@@ -240,15 +261,16 @@ class WorkloadAccountant:
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, holdings=(), mig_instances=None) -> tuple[WorkloadView, ...]:
+    def update(self, now: float, views, holdings=(), mig_instances=None, owners=None) -> tuple[WorkloadView, ...]:
         """`holdings`: the exporter.holders.Holdings of every holder sampler; `mig_instances`:
-        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
+        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading; `owners`: their joined
+        process owners (exporter.holders.join_owners, which the engine computes once per update)."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
-            owners = join_owners(holdings)
+            owners = join_owners(holdings) if owners is None else owners
             out, seen = [], set()
             for view in views:
                 tel = view.telemetry
@@ -256,7 +278,7 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
-                windows = {basis: source.fresh(view.identity.uuid, now) for basis, source in self.sources.items()}
+                windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
                 gpu_views = []
                 for holder, entry in gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW)).items():
                     key = (view.identity.uuid, holder)
@@ -304,17 +326,20 @@ class WorkloadAccountant:
         sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
         processes = [w.processes for w in folded]
         kept.append(WorkloadView(
-            OTHER, gpu, _sum(w.held_share for w in folded), None if None in processes else sum(processes),
-            tuple(sorted(p for w in folded for p in w.pids)), _sum(w.time_share for w in folded),
-            f"the sum of {len(folded)} holders beyond --holder-series-limit", _sum(w.sm_active for w in folded),
-            TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
-            other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded),
-            _weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
+            holder=OTHER, gpu=gpu, held_share=_sum(w.held_share for w in folded),
+            processes=None if None in processes else sum(processes), pids=tuple(sorted(p for w in folded for p in w.pids)),
+            time_share=_sum(w.time_share for w in folded),
+            time_share_reason=f"the sum of {len(folded)} holders beyond --holder-series-limit",
+            sm_active=_sum(w.sm_active for w in folded),
+            sm_active_basis=TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), idle_seconds=None,
+            held_idle=False, counters=other.published_counters(), created=other.created,
+            held_share_basis=weakest_basis(w.held_share_basis for w in folded), folded=len(folded),
+            time_share_basis=_weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
         return kept
 
-    def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float) -> WorkloadView:
+    def _view(self, gpu, holder, held: Held, entry: HolderShare, account: _Account, now: float) -> WorkloadView:
         share = held.share
-        processes, time_share = entry["processes"], entry["time_share"]
+        processes, time_share = entry.processes, entry.time_share
         if processes is not None:  # unknown process lists leave the idle clock as it was
             idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
             if not idle:
@@ -323,16 +348,19 @@ class WorkloadAccountant:
                 account.idle_since = now
         idle_seconds = None if processes is None and account.idle_since is None else \
             (0.0 if account.idle_since is None else round(now - account.idle_since, 3))
-        sm, basis = entry["sm_active"], entry["basis"]
+        sm, basis = entry.sm_active, entry.sm_active_basis
         account.rates = {
             "held": share,
             "busy": time_share,
-            "busy_basis": {entry["time_share_basis"]: time_share} if time_share is not None else None,
+            "busy_basis": {entry.time_share_basis: time_share} if time_share is not None else None,
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": {basis: sm} if sm is not None else None,
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
         }
         counters = account.published_counters()
-        return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
-                            idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created, held.basis, 0, entry["time_share_basis"], entry["window"])
+        return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,
+                            time_share=time_share, time_share_reason=entry.reason, sm_active=sm, sm_active_basis=basis,
+                            idle_seconds=idle_seconds,
+                            held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
+                            counters=counters, created=account.created, held_share_basis=held.basis,
+                            time_share_basis=entry.time_share_basis, ctxsw_window=entry.window)

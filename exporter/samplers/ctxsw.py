@@ -33,8 +33,8 @@ import time
 from pathlib import Path
 
 from exporter.config import duration
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
-from exporter.samplers.nsys import CaptureError, NsysRunner
+from exporter.nsys_exports import CaptureError, NsysRunner, read_export
+from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
@@ -111,6 +111,7 @@ class CtxswSampler(SamplerDefaults):
 
     name = "ctxsw"
     basis = CTXSW
+    description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -224,10 +225,12 @@ class CtxswSampler(SamplerDefaults):
                       for p in entry["processes"] if p["pid"] is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
                                                     shares=shares, switch_overhead=entry["switch_gap_share"])
+            stopped = entry.get("fit_unconverged")
             self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
                         f"{entry['switch_gap_share']:.1%}, estimator {self.attribution.get('estimator')}"
-                        f"{self._attribution_cost()}",
+                        + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else "")
+                        + self._attribution_cost(),
                 start, end))
 
     def _attribution_cost(self) -> str:
@@ -242,8 +245,6 @@ class CtxswSampler(SamplerDefaults):
             return MIG
         if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
             return MPS
-        from exporter.samplers.nsys import serves
-
         if serves(self._others, "dcgm", uuid):
             return DCGM
         return None
@@ -312,7 +313,6 @@ def child_answer(out: str) -> dict:
 def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0) -> dict:
     """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within READ_BUDGET_S: a
     window without any context switch (a GPU that records none) attributes to no GPU."""
-    from exporter.samplers.nsys import read_export
     from nsys_ingest.ctxsw import EVENTS, attribute
     from nsys_ingest.reader import Budget, IngestError
 
