@@ -2,13 +2,14 @@
 
 One render per snapshot per format (Prometheus text or OpenMetrics) and per encoding (identity or
 gzip): fifty scrapers of one snapshot cost one render, and a scraper that asks for gzip costs one
-compression per snapshot, not one per scrape. Under steady scraping the render leaves the scrape path:
-a body rendered less than FRESH_S ago answers while the next snapshot's renders in a thread of its own
-(a node of 8 GPUs and 512 holders renders 2 MB in ~0.1-0.2 s, which fifty scrapers would otherwise all
-wait for, at every publish: bench/RESULTS.md, "Cost per GPU"). A scrape after a quiet spell (Prometheus
-every 15 s) gets the current snapshot, rendered then."""
+compression per snapshot, not one per scrape. The render runs in a worker thread, not on the event
+loop: a node of 8 GPUs and 512 holders renders 2 MB in ~0.1-0.25 s (bench/RESULTS.md, "Cost per GPU"),
+which every other scraper waited for at every publish. While a snapshot renders, the scrapes that
+come meanwhile get the previous snapshot's body if it is under FRESH_S old; the scrape that asked for
+the render, and any scraper alone (Prometheus every 15 s), gets the current snapshot."""
 from __future__ import annotations
 
+import asyncio
 import gzip
 import threading
 import time
@@ -24,7 +25,7 @@ ALLOWED_METHODS = b"GET, HEAD"
 _NOT_ALLOWED = b"method not allowed: /metrics answers GET and HEAD\n"
 _ENCODERS = {False: generate_latest, True: openmetrics.generate_latest}
 _CONTENT_TYPES = {False: CONTENT_TYPE_LATEST.encode(), True: openmetrics.CONTENT_TYPE_LATEST.encode()}
-FRESH_S = 1.0  # a body rendered this recently answers while the newer snapshot renders in the background
+FRESH_S = 1.0  # a body rendered this recently answers the scrapes that come while the next one renders
 
 
 class MetricsCache:
@@ -38,9 +39,7 @@ class MetricsCache:
         self._clock = clock
         self._lock = threading.Lock()
         self._bodies: dict[tuple[bool, bool], tuple[int, float, bytes]] = {}  # key -> (version, rendered at, body)
-        self._due: set[tuple[bool, bool]] = set()  # keys whose newer render was asked for
-        self._wake = threading.Event()
-        self._renderer: threading.Thread | None = None
+        self._rendering: dict[tuple[bool, bool], tuple[int, asyncio.Future]] = {}  # key -> (version, its render)
 
     def collect(self):
         """Both registries as one collector: OpenMetrics must end in a single `# EOF`."""
@@ -50,51 +49,38 @@ class MetricsCache:
         yield from self._process.collect()
 
     def render(self, openmetrics: bool = False, gzipped: bool = False) -> bytes:
-        """The body of the latest snapshot; or, while a body of the previous one is under FRESH_S old, that
-        body, the newer one rendering in the background."""
+        """The body of the latest snapshot, rendered once per snapshot."""
         key = (openmetrics, gzipped)
         version = self._engine.snapshot.version
         with self._lock:
             cached = self._bodies.get(key)
-            if cached is not None and cached[0] == version:
-                return cached[2]
-            if cached is not None and self._clock() - cached[1] < FRESH_S:
-                self._due.add(key)
-                self._start_renderer()
-                self._wake.set()
-                return cached[2]
-        return self._render(key, version)
-
-    def _render(self, key: tuple[bool, bool], version: int) -> bytes:
-        openmetrics, gzipped = key
+        if cached is not None and cached[0] == version:
+            return cached[2]
         if gzipped:
-            body = gzip.compress(self._render((openmetrics, False), version), compresslevel=GZIP_LEVEL, mtime=0)
+            body = gzip.compress(self.render(openmetrics), compresslevel=GZIP_LEVEL, mtime=0)
         else:
-            with self._lock:
-                cached = self._bodies.get(key)
-            body = cached[2] if cached is not None and cached[0] == version else _ENCODERS[openmetrics](self)
+            body = _ENCODERS[openmetrics](self)
         with self._lock:
             if version >= self._bodies.get(key, (-1,))[0]:
                 self._bodies[key] = (version, self._clock(), body)
         return body
 
-    def _start_renderer(self) -> None:
-        if self._renderer is None:
-            self._renderer = threading.Thread(target=self._render_due, name="metrics-render", daemon=True)
-            self._renderer.start()
-
-    def _render_due(self) -> None:
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            with self._lock:
-                due, self._due = sorted(self._due), set()
-            version = self._engine.snapshot.version
-            for key in due:
-                try:
-                    self._render(key, version)
-                except Exception:  # noqa: BLE001 - a collector that raises fails the synchronous render too, said there
-                    pass
+    async def body(self, openmetrics: bool = False, gzipped: bool = False) -> bytes:
+        """render() off the event loop: the latest snapshot's body, rendered in a worker thread; while that
+        render runs, the previous snapshot's body if it is under FRESH_S old."""
+        key = (openmetrics, gzipped)
+        version = self._engine.snapshot.version
+        cached = self._bodies.get(key)
+        if cached is not None and cached[0] == version:
+            return cached[2]
+        running = self._rendering.get(key)
+        if running is None or running[0] != version:
+            future = asyncio.get_running_loop().run_in_executor(None, self.render, openmetrics, gzipped)
+            running = self._rendering[key] = (version, future)
+            future.add_done_callback(lambda _f, mine=running: self._rendering.get(key) is mine and self._rendering.pop(key))
+        elif cached is not None and self._clock() - cached[1] < FRESH_S:
+            return cached[2]
+        return await asyncio.shield(running[1])
 
 
 def accepts(header: bytes, wanted: bytes) -> bool:
@@ -142,7 +128,7 @@ class MetricsFastPath:
                 om = accepts(value, b"application/openmetrics-text")
             elif name == b"accept-encoding" and b"gzip" in value:
                 gzipped = accepts(value, b"gzip")
-        body = self._cache.render(om, gzipped)
+        body = await self._cache.body(om, gzipped)
         # No Vary header: nothing caches /metrics, and uvicorn checks every header it sends.
         headers = [(b"content-type", _CONTENT_TYPES[om]), (b"content-length", str(len(body)).encode())]
         if gzipped:

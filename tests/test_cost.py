@@ -159,26 +159,48 @@ def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
     assert "| one_idle | 1 | ours |" in done.stdout
 
 
-# -- /metrics under steady scraping: the render leaves the scrape path ----------------------------------------
-def test_a_fresh_body_answers_while_the_next_snapshot_renders_in_the_background():
+# -- /metrics under steady scraping: the render leaves the event loop ----------------------------------------
+def test_scrapes_during_a_render_get_the_previous_body_and_the_one_that_asked_gets_the_current():
+    import asyncio
+    import threading
+
     from exporter.app import build_registry
     from exporter.engine import Engine
     from exporter.fastpath import FRESH_S, MetricsCache
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.nvml import NvmlSampler
-    from tests.helpers import FIXTURES, wait_for
+    from tests.helpers import FIXTURES
 
     engine = Engine(NvmlSampler(ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json"), interval=0.5), interval=0.5)
     engine.tick_devices()
     engine.publish()
     now = [0.0]
     cache = MetricsCache(engine, build_registry(engine), clock=lambda: now[0])
-    first = cache.render()
-    engine.publish()
-    now[0] += FRESH_S - 0.01  # under FRESH_S: the scrape is answered at once, from the previous render
-    assert cache.render() is first
-    newer = wait_for(lambda: (b := cache.render()) is not first and b, 10, 0.01, "the background render")
-    assert cache.render() is newer  # rendered once, then cached
-    engine.publish()
-    now[0] += FRESH_S  # a quiet spell: the current snapshot, rendered on the scrape itself
-    assert cache.render() is not newer
+    release, rendering = threading.Event(), threading.Event()
+    slow_render = cache.render
+
+    def held_render(*args):  # a render that takes as long as the test says
+        rendering.set()
+        release.wait(10)
+        return slow_render(*args)
+
+    async def scrapes():
+        first = await cache.body()
+        assert await cache.body() is first  # same snapshot: the same bytes
+        engine.publish()
+        cache.render = held_render
+        asker = asyncio.ensure_future(cache.body())  # starts the new snapshot's render in a thread, waits for it
+        while not rendering.is_set():
+            await asyncio.sleep(0.01)
+        now[0] += FRESH_S - 0.01
+        meanwhile = await cache.body()  # another scraper, during the render: the previous body, at once
+        now[0] += 0.02
+        waiting = asyncio.ensure_future(cache.body())  # the previous body is FRESH_S old: it waits too
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        release.set()
+        current, later = await asyncio.wait_for(asker, 10), await asyncio.wait_for(waiting, 10)
+        return first, meanwhile, current, later
+
+    first, meanwhile, current, later = asyncio.run(scrapes())
+    assert meanwhile is first and current is not first and later is current
