@@ -52,10 +52,13 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         self.pods: list[pb.PodResources] = []
         self.allocatable: list[tuple[str, list[str]]] | None = None  # None: answer UNIMPLEMENTED, like old kubelets
         self.delay = 0.0
+        self.answering = threading.Event()  # cleared: every List waits until it is set again (at most 60 s)
+        self.answering.set()
         self.calls = 0
 
     def List(self, request, context):  # noqa: N802 - the API's name
         self.calls += 1
+        self.answering.wait(60)
         time.sleep(self.delay)
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 

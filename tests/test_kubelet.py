@@ -92,7 +92,9 @@ def kubelet_success(samples):
 def scrape(exporter):
     started = time.monotonic()
     samples = parse_metrics(exporter.metrics())
-    assert time.monotonic() - started < 1.0  # never waits on the kubelet
+    # never waits on the kubelet, which holds its answer up to 60 s in the slow spell below; the bound is
+    # generous because a busy CI machine can take seconds to answer what an idle one answers in milliseconds
+    assert time.monotonic() - started < 10.0
     return samples
 
 
@@ -154,11 +156,12 @@ def test_slow_missing_garbage_and_restarting_kubelet_never_fail_a_scrape(node):
     with Exporter(*args) as exporter:
         settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "pods")
 
-        server.service.delay = 1.0  # slower than the exporter's timeout
+        server.service.answering.clear()  # the kubelet holds every List: slower than the exporter's timeout
         samples = settle(exporter, lambda s: kubelet_success(s) == 0.0, "slow kubelet noticed")
         assert "gpu_pods" not in samples and not pods_of(samples)  # gone, never frozen
         assert samples["gpu_time_utilization_ratio"]  # the rest is served
-        server.service.delay = 0.0
+        assert not server.service.answering.is_set()  # ... while the kubelet still holds its answers
+        server.service.answering.set()
         settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "back after the slow spell")
 
         server.stop()  # the kubelet goes away with its socket

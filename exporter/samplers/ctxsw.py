@@ -37,6 +37,7 @@ from exporter.nsys_exports import CaptureError, NsysRunner, read_export
 from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
+from nsys_ingest.attribution import Attribution
 
 log = logging.getLogger(__name__)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
@@ -210,9 +211,9 @@ class CtxswSampler(SamplerDefaults):
         if result is None:  # stopping
             return
         after = self._listed(targets)
-        found = {g["uuid"]: g for g in result["gpus"] if g.get("uuid")}
-        by_index = {g["gpu"]: g for g in result["gpus"]}
-        start, end = ended - (result["window_s"][1] - result["window_s"][0]), ended
+        found = {g.uuid: g for g in result.gpus if g.uuid}
+        by_index = {g.gpu: g for g in result.gpus}
+        start, end = ended - (result.window_s[1] - result.window_s[0]), ended
         for gpu in targets:
             entry = found.get(gpu.uuid) or (by_index.get(gpu.index) if not found else None)
             listed = frozenset(before[gpu.uuid] | after[gpu.uuid])
@@ -221,14 +222,14 @@ class CtxswSampler(SamplerDefaults):
                 self._set(gpu.uuid, SourceState(STANDBY, ALONE) if many < 2 else
                           SourceState(UNSUPPORTED, NO_SWITCHES.format(n=many)))
                 continue
-            shares = {p["pid"]: ProcessShare(time=p["time_share"], sm=p["of_gpu"].get("sm_active"))
-                      for p in entry["processes"] if p["pid"] is not None}
+            shares = {p.pid: ProcessShare(time=p.time_share, sm=p.of_gpu.get("sm_active"))
+                      for p in entry.processes if p.pid is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
-                                                    shares=shares, switch_overhead=entry["switch_gap_share"])
-            stopped = entry.get("fit_unconverged")
+                                                    shares=shares, switch_overhead=entry.switch_gap_share)
+            stopped = entry.fit_unconverged
             self._set(gpu.uuid, SourceState(
-                ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry['switch_gap_share']:.1%}, estimator {self.attribution.get('estimator')}"
+                ACTIVE, f"{entry.slices} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
+                        f"{entry.switch_gap_share:.1%}, estimator {result.estimator}"
                         + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else "")
                         + self._attribution_cost(),
                 start, end))
@@ -257,7 +258,7 @@ class CtxswSampler(SamplerDefaults):
             out[gpu.uuid] = {p.pid for p in (tel.compute_processes or ())} if tel is not None else set()
         return out
 
-    def _capture(self, binary: str, targets) -> tuple[dict | None, float]:
+    def _capture(self, binary: str, targets) -> tuple[Attribution | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
         try:
@@ -282,10 +283,13 @@ class CtxswSampler(SamplerDefaults):
             if self._stopping.is_set():
                 return None, ended
             answer = child_answer(out)
-            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes", "estimator") if k in answer}
+            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes") if k in answer}
             if "error" in answer:
                 raise CaptureError(f"the capture's export is unreadable: {answer['error']}")
-            return answer["result"], ended
+            try:
+                return Attribution.from_json(answer["result"]), ended
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CaptureError(f"the attribution answered no result: {type(exc).__name__}: {exc}"[:300]) from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
             self._work = None
@@ -310,23 +314,19 @@ def child_answer(out: str) -> dict:
     return answer
 
 
-def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0) -> dict:
+def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0) -> Attribution:
     """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within READ_BUDGET_S: a
-    window without any context switch (a GPU that records none) attributes to no GPU."""
-    from nsys_ingest.ctxsw import EVENTS, attribute
-    from nsys_ingest.reader import Budget, IngestError
+    window without any context switch (nothing to split, or a GPU that records none) attributes to no GPU."""
+    from nsys_ingest.ctxsw import EVENTS, NoSwitches, attribute
+    from nsys_ingest.reader import Budget
 
-    def work_on(export):
-        if EVENTS not in export.tables:  # no switch at all: every target says why
-            return {"gpus": [], "window_s": [0.0, window_s]}
-        return attribute(export, estimator=estimator)
-
+    nothing = Attribution(file="", estimator=estimator, sampling_hz=None, window_s=(0.0, window_s), window_utc_s=None,
+                          quantities=(), gpus=())
     try:
-        return read_export(path, work_on, binary, require_metrics=False, budget=Budget(READ_BUDGET_S))
-    except IngestError as exc:
-        if "no GPU context switches" in str(exc):
-            return {"gpus": [], "window_s": [0.0, window_s]}
-        raise
+        return read_export(path, lambda export: attribute(export, estimator=estimator) if EVENTS in export.tables
+                           else nothing, binary, require_metrics=False, budget=Budget(READ_BUDGET_S))
+    except NoSwitches:
+        return nothing
 
 
 def peak_memory_bytes() -> int | None:
@@ -355,10 +355,10 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=float, default=10.0, help="the capture's length, seconds")
     args = p.parse_args(argv)
     try:
-        answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window)}
+        answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window).to_json()}
     except IngestError as exc:
         answer = {"error": str(exc)}
-    answer.update(estimator=args.estimator, cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
+    answer.update(cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
     print(json.dumps(answer))
     return 0
 
