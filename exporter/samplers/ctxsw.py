@@ -278,7 +278,7 @@ class CtxswSampler(SamplerDefaults):
                 return None, ended
             out = self._runner.run([sys.executable, "-m", "exporter.samplers.ctxsw", str(work / "ctxsw.sqlite"),
                                     *(["--estimator", self.estimator] if self.estimator else []), "--nsys", binary,
-                                    "--window", f"{self.window_s:g}"],
+                                    "--window", f"{self.window_s:g}", "--budget", f"{READ_BUDGET_S:g}"],
                                    READ_BUDGET_S + CHILD_START_S, "the attribution")
             if self._stopping.is_set():
                 return None, ended
@@ -314,9 +314,10 @@ def child_answer(out: str) -> dict:
     return answer
 
 
-def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0) -> Attribution:
-    """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within READ_BUDGET_S: a
-    window without any context switch (nothing to split, or a GPU that records none) attributes to no GPU."""
+def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0,
+                     budget_s: float = READ_BUDGET_S) -> Attribution:
+    """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within budget_s: a window
+    without any context switch (nothing to split, or a GPU that records none) attributes to no GPU."""
     from nsys_ingest.ctxsw import EVENTS, NoSwitches, attribute
     from nsys_ingest.reader import Budget
 
@@ -324,7 +325,7 @@ def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: 
                           quantities=(), gpus=())
     try:
         return read_export(path, lambda export: attribute(export, estimator=estimator) if EVENTS in export.tables
-                           else nothing, binary, require_metrics=False, budget=Budget(READ_BUDGET_S))
+                           else nothing, binary, require_metrics=False, budget=Budget(budget_s))
     except NoSwitches:
         return nothing
 
@@ -353,9 +354,10 @@ def main(argv=None) -> int:
     p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
     p.add_argument("--nsys", default="nsys")
     p.add_argument("--window", type=float, default=10.0, help="the capture's length, seconds")
+    p.add_argument("--budget", type=float, default=READ_BUDGET_S, help="the most the read may take, seconds")
     args = p.parse_args(argv)
     try:
-        answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window).to_json()}
+        answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window, args.budget).to_json()}
     except IngestError as exc:
         answer = {"error": str(exc)}
     answer.update(cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
