@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.ctxsw_live_cost import stop  # noqa: E402
 from bench.scrape_bench import scrape_latencies  # noqa: E402
 from exporter.nvml_replay import cut  # noqa: E402
 from tests.helpers import FIXTURES, free_port, http_get, wait_for  # noqa: E402
@@ -113,11 +114,7 @@ def main(argv=None) -> int:
         result["latency"] = [scrape_latencies(port, int(n), args.seconds, exporter.pid, gzipped)
                              for gzipped in (False, True) for n in args.clients.split(",")]
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(15)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
+        stop(exporter)
         server.stop()
     text = json.dumps(result, indent=1)
     print(text)
