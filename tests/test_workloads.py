@@ -365,8 +365,9 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
         prom = Prometheus(tmp_path, {"gpu": [exporter.url.removeprefix("http://")]})
         try:
             window = 8
-            expected = {("train-0", "held"): 0.5, ("train-0", "busy"): 0.396, ("train-0", "sm_active"): 0.05656524648847919 * 0.4,
-                        ("train-0", "hidden_idle"): 0.396 - 0.05656524648847919 * 0.4,
+            busy = 0.9990552358092995 * 0.4  # GPM's GRAPHICS_UTIL of the frame x the trainer's NVML time share
+            expected = {("train-0", "held"): 0.5, ("train-0", "busy"): busy, ("train-0", "sm_active"): 0.05656524648847919 * 0.4,
+                        ("train-0", "hidden_idle"): busy - 0.05656524648847919 * 0.4,
                         ("idle", "held"): 0.25, ("idle", "held_idle"): 0.25, ("train-0", "held_idle"): 0.0}
 
             def increases():
