@@ -211,7 +211,7 @@ def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
 
 # -- exporter/samplers/users.py ------------------------------------------------------------------------
 def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tmp_path, monkeypatch):
-    """Mutants: the effective uid instead of the real one; the MPS server holding its GPU; a lost GPU
+    """Mutants: the effective uid instead of the real one; passwd comments and NIS lines read; the MPS server holding its GPU; a lost GPU
     keeping holders; a process without a uid holding as user "None"; no even split; names kept after the
     user database became unreadable; the interval floor of 1 s."""
     import exporter.samplers.users as users
@@ -219,6 +219,8 @@ def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tm
     from exporter.samplers.users import UsersSampler, context_pids, status_uid
 
     assert status_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n") == 1000  # real 1000, effective root (setuid)
+    # commented-out and NIS (+/-) entries with a uid of their own are no users
+    assert users.parse_passwd("#old:x:7:7::/:/bin/sh\n+nis:x:8:8::/:\n-ex:x:9:9::/:\nroot:x:0:0::/:/bin/sh\n") == {0: "root"}
     gpu, lost = GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-lost", "H100")
     kinds = {417: "time_sliced", 418: "mps", 419: "time_sliced", 420: "mps_server"}
     telemetry = {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=tuple(ComputeProcess(p, "x", k) for p, k in kinds.items())),
