@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +42,11 @@ class Mutant:
 GUARDS = "tests/test_guards.py"
 REPORT_GUARDS = "tests/test_report_guards.py"
 PHASES = "tests/test_diagnose_phases.py"
+DRA, HTTP = "tests/test_dra.py", "tests/test_bounded_http.py"
+KUBELET = ("tests/test_kubelet.py::test_a_list_answer_is_read_up_to_its_bounds_and_the_rest_counted_in_one_problem",
+           "tests/test_kubelet.py::test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound",
+           "tests/test_kubelet.py::test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem")
+CLAIMS = DRA + "::test_a_kubelet_listing_too_many_containers_or_devices_costs_a_bounded_pass"
 
 MUTANTS = (
     # -- the survivors listed in issue 27 ----------------------------------------------------------------
@@ -182,6 +188,80 @@ MUTANTS = (
            "(max by (instance, uuid) (gpu_sm_active_ratio) <= 0.5)", "(max by (instance, uuid) (gpu_sm_active_ratio) < 0.5)",
            (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
            "HiddenIdleSMs fires at SM active 0.5"),
+    # -- issue 39, attacks 4-7: answers of the API server and the kubelet -------------------------------
+    Mutant("http-read-deadline-per-call", "exporter/bounded_http.py",
+           "    while True:\n        sock.settimeout(left(deadline))\n        chunk = sock.recv(READ_BYTES)",
+           "    while True:\n        chunk = sock.recv(READ_BYTES)",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",),
+           "every read gets what is left of one deadline, not a timeout of its own"),
+    Mutant("http-body-cap-boundary", "exporter/bounded_http.py", "if len(raw) - head_end > max_bytes:",
+           "if len(raw) - head_end >= max_bytes:", (HTTP,), "an answer of exactly the cap is read"),
+    Mutant("http-length-cap-boundary", "exporter/bounded_http.py", "if int(text) > max_bytes:",
+           "if int(text) >= max_bytes:", (HTTP,), "a Content-Length of exactly the cap is read"),
+    Mutant("http-chunked-ignored", "exporter/bounded_http.py",
+           '    if "chunked" in fields.get("transfer-encoding", "").lower():\n        return',
+           '    if False:\n        return', (HTTP,), "chunk framing is no part of the body"),
+    Mutant("http-head-cap-dropped", "exporter/bounded_http.py", "if len(raw) > MAX_HEAD_BYTES:", "if False:",
+           (HTTP,), "headers are capped"),
+    Mutant("json-count-commas", "exporter/bounded_http.py", 'body.count(b",") + ', "", (HTTP,),
+           "every value after a comma is counted"),
+    Mutant("json-count-colons", "exporter/bounded_http.py", 'body.count(b":") + ', "", (HTTP,),
+           "every value after a colon is counted"),
+    Mutant("json-count-brackets", "exporter/bounded_http.py", 'body.count(b"[") + ', "", (HTTP,),
+           "an array's first value is counted"),
+    Mutant("json-count-braces", "exporter/bounded_http.py", 'body.count(b"{") + ', "", (HTTP,),
+           "an object's first key is counted"),
+    Mutant("json-value-cap-boundary", "exporter/bounded_http.py", "if values_at_most(body) > max_values:",
+           "if values_at_most(body) >= max_values:", (HTTP,), "exactly the cap of values is parsed"),
+    Mutant("json-recursion-uncaught", "exporter/bounded_http.py", "    except RecursionError:\n", "    except ZeroDivisionError:\n",
+           (HTTP,), "nested JSON is the answer's error"),
+    Mutant("json-value-cap-value", "exporter/kubernetes_api.py", "MAX_ANSWER_VALUES = 200_000",
+           "MAX_ANSWER_VALUES = 2_000_000", (DRA + "::test_a_hostile_api_server_is_one_line_a_back_off_and_an_even_split",),
+           "200,000 values per answer"),
+    Mutant("api-request-deadline-ignored", "exporter/kubernetes_api.py",
+           "min(deadline, time.monotonic() + self.timeout)", "deadline",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",), "2 s per request"),
+    Mutant("api-tick-budget-ignored", "exporter/kubernetes_api.py",
+           "min(deadline, time.monotonic() + self.timeout)", "time.monotonic() + self.timeout",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",), "3 s per tick"),
+    Mutant("api-catches-its-own-errors-only", "exporter/kubernetes_api.py", "            except Exception as exc:  # noqa: BLE001",
+           "            except ApiError as exc:  # noqa: BLE001", (DRA + "::test_any_exception_reading_an_answer_is_the_readers_error",),
+           "any exception reading an answer is the reader's error"),
+    Mutant("quantity-exa-as-exponent", "exporter/kubernetes_api.py", "(UNITS[suffix] if suffix in UNITS else",
+           '(UNITS[suffix] if suffix[0] not in "eE" else', (DRA + "::test_quantities",), "1Ei and 2E are quantities"),
+    Mutant("engine-raising-tick-kept", "exporter/engine.py",
+           "            self._crashed[name] = CollectorHealth(False, 0.0, f\"tick failed: {exc!r}\")\n            self._withdrawn.add(name)",
+           "            self._crashed[name] = CollectorHealth(False, 0.0, f\"tick failed: {exc!r}\")",
+           ("tests/test_host_files.py::test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back",),
+           "a raising tick withdraws its sampler's values"),
+    Mutant("engine-raising-tick-restored", "exporter/engine.py",
+           "            if name not in self._crashed:  # a tick that raised leaves the values withdrawn\n                self._withdrawn",
+           "            if True:\n                self._withdrawn",
+           ("tests/test_host_files.py::test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back",),
+           "withdrawn until a tick succeeds"),
+    Mutant("kubelet-containers-read", "exporter/samplers/dra.py", "for c in pod.containers), MAX_CONTAINERS)",
+           "for c in pod.containers), MAX_CONTAINERS + 1)", (*KUBELET, CLAIMS), "1,024 containers read"),
+    Mutant("kubelet-containers-boundary", "exporter/samplers/kubelet.py", "if listed > MAX_CONTAINERS:",
+           "if listed >= MAX_CONTAINERS:", KUBELET, "exactly 1,024 containers is no problem"),
+    Mutant("kubelet-devices-read", "exporter/samplers/dra.py", "max(0, MAX_DEVICES - read)",
+           "max(0, MAX_DEVICES - read + 1)", (*KUBELET, CLAIMS), "4,096 devices read"),
+    Mutant("kubelet-ids-boundary", "exporter/samplers/kubelet.py", "    if seen > MAX_DEVICES:", "    if seen >= MAX_DEVICES:",
+           KUBELET, "exactly 4,096 device IDs is no problem"),
+    Mutant("claims-devices-boundary", "exporter/samplers/dra.py", "    if seen > MAX_DEVICES:", "    if seen >= MAX_DEVICES:",
+           (CLAIMS,), "exactly 4,096 DRA devices is no problem"),
+    Mutant("problems-named-boundary", "exporter/samplers/dra.py", "if len(problems) > MAX_PROBLEMS:",
+           "if len(problems) >= MAX_PROBLEMS:", KUBELET, "ten problems are each named"),
+    Mutant("kubelet-doubled-unbounded", "exporter/samplers/kubelet.py",
+           '    named_at_most(doubts, "device IDs listed for several pods")\n', "", KUBELET,
+           "pods listing one ID: ten named"),
+    Mutant("kubelet-pods-parsed", "exporter/samplers/kubelet.py", "if len(pods) == limit:", "if len(pods) > limit:",
+           KUBELET, "the first 1,024 pods parsed"),
+    Mutant("kubelet-pods-beyond-silent", "exporter/samplers/kubelet.py", "        if more:\n", "        if False:\n",
+           KUBELET, "pods beyond the bound are one problem"),
+    Mutant("kubelet-varint-field-unskipped", "exporter/samplers/kubelet.py", "        if tag & 7 == 0:  # an unknown varint field",
+           "        if False:", KUBELET, "an unknown varint field is skipped"),
+    Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (DecodeError, ValueError, IndexError) as exc:",
+           "except (DecodeError, IndexError) as exc:", KUBELET, "a garbled List answer is the kubelet's error"),
     # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------
     Mutant('exporterdown-any-job', 'rules/gpu-utilization.rules.yaml', '          or (up == 0 and on (job, instance) present_over_time(gpu_exporter_collector_success[1d]))\n', '',
            ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), "ExporterDown for any job that published the exporter's series"),
@@ -660,6 +740,10 @@ def per_module(results: list[dict]) -> dict[str, dict]:
     return out
 
 
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
@@ -687,11 +771,17 @@ def main(argv=None) -> int:
             print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
         print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
         return 1 if stale else 0
+    # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run
+    # through the mutant's `finally`: its file is restored and its pytest killed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     results = []
     for mutant in chosen:
         result = run_mutant(mutant, set(args.without))
         results.append(result)
         print(f"{result['result']:18} {mutant.id:42} {result.get('seconds', '')!s:>6} s  {result['detail']}", flush=True)
+        if args.out:  # as it goes: a run cut short keeps what it found
+            Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"{len(results)} mutants, {caught} caught, "
           f"{sum(r['result'] == 'survived' for r in results)} survived, "

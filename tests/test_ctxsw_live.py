@@ -96,6 +96,7 @@ class Sampler:
 
     fresh = CtxswSampler.fresh
     state = CtxswSampler.state
+    not_yet, stalled = CtxswSampler.not_yet, CtxswSampler.stalled
     states = {}
 
 

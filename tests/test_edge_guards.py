@@ -67,11 +67,18 @@ def test_the_default_window_ends_one_sampling_period_after_the_last_sample(tmp_p
 
 
 def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
-    """Mutant: _merge keeps the first context's time share (P reads 0.2, not 0.4)."""
+    """Mutant: _merge keeps the first part's time share (P reads 0.2, not 0.4). P's second context carries
+    another globalPid of the same pid (nsys' upper bits differ), so the two are summed per pid."""
+    import sqlite3
+
     path = synth.ctxsw_export(tmp_path / "contexts.sqlite",
                               slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, P, 2), (0, 6.0, 8.0, Q, 3)],
                               samples=[(0, ms, {"sm_active": v}) for ms, v in
                                        enumerate((0.8, 0.8, 0.0, 0.4, 0.4, 0.0, 0.2, 0.2, 0.0, 0.0))])
+    con = sqlite3.connect(path)
+    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set globalPid = globalPid + ? where contextId = 2", (1 << 49,))
+    con.commit()
+    con.close()
     result = run(path, estimator="overlap")
     p, q = procs(result)[P], procs(result)[Q]
     assert (p["slices"], p["resident_s"], p["time_share"]) == (2, 0.004, 0.4)
@@ -449,3 +456,77 @@ def test_a_hardware_slowdown_asks_for_both_cooling_and_power():
                            clock_event_reasons=("hw_slowdown",)))
     assert found.verdict == "throttled"
     assert found.advice.startswith("cooling: ") and "; power: " in found.advice
+
+
+def test_copies_as_long_as_kernels_are_the_work():
+    """Mutant: `copy_busy_share >= kernel_busy_share` -> `>` (copies running exactly as long as kernels
+    read as kernels' memory traffic)."""
+    even = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.5))
+    assert even.verdict == "memory_bound" and "memory copies run 50% of the window" in even.reason
+    less = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.49))
+    assert "copies" not in less.reason
+
+
+
+# -- exporter/engine.py and exporter/sampler.py (the sampler contract) ----------------------------------
+def test_a_samplers_own_max_tick_seconds_keeps_a_long_tick_published_and_a_failure_clears_when_it_ticks_again():
+    """Mutants: the deadline ignores the sampler's max_tick_seconds (a 3 s tick of a sampler allowed 600 s
+    is withdrawn after the engine's 0.3 s); a crashed tick's failure never cleared by a good one."""
+    import threading
+    import time
+
+    from exporter.engine import Engine
+    from tests.helpers import wait_for
+    from tests.test_sampler_contract import FanSampler, nvml
+
+    class LongTicks(FanSampler):
+        max_tick_seconds = 600.0
+
+        def __init__(self, device):
+            super().__init__(device, "long")
+            self.go, self.waiting = threading.Event(), threading.Event()
+            self.go.set()
+
+        def tick(self):
+            if not self.go.is_set():
+                self.waiting.set()
+                self.go.wait(60)
+            super().tick()
+
+    device = nvml()
+    long = LongTicks(device)
+    engine = Engine(device, [long], interval=0.05)
+    engine.tick_deadline = 0.3
+    engine.start()
+    try:
+        wait_for(lambda: "long" in engine.snapshot.published, 30, 0.05, "published")
+        long.go.clear()
+        assert long.waiting.wait(30)
+        blocked = time.monotonic()
+        # ten times the engine's deadline (the mutant withdraws after it), a fiftieth of the sampler's own
+        wait_for(lambda: time.monotonic() - blocked > 3.0 and engine.publish(), 30, 0.1, "3 s into the long tick")
+        assert "long" in engine.snapshot.published and engine.snapshot.health["long"].success
+        long.go.set()
+        long.fail = True
+        wait_for(lambda: engine.snapshot.health["long"].error.startswith("tick failed"), 30, 0.05, "the failure")
+        long.fail = False
+        wait_for(lambda: engine.snapshot.health["long"].success, 30, 0.05, "a good tick clears it")
+    finally:
+        long.go.set()
+        engine.stop()
+
+
+def test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_none():
+    """Mutants: serves() true for any state (a DCGM in error would keep the live captures off the GPU); the
+    contract's defaults (start at once, in a loop of its own); a state's JSON inventing a window."""
+    from exporter.sampler import SamplerDefaults, serves
+    from exporter.snapshot import SourceResult
+    from exporter.vocabulary import ERROR, OK
+
+    dcgm = type("Dcgm", (), {"results": {"GPU-aaaa": SourceResult(OK, ""), "GPU-bbbb": SourceResult(ERROR, "down")}})()
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-aaaa") is True
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-bbbb") is False and serves({"dcgm": dcgm}, "dcgm", "GPU-cccc") is False
+    assert serves({}, "dcgm", "GPU-aaaa") is False
+    assert (SamplerDefaults.after_nvml, SamplerDefaults.in_nvml_loop, SamplerDefaults.max_tick_seconds) == (False, False, 0.0)
+    assert SourceState(STANDBY, "not yet").to_json() == {"state": STANDBY, "reason": "not yet", "window": None}
+    assert SourceState(ACTIVE, "ok", 990.0, 1000.0).to_json()["window"] == [990.0, 1000.0]

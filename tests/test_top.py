@@ -376,7 +376,7 @@ def shown_version(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def match_api(pane, recorder, selected: int, tries: int = 10):
+def match_api(pane, recorder, selected: int, tries: int = 40):
     """Captures until the version on screen is one the recorder saw (it polls, so it may miss one),
     then compares the figures; returns the pane text."""
     for _ in range(tries):

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from exporter.config import duration
 from exporter.nsys_exports import CaptureError, NsysRunner, read_export
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
+from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
@@ -99,12 +99,14 @@ def profile_command(binary: str, devices: str, frequency: int, out: Path, second
             "sleep", f"{seconds:g}"]
 
 
-class CtxswSampler(SamplerDefaults):
+class CtxswSampler(LatestWindows):
     """An exporter.sampler.WorkloadSource of basis ctxsw."""
 
     name = "ctxsw"
     basis = CTXSW
     description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
+    not_yet = "the first window has not been captured yet"
+    stalled = " (captures stalled)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -125,20 +127,6 @@ class CtxswSampler(SamplerDefaults):
         self._stopping = threading.Event()
         self._runner = NsysRunner(self._stopping)
         self._work: Path | None = None  # the capture's directory while one runs
-
-    # -- what the accountant reads ------------------------------------------------------------------
-    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
-        reading = self.readings.get(uuid)
-        return reading if reading is not None and now - reading.window_end <= self.max_age else None
-
-    def state(self, uuid: str, now: float) -> SourceState:
-        state = self.states.get(uuid)
-        if state is None:
-            return SourceState(STANDBY, "the first window has not been captured yet")
-        if state.state == ACTIVE and self.fresh(uuid, now) is None:
-            return SourceState(STANDBY, f"the last window is older than {self.max_age:g} s (captures stalled)",
-                              state.window_start, state.window_end)
-        return state
 
     # -- one tick: one window -----------------------------------------------------------------------
     def tick(self) -> None:
