@@ -241,7 +241,8 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
              (snapshot.ComputeProcess, api_models.ComputeProcess), (snapshot.MigDevice, api_models.MigDevice),
              (snapshot.CollectorHealth, api_models.CollectorHealth), (mps.DaemonStats, api_models.MpsDaemon),
              (mps.MpsSnapshot, api_models.Mps), (kubelet.PodRef, api_models.PodRef),
-             (SpoolStats, api_models.SpoolStats), (verdicts.Evidence, api_models.Evidence)]
+             (SpoolStats, api_models.SpoolStats), (verdicts.Evidence, api_models.Evidence),
+             (Holder, api_models.HolderRef)]
     for record, model in pairs:
         assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
     assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
@@ -251,3 +252,8 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
                           idle_seconds=0.0, held_idle=False, counters=counters, created=0.0)
     assert set(record.to_json()) == set(api_models.Workload.model_fields)
     assert set(counters) == set(api_models.WorkloadGpuSeconds.model_fields)
+    from exporter.holders import Held, Holdings
+
+    held = Holdings(gpus={"GPU-a": {Holder(user="u"): Held(1.0)}}, owners={7: Holder(user="u")}).to_json()
+    assert set(held) == set(api_models.HolderKind.model_fields)
+    assert set(held["gpus"]["GPU-a"][0]) == set(api_models.HeldShare.model_fields)

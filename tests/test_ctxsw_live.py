@@ -200,6 +200,28 @@ def test_a_fit_stopped_at_its_cap_says_so_and_a_spent_budget_withdraws_the_windo
     assert "took longer than its budget of 0 s" in state.reason and NVML_UUID not in sampler.readings
 
 
+@root_only
+def test_any_exception_from_reading_the_capture_is_the_sources_error(fake_nsys, monkeypatch, caplog):
+    """Issue 39: not only IngestError: whatever reading a hostile export raises is one line, success 0, and
+    the GPU's last window withdrawn at once (exporter/nsys_exports.read_export turns it into the export's error)."""
+    import nsys_ingest.ctxsw
+
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1, period_s=5.0)
+    sampler.tick()
+    assert NVML_UUID in sampler.readings
+
+    def broken(*args, **kwargs):
+        raise ValueError("a hostile value")
+
+    monkeypatch.setattr(nsys_ingest.ctxsw, "attribute", broken)
+    sampler.tick()
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert (state.state, sampler.health.success) == (ERROR, False) and NVML_UUID not in sampler.readings
+    assert state.reason == "the capture's export is unreadable: unreadable export (ValueError: a hostile value)"
+    assert sum("a hostile value" in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+
+
 @pytest.mark.parametrize("nvml, others, state, reason", [
     (Nvml(kinds=("mps", "mps")), {}, UNSUPPORTED, MPS),
     (Nvml(mig=True), {}, UNSUPPORTED, MIG),

@@ -437,9 +437,11 @@ def test_holders_beyond_the_limit_fold_into_other_and_every_second_counts_once()
     assert OTHER not in {w.holder for w in acc.update(131.0, (busy,), holdings())}
 
 
-def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+def test_a_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+    """As many pods as the kubelet sampler reads (MAX_CONTAINERS; beyond it they are counted, not held:
+    tests/test_kubelet.py) on one GPU: 21 holders published, the rest summed, the accounts adding up."""
     server, args = node
-    count = 10_000
+    count = 1000
     server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(count)])]
     server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]})] + [
         pod(f"ns-{n % 50}", f"replica-{n}", {"c": [(GPU, [f"{UUID}::{n}"])]}) for n in range(1, count)]
@@ -459,14 +461,14 @@ def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_fo
         assert len(pod_info) == 21 and {l["pod"]: v for l, v in pod_info}["other"] == count - 20
         assert samples["gpu_pods"][0][1] == count
         body = exporter.metrics()
-        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound; ~96 KB with 21 holders
+        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound with 10,000; ~96 KB with 21 holders
         started = time.monotonic()
         for _ in range(20):
             exporter.metrics()
-        print(f"10,000 pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
+        print(f"{count} pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
         assert exporter.log().count("more than --holder-series-limit 20") == 1
         assert "Traceback" not in exporter.log()
-        # the JSON API lists 256 holders per GPU and says how many it left out, instead of all 10,000
+        # the JSON API lists 256 holders per GPU and says how many it left out, instead of all of them
         answer = exporter.gpus()
         gpu, kubelet = answer["gpus"][0], answer["kubelet"]
         assert len(gpu["pods"]) == 256 and gpu["pods_omitted"] == count - 256
