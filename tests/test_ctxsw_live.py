@@ -205,16 +205,13 @@ def test_a_fit_stopped_at_its_cap_says_so_and_a_spent_budget_withdraws_the_windo
 def test_any_exception_from_reading_the_capture_is_the_sources_error(fake_nsys, monkeypatch, caplog):
     """Issue 39: not only IngestError: whatever reading a hostile export raises is one line, success 0, and
     the GPU's last window withdrawn at once (exporter/nsys_exports.read_export turns it into the export's error)."""
-    import nsys_ingest.ctxsw
-
     sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1, period_s=5.0)
     sampler.tick()
     assert NVML_UUID in sampler.readings
-
-    def broken(*args, **kwargs):
-        raise ValueError("a hostile value")
-
-    monkeypatch.setattr(nsys_ingest.ctxsw, "attribute", broken)
+    # the attribution runs in its child process: the child's own code, with attribute() raising there
+    sampler.child = ("-c", "import sys, nsys_ingest.ctxsw as c; from exporter.samplers.ctxsw import main\n"
+                           "def broken(*a, **k): raise ValueError('a hostile value')\n"
+                           "c.attribute = broken; sys.exit(main(sys.argv[1:]))")
     sampler.tick()
     sampler.tick()
     state = sampler.states[NVML_UUID]
