@@ -201,6 +201,25 @@ def test_a_fit_stopped_at_its_cap_says_so_and_a_spent_budget_withdraws_the_windo
     assert "took longer than its budget of 0 s" in state.reason and NVML_UUID not in sampler.readings
 
 
+@root_only
+def test_any_exception_from_reading_the_capture_is_the_sources_error(fake_nsys, monkeypatch, caplog):
+    """Issue 39: not only IngestError: whatever reading a hostile export raises is one line, success 0, and
+    the GPU's last window withdrawn at once (exporter/nsys_exports.read_export turns it into the export's error)."""
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1, period_s=5.0)
+    sampler.tick()
+    assert NVML_UUID in sampler.readings
+    # the attribution runs in its child process: the child's own code, with attribute() raising there
+    sampler.child = ("-c", "import sys, nsys_ingest.ctxsw as c; from exporter.samplers.ctxsw import main\n"
+                           "def broken(*a, **k): raise ValueError('a hostile value')\n"
+                           "c.attribute = broken; sys.exit(main(sys.argv[1:]))")
+    sampler.tick()
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert (state.state, sampler.health.success) == (ERROR, False) and NVML_UUID not in sampler.readings
+    assert state.reason == "the capture's export is unreadable: unreadable export (ValueError: a hostile value)"
+    assert sum("a hostile value" in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+
+
 @pytest.mark.parametrize("nvml, others, state, reason", [
     (Nvml(kinds=("mps", "mps")), {}, UNSUPPORTED, MPS),
     (Nvml(mig=True), {}, UNSUPPORTED, MIG),

@@ -114,6 +114,7 @@ class CtxswSampler(LatestWindows):
     basis = CTXSW
     description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
     not_yet = "the first window has not been captured yet"
+    child = ("-m", "exporter.samplers.ctxsw")  # the attribution's process: Python's arguments before the export
     stalled = " (captures stalled)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
@@ -264,7 +265,7 @@ class CtxswSampler(LatestWindows):
                               str(rep)], EXPORT_TIMEOUT_S, "nsys export")
             if self._stopping.is_set():
                 return None, ended
-            out = self._runner.run([sys.executable, "-m", "exporter.samplers.ctxsw", str(work / "ctxsw.sqlite"),
+            out = self._runner.run([sys.executable, *self.child, str(work / "ctxsw.sqlite"),
                                     *(["--estimator", self.estimator] if self.estimator else []), "--nsys", binary,
                                     "--window", f"{self.window_s:g}", "--budget", f"{READ_BUDGET_S:g}"],
                                    READ_BUDGET_S + CHILD_START_S, "the attribution")
