@@ -643,7 +643,7 @@ ROUND_39 = (
 
 # -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
 ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
-          "test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
+          "test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
 SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
 ROUND_39_NEW = (
     _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
@@ -682,7 +682,40 @@ ROUND_39_NEW = (
        '"window": None if self.window_end is None else [self.window_start, self.window_end]}',
        '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW
+CUPTI = (EDGE, "tests/test_cupti.py")
+ROUND_39_CUPTI = (
+    _m("cupti-pid-spoofed", "exporter/samplers/cupti.py", 'if data.get("pid") != peer_pid:', "if False:", CUPTI,
+       "a client speaks only for its own pid"),
+    _m("cupti-other-window", "exporter/samplers/cupti.py", 'if data.get("window") != window:', "if False:", CUPTI,
+       "an answer to another window is refused"),
+    _m("cupti-start-slack", "exporter/samplers/cupti.py", "asked_at - START_SLACK_S, asked_at + START_SLACK_S)",
+       "asked_at - START_SLACK_S, asked_at + 10 * START_SLACK_S)", CUPTI, "a window starts when asked"),
+    _m("cupti-empty-window", "exporter/samplers/cupti.py", "if length <= 0:", "if length < 0:", CUPTI,
+       "an empty window is refused"),
+    _m("cupti-foreign-gpu", "exporter/samplers/cupti.py", 'if entry["uuid"] not in gpus:', "if False:", CUPTI,
+       "a GPU of another host is refused"),
+    _m("cupti-busy-over-window", "exporter/samplers/cupti.py",
+       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * SLACK)',
+       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * 2)', CUPTI,
+       "kernel-busy time within the window"),
+    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", "busy * SLACK + 1e-9),", "length * SLACK),", CUPTI,
+       "SM-seconds within the kernel-busy time"),
+    _m("cupti-time-not-clamped", "exporter/samplers/cupti.py",
+       "ProcessShare(time=round(min(device.kernel_busy_s / length, 1.0), 6),",
+       "ProcessShare(time=round(device.kernel_busy_s / length, 6),", CUPTI, "a client's time share is at most 1"),
+    _m("cupti-max-clients-boundary", "exporter/samplers/cupti.py", "if len(self._clients) >= self.max_clients:",
+       "if len(self._clients) > self.max_clients:", CUPTI, "at most --cupti-max-clients connections"),
+    _m("cupti-max-age", "exporter/samplers/cupti.py", "self.max_age = 2 * period_s + window_s",
+       "self.max_age = period_s + window_s", CUPTI, "a window lasts two periods and a window"),
+    _m("cupti-oversized-line", "exporter/samplers/cupti.py", "if end > protocol.MAX_REPORT_BYTES:", "if False:", CUPTI,
+       "a report line over 16 KiB is refused"),
+    _m("cupti-no-clients-keeps-windows", "exporter/samplers/cupti.py",
+       "self.readings.clear()\n            self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)",
+       "self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)", CUPTI, "no client: no window"),
+    _m("cupti-late-client-kept", "exporter/samplers/cupti.py", "                self._drop(key.data)\n",
+       "                pass\n", CUPTI, "a client silent past the grace is disconnected"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI
 
 
 def _is_test_path(arg: str) -> bool:
