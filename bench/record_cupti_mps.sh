@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device (one H200, root, cupti-python importable), from the repo root:
-#   bash bench/record_cupti_mps.sh OUTDIR
+#   bash bench/record_cupti_mps.sh OUTDIR [PHASE ...]     # phases: acc models probe cost8 (default: all four)
 # Under CUDA MPS (own pipe and log folders, quit at the end), the exporter with --workload-cupti (10 s windows
 # every 20 s, GPM for the GPU's SM active, Slurm jobs as holders: one mapping file, cgroups in slurmstepd's
 # layout) and clients started with `python3 -m gpu_trace --socket ... --`:
@@ -8,12 +8,19 @@
 #           (100 ms on, 100 ms off), 304 a launch-bound loop; each spin job logs every kernel it finished
 #           (bench/ctxsw_jobs.py --progress): the truth (python3 bench/cupti_accuracy.py OUTDIR).
 #   models: 311 an MLP trainer, 312 a transformer's inference loop (bench/cupti_models.py).
+#   probe:  the trainer alone, tracing itself in 10 s windows (bench/cupti_models.py --probe 3): how long each
+#           CUPTI step took and how long its flush drained after the answer.
 #   cost8:  eight traced launch-bound clients, the exporter with --workload-cupti, then without: its CPU.
-# Writes OUTDIR/{acc,models,cost8_on,cost8_off}_{workloads.jsonl,exporter.log,cpu.json} and progress files.
+# Writes OUTDIR/{acc,models,cost8_on,cost8_off}_{workloads.jsonl,exporter.log,cpu.json} and progress files; the
+# exporter logs at debug level, so its log has every client's own window ("cupti window N: pid P traced S to E").
 set -uo pipefail
-out=${1:?usage: record_cupti_mps.sh OUTDIR}
+out=${1:?usage: record_cupti_mps.sh OUTDIR [PHASE ...]}
+shift
+phases=" ${*:-acc models probe cost8} "
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
+# the exporter's HTTP server needs httptools (not in the device image: carry its wheel, like cupti-python's)
+python3 -c "import exporter.server" || { echo "the exporter does not import here" >&2; exit 1; }
 tmp=$(mktemp -d)
 export CUDA_MPS_PIPE_DIRECTORY=$tmp/mps-pipe CUDA_MPS_LOG_DIRECTORY=$tmp/mps-log
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY" "$tmp/map"
@@ -32,7 +39,7 @@ phase() {  # phase NAME SECONDS CUPTI(on|off) JOB=SPEC ...
   local extra=()
   [[ $cupti == on ]] && extra=(--workload-cupti --cupti-socket "$sock" --cupti-window 10 --cupti-period 20)
   python3 -m exporter --port $port --interval 1 --kubelet-socket none --hpc-job-mapping-dir "$tmp/map" \
-      --mps-pipe-dir "$CUDA_MPS_PIPE_DIRECTORY" --spatial-sources gpm "${extra[@]}" > "$out/${name}_exporter.log" 2>&1 &
+      --mps-pipe-dir "$CUDA_MPS_PIPE_DIRECTORY" --spatial-sources gpm --log-level debug "${extra[@]}" > "$out/${name}_exporter.log" 2>&1 &
   local exporter=$!
   sleep 3
   for arg in "$@"; do
@@ -58,13 +65,17 @@ phase() {  # phase NAME SECONDS CUPTI(on|off) JOB=SPEC ...
 }
 
 spin="bench/ctxsw_jobs.py spin --kernel-ms 4"
-phase acc 75 on 301="$spin --sms 66 --progress $out/acc_progress_301.txt" \
+[[ $phases == *" acc "* ]] && phase acc 75 on 301="$spin --sms 66 --progress $out/acc_progress_301.txt" \
     302="$spin --sms 8 --progress $out/acc_progress_302.txt" \
     303="$spin --sms 33 --on-ms 100 --off-ms 100 --progress $out/acc_progress_303.txt" \
     304="bench/ctxsw_jobs.py launch"
-phase models 55 on 311="bench/cupti_models.py train" 312="bench/cupti_models.py infer"
-eight=(); for i in 1 2 3 4 5 6 7 8; do eight+=("32$i=bench/ctxsw_jobs.py launch"); done
-phase cost8_on 45 on "${eight[@]}"
-phase cost8_off 45 off "${eight[@]}"
+[[ $phases == *" models "* ]] && phase models 75 on 311="bench/cupti_models.py train" 312="bench/cupti_models.py infer"
+[[ $phases == *" probe "* ]] && timeout 150 python3 bench/cupti_models.py train --seconds 80 --probe 3 \
+    > "$out/probe_train.jsonl" 2> "$out/probe_train.err"
+if [[ $phases == *" cost8 "* ]]; then
+  eight=(); for i in 1 2 3 4 5 6 7 8; do eight+=("32$i=bench/ctxsw_jobs.py launch"); done
+  phase cost8_on 45 on "${eight[@]}"
+  phase cost8_off 45 off "${eight[@]}"
+fi
 echo quit | nvidia-cuda-mps-control
 rm -rf "$tmp"

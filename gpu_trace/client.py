@@ -15,6 +15,7 @@ import sys
 import threading
 
 from gpu_trace import protocol
+from gpu_trace.tracer import WindowLate
 
 RETRY_S = (1.0, 5.0, 30.0)  # back-off while the exporter's socket is absent
 
@@ -89,10 +90,16 @@ class Client(threading.Thread):
             return {**head, "error": self._broken}
         try:
             body = self._tracer.trace(seconds, self.stop)
+        except WindowLate as exc:  # CUPTI is still busy with a window: answered on time, with the reason
+            say_once(self.said, "late", f"window {window} not reported: {exc}")
+            return {**head, "error": str(exc)[:500]}
         except Exception as exc:  # a CUPTI call failed mid-window: say it, keep the application running
             say_once(self.said, f"trace {type(exc).__name__}", f"a window failed: {exc}")
             return {**head, "error": f"window failed: {type(exc).__name__}: {exc}"[:500]}
         self.windows += 1
+        if not body.get("complete", True):
+            say_once(self.said, "cut", f"window {window}: CUPTI's flush had not returned in time; reported the "
+                     f"part whose records had arrived ({body['end'] - body['start']:.2f} s, {body['records']} records)")
         return {**head, **body}
 
 

@@ -136,9 +136,11 @@ def test_no_client_is_standby_and_the_socket_is_open_to_every_local_user(source)
     assert os.stat(source.path).st_mode & 0o777 == 0o666
 
 
-def test_the_real_client_replaying_recorded_cupti_records_gives_its_window(source):
+def test_the_real_client_replaying_recorded_cupti_records_gives_its_window(source, caplog):
     """gpu_trace's client thread with the tracer on recorded H200 records, against the source: the pid
-    the source keeps is the socket peer's (this process), the shares are the recorded window's."""
+    the source keeps is the socket peer's (this process), the shares are the recorded window's; the debug
+    log names the client's own window (bench/cupti_accuracy.py counts each client's truth over it)."""
+    caplog.set_level(logging.DEBUG, logger=source_module.__name__)
     w = window("spin66")
     source.window_s = 2.0  # the recorded window's length: the client waits it out, as a real one does
     tracer = Tracer(ReplayCupti(w), settle_s=0)
@@ -160,6 +162,7 @@ def test_the_real_client_replaying_recorded_cupti_records_gives_its_window(sourc
     state = source.state(UUID, win.window_end)
     assert state.state == V.ACTIVE and state.reason.startswith("1 client(s) traced")
     assert source.state(OTHER_GPU, win.window_end).state == V.STANDBY
+    assert f"cupti window 1: pid {os.getpid()} traced {win.window_start:.6f} to {win.window_end:.6f}" in caplog.messages
 
 
 def win_end(source):

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -191,8 +192,81 @@ def test_records_outside_a_window_are_not_kept_and_cupti_is_detached_after_each(
     api.detach = lambda: api.calls.append("detach")
     tracer = Tracer(api, settle_s=0)
     tracer.trace(0)
+    assert tracer.idle(60)  # the worker detaches after the answer
     api.completed([SimpleNamespace(**r) for r in window("spin66")["records"][:3]])  # a buffer after the window
     assert tracer.late == 3 and api.calls == ["enable", "disable", "flush", "detach"]
+
+
+class BacklogCupti(ReplayCupti):
+    """A busy trainer's window (bench/RESULTS.md, issue 34): CUPTI delivered the first `delivered` records
+    during the window (a full buffer), then its flush drains the backlog for as long as `drained` is unset."""
+
+    def __init__(self, w: dict, delivered: int):
+        super().__init__(w)
+        self._stamps *= 3
+        self.delivered, self.drained = delivered, threading.Event()
+
+    def disable(self):
+        super().disable()
+        if self.delivered:
+            self.completed([SimpleNamespace(**r) for r in self.window["records"][:self.delivered]])
+
+    def flush(self):
+        self.calls.append("flush")
+        self.drained.wait(60)
+        self.completed([SimpleNamespace(**r) for r in self.window["records"][self.delivered:]])
+
+
+def answer_of(client: Client, number: int) -> dict:
+    """The client's answer, on a thread of its own: a tracer that waits for CUPTI would hang the test."""
+    answers = []
+    asking = threading.Thread(target=lambda: answers.append(client.window(number, 0.0)), daemon=True)
+    asking.start()
+    asking.join(60)
+    assert answers, "the client did not answer while CUPTI's flush was still draining"
+    return answers[0]
+
+
+def test_the_answer_never_waits_for_a_flush_that_has_not_returned(capfd):
+    w = window("spin66")
+    api = BacklogCupti(w, delivered=40)
+    tracer = Tracer(api, settle_s=0, close_wait_s=60, flush_wait_s=0.01)
+    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    try:
+        first = answer_of(client, 1)
+        ends = [r["end"] for r in w["records"][:40]]
+        lo = w["stamps"][0]
+        # the part whose records arrived: up to the last delivered kernel's end, not the window's end
+        assert (first["complete"], first["records"], tracer.cut) == (False, 40, 1)
+        assert first["end"] == pytest.approx(first["start"] + (max(ends) - lo) / 1e9, abs=1e-6)
+        assert first["devices"][0]["kernels"] == len([r for r in w["records"][:40] if r["kind"] == 10 and r["end"] > lo])
+        second = answer_of(client, 2)  # asked again while the flush still drains: on time, with the reason
+        assert second == {"window": 2, "pid": 7, "error": "the last window's CUPTI flush has not returned yet"}
+    finally:
+        api.drained.set()
+    assert tracer.idle(60) and tracer.late == len(w["records"]) - 40  # the backlog arrived after the answer
+    third = answer_of(client, 3)  # the backlog drained: the next window is whole again
+    assert (third["complete"], third["records"]) == (True, len(w["records"]))
+    err = capfd.readouterr().err
+    assert err.count("gpu_trace: window 1: CUPTI's flush had not returned in time") == 1
+    assert err.count("gpu_trace: window 2 not reported") == 1
+
+
+@pytest.mark.parametrize("delivered", ["nothing", "only records ending before the window"])
+def test_a_flush_that_delivers_nothing_in_time_is_answered_as_an_error(delivered):
+    w = window("spin66")
+    if delivered != "nothing":  # an empty window would be refused by the exporter, and the client disconnected
+        lo = w["stamps"][0]
+        w = {**w, "records": [{**r, "start": lo - 2_000_000, "end": lo} for r in w["records"][:3]] + w["records"]}
+    api = BacklogCupti(w, delivered=0 if delivered == "nothing" else 3)
+    tracer = Tracer(api, settle_s=0, close_wait_s=60, flush_wait_s=0.01)
+    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    try:
+        answer = answer_of(client, 1)
+    finally:
+        api.drained.set()
+    assert answer == {"window": 1, "pid": 7, "error": "CUPTI's flush had not returned 0.01 s after the window "
+                      "closed: nothing complete to report"}
 
 
 def test_the_uuid_is_spelled_as_nvml_spells_it():
