@@ -12,12 +12,13 @@ launch hooks. Outside windows nothing is enabled and nothing is kept. Kernels al
 window opens are not recorded (CUPTI records launches): each window edge can miss up to one kernel per stream.
 
 Every CUPTI call runs on a worker thread of its own; the thread that answers the exporter only waits for
-it, and for a bounded time. cupti-python turns each buffer into Python objects while holding the GIL
-(about 15,000 records a second on the H200): a job whose kernels are launched off the GIL (a trainer's
-autograd thread) makes records faster than that, the backlog grows through the window and the final
-flush drains it, seconds later. So the answer never waits for the flush past `flush_wait_s`: it reports
-the part of the window whose records were delivered (up to the last delivered kernel's end), and the
-records still arriving are dropped. A window is never started while the last one's flush still runs.
+it, and for a bounded time. cupti-python turns each buffer into Python objects while holding the GIL (a
+launch-bound loop whose callback only counted records ran at 14,800 launches a second on the H200), so a
+job whose kernels are launched off the GIL (a trainer's autograd thread) can make records faster than they
+are converted, and the final flush drains what is left: 1.2-1.4 s for a trainer alone on the H200. So
+the answer never waits for the flush past `flush_wait_s`: it reports the
+part of the window whose records were delivered (up to the last delivered kernel's end), and the records
+still arriving are dropped. A window is never started while the last one's flush still runs.
 """
 from __future__ import annotations
 
