@@ -48,6 +48,9 @@ class WorkloadCollector:
         c_hidden = counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
                            "(max(0, time share - SM active) x seconds).", ["basis"])
         c_idle = counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle seconds).")
+        c_ledger = counter("gpu_workload_ledger_gpu_seconds", "The holder's cells of its GPU's ledger (docs/ledger.md), "
+                           "GPU-seconds: sm_active_work, hidden_idle, busy_unsplit, time_idle. Physical: never add "
+                           "held GPU-seconds (the allocation view) to these.", ["cell"])
         for w in self._engine.snapshot.workloads:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
             if w.folded:
@@ -72,12 +75,31 @@ class WorkloadCollector:
                 c_sm.add_metric(labels + [basis], value, created=w.created)
             for basis, value in sorted(w.counters["hidden_idle"].items()):
                 c_hidden.add_metric(labels + [basis], value, created=w.created)
+            for cell, value in sorted(w.counters["ledger"].items()):
+                c_ledger.add_metric(labels + [cell], value, created=w.created)
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
         yield from (held, held_basis, processes, time_share, sm_active, folded, idle_seconds, held_idle,
-                    c_held, c_busy, c_sm, c_hidden, c_idle)
+                    c_held, c_busy, c_sm, c_hidden, c_idle, c_ledger)
+        yield from self._gpu_ledgers()
         yield from self._ctxsw_states()
+
+    def _gpu_ledgers(self):
+        """Per GPU, every cell of its ledger and the wall-clock seconds they sum to."""
+        cells = CounterMetricFamily("gpu_ledger_gpu_seconds", "Every GPU-second of the GPU in exactly one cell "
+                                    "(docs/ledger.md): the holders' cells summed, the unattributed ones, "
+                                    "switch_overhead, unheld, unmeasured. Sums over cell to "
+                                    "gpu_ledger_observed_seconds_total.", labels=GPU_LABELS + ["cell"])
+        observed = CounterMetricFamily("gpu_ledger_observed_seconds", "Wall-clock seconds the exporter accounted the "
+                                       "GPU for: the GPU-hours that existed.", labels=GPU_LABELS)
+        for book in self._engine.workloads.gpu_ledgers:
+            labels = [str(book.gpu.index), book.gpu.uuid, book.gpu.model]
+            for cell, value in sorted(book.counters.items()):
+                cells.add_metric(labels + [cell], round(value, 6), created=book.created)
+            observed.add_metric(labels, round(book.observed, 6), created=book.created)
+        yield cells
+        yield observed
 
     def _ctxsw_states(self):
         """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""

@@ -130,6 +130,8 @@ def chart_step(length: float) -> float:
 
 
 def build(args, now: float):
+    from exporter.vocabulary import WASTE_CELLS
+
     from . import account, summary
     from .render import Report
 
@@ -149,7 +151,7 @@ def build(args, now: float):
         from . import charts
 
         step = chart_step(end - start)
-        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step)
+        waste = account.timeline(api, plan, collected, WASTE_CELLS, step)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
         collected.queries = api.requests
