@@ -7,7 +7,8 @@ without a series of the quantity are kept as `<quantity>_unknown` and left out o
 so a share reads "of the held GPU-hours where it was measured". The physical view: the group's cells of
 the GPU ledger (`ledger_<cell>_gpu_hours`), which add up across groups to at most the GPU-hours that
 existed. Waste is physical: the group's hidden idle + time idle; a lower bound where some of its busy
-time has no SM split (busy_unsplit) or it held GPUs with no ledger series (exporters before the ledger).
+time has no SM split (busy_unsplit), its own busy time is unknown (MPS, MIG) or it held GPUs with no
+ledger series (exporters before the ledger).
 """
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ def figures(hours: dict) -> dict:
         row[f"ledger_{cell}_gpu_hours"] = cells.get(cell, 0.0)
     row["ledger_gpu_hours"] = sum(row[f"ledger_{cell}_gpu_hours"] for cell in HOLDER_CELLS)
     row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]
-    row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or (held > 1e-9 and not cells))
+    # a lower bound where some busy time has no SM split, where the group's own busy time is unknown (MPS
+    # clients, MIG: the GPU's hidden idle stays unattributed) or where it has no ledger series at all
+    row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or (held > 1e-9 and not cells)
+                                       or row["hidden_idle_unknown_gpu_hours"] > 1e-9)
     return row
 
 
