@@ -173,6 +173,8 @@ class Ledger:
         with self._lock:
             book = self._gpus.setdefault(gpu.uuid, GpuLedger(gpu, now))
             book.gpu, book.rates = gpu, dict(rates)
+            for cell in rates:  # a cell's series exists from the update that names it, at 0 until integrated
+                book.counters.setdefault(cell, 0.0)
 
     def keep(self, uuids) -> None:
         with self._lock:

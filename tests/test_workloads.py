@@ -265,6 +265,18 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         assert by_pod("gpu_workload_held_idle") == {"train-0": 0.0, "notebook": 0.0, "idle": 1.0}
         assert by_pod("gpu_workload_processes") == {"train-0": 2.0, "notebook": 1.0, "idle": 0.0}
         assert set(by_pod("gpu_workload_sm_active_ratio", basis="time_share")) == {"train-0", "notebook"}
+        # The ledger of the same frame by hand (docs/ledger.md): the GPU's 0.99 busy is the pods' 0.396 each
+        # (work = SM x 0.4, the rest hidden idle) and the host process's 0.198 (nobody's: unattributed, SM active
+        # beyond the pods' in work); the 0.01 idle by held share. Both views side by side in the API.
+        ledger = {cell: round(v, 6) for cell, v in trainer["ledger"].items() if v}
+        assert ledger == {"sm_active_work": round(sm * 0.4, 6), "hidden_idle": round(0.396 - sm * 0.4, 6),
+                          "time_idle": 0.005}
+        assert {c: v for c, v in idle["ledger"].items() if v} == {"time_idle": 0.0025}
+        status, body = http_get(exporter.url + "/api/v1/workloads")
+        (gpu_ledger,) = json.loads(body)["ledgers"]
+        assert {c: v for c, v in gpu_ledger["cells"].items() if v} == pytest.approx({
+            "sm_active_work": sm * 0.8, "hidden_idle": 0.792 - sm * 0.8, "unattributed_sm_active_work": sm * 0.2,
+            "unattributed_hidden_idle": 0.198 - sm * 0.2, "time_idle": 0.01}, abs=2e-6)
         labels = next(l for l, _ in samples["gpu_workload_held_share_ratio"] if l["pod"] == "idle")
         assert labels == {"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3", "namespace": "team-c",
                           "pod": "idle", "container": "c", "hpc_job": "", "claim": "", "user": ""}  # empty: never stored
@@ -376,6 +388,11 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
             found = wait_for(lambda: set(expected) <= set(increases()) and increases(), 20, 1.0, "counters scraped")
             for key, rate in expected.items():
                 assert found[key] == pytest.approx(rate, rel=0.01, abs=1e-4), key
+            # the GPU's ledger: its cells add up to the wall clock it was observed (1 GPU-second per second)
+            cells = prom.query(f"sum(increase(gpu_ledger_gpu_seconds_total[{window}s]))")
+            observed = prom.query(f"sum(increase(gpu_ledger_observed_seconds_total[{window}s]))")
+            assert float(cells[0]["value"][1]) == pytest.approx(float(observed[0]["value"][1]), rel=1e-3)
+            assert float(observed[0]["value"][1]) / window == pytest.approx(1.0, rel=0.01)
         finally:
             prom.stop()
 
