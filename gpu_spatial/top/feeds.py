@@ -47,7 +47,10 @@ class InProcessFeed:
         if snapshot.version == 0:
             return ScreenState(self.origin, problem="waiting for the first sample")
         if self._cached is None or self._cached[0] != snapshot.version:
-            self._cached = (snapshot.version, screen_state(snapshot_json(snapshot), self.origin, self.local))
+            data = snapshot_json(snapshot)
+            data.update(workloads=[w.to_json() for w in snapshot.workloads],
+                        ledgers=[b.to_json() for b in getattr(self.engine.workloads, "gpu_ledgers", ())])
+            self._cached = (snapshot.version, screen_state(data, self.origin, self.local))
         state = self._cached[1]
         age = time.time() - snapshot.created
         if age > STALE_AFTER_TICKS * max(self.interval, 1.0):
@@ -82,16 +85,26 @@ class HttpFeed:
         with self._lock:
             return self._state
 
-    def fetch(self) -> dict:
-        """One snapshot, or raises OSError/ValueError with a one-line reason."""
-        request = urllib.request.Request(self.url + "/api/v1/gpus", headers={"Accept": "application/json"})
+    def _get(self, path: str):
+        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
         with urllib.request.urlopen(request, timeout=self.timeout) as response:
             body = response.read(MAX_BODY_BYTES + 1)
         if len(body) > MAX_BODY_BYTES:
             raise ValueError(f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
-        data = json.loads(body)
+        return json.loads(body)
+
+    def fetch(self) -> dict:
+        """One snapshot, or raises OSError/ValueError with a one-line reason. The holders and the GPU ledger
+        come from /api/v1/workloads where the exporter has it (an older one, or --holders none: without)."""
+        data = self._get("/api/v1/gpus")
         if not isinstance(data, dict) or "gpus" not in data:
             raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
+        try:
+            workloads = self._get("/api/v1/workloads")
+        except (OSError, ValueError, http.client.HTTPException):
+            workloads = None
+        if isinstance(workloads, dict):
+            data.update(workloads=workloads.get("workloads"), ledgers=workloads.get("ledgers"))
         return data
 
     def poll_once(self) -> None:
