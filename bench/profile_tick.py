@@ -23,15 +23,15 @@ def main() -> int:
     parser.add_argument("--ticks", type=int, default=100)
     parser.add_argument("--interval", type=float, default=0.1)
     args = parser.parse_args()
-    engine = Engine(NvmlSampler(factory=Nvml, interval=args.interval), gpm=GpmSource(),
-                    mps=MpsSampler(interval=args.interval), interval=args.interval)
+    nvml, mps = NvmlSampler(factory=Nvml, interval=args.interval), MpsSampler(interval=args.interval)
+    engine = Engine(nvml, [GpmSource(nvml), mps], interval=args.interval)
     engine.tick_devices()
     profiler = cProfile.Profile()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     profiler.enable()
     for _ in range(args.ticks):
         engine.tick_devices()
-        engine.mps.tick()
+        mps.tick()
         engine.publish()
         time.sleep(args.interval)
     profiler.disable()

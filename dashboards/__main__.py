@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 from dashboards.generate import write_or_check
+from nsys_ingest.commandline import missing_extra
 
 GENERATED = Path(__file__).resolve().parent / "generated"
-MISSING_GRAFANALIB = ("python3 -m dashboards needs grafanalib, which `pip install .` leaves out: "
-                      "pip install '.[dashboards]'")
 
 
 def render(module) -> str:
@@ -23,13 +22,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dashboards", description=__doc__)
     parser.add_argument("--check", action="store_true", help="fail if the committed JSON is not what the code builds")
     args = parser.parse_args(argv)
-    try:  # an optional extra: a plain `pip install .` has no grafanalib
-        from dashboards import gpu_utilization, mps_host_memory, workloads
-    except ModuleNotFoundError as missing:
-        if (missing.name or "").split(".")[0] != "grafanalib":
-            raise
-        print(MISSING_GRAFANALIB, file=sys.stderr)
+    missing = missing_extra("python3 -m dashboards", "grafanalib", "dashboards")
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
+    from dashboards import gpu_utilization, mps_host_memory, workloads
     modules = {"gpu-utilization.json": gpu_utilization, "mps-host-memory.json": mps_host_memory,
                "workloads.json": workloads}
     files = {GENERATED / name: render(module) for name, module in modules.items()}

@@ -16,12 +16,14 @@ log = logging.getLogger("exporter")
 def build_engine(args):
     """The engine and the optional upload spool for parsed flags. Raises SystemExit on bad input."""
     from exporter.engine import Engine
+    from exporter.holders import build_holders
     from exporter.nvml import Nvml, NvmlError
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.gpm import GpmSource
     from exporter.samplers.mps import MpsSampler
     from exporter.samplers.nvml import NvmlSampler
     from exporter.sources import build_spatial_sources
+    from exporter.workload_sources import build_sources
 
     backend = factory = None
     if args.nvml_replay:
@@ -32,36 +34,31 @@ def build_engine(args):
     elif not args.no_nvml:
         factory = Nvml  # retried while the driver is missing
     nvml = NvmlSampler(backend, interval=args.interval, factory=factory)
-    gpm = GpmSource() if "gpm" in args.spatial_sources and not args.no_nvml else None
+    gpm = GpmSource(nvml) if "gpm" in args.spatial_sources and not args.no_nvml else None
     spatial, disabled, upload = build_spatial_sources(args, nvml, gpm)
     if gpm is None and "gpm" in args.spatial_sources:
         disabled["gpm"] = "NVML switched off (--no-nvml)"
-    mps = None
+    samplers = [s for s in (gpm, *spatial.values()) if s is not None]
     if not args.no_mps:
-        mps = MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
-                         interval=max(args.interval, 1.0))
-    from exporter.holders import build_holders
-
+        samplers.append(MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
+                                   interval=max(args.interval, 1.0)))
     holders = build_holders(args, nvml)
+    samplers += holders
+    if upload is not None:
+        samplers.append(upload.retention)
+    sources = build_sources(args, nvml, spatial)
     workloads = None
     if holders:  # with no holder kind, no holder is known: no workload families
         from exporter.workloads import WorkloadAccountant
 
-        ctxsw = None
-        if args.workload_ctxsw:
-            from exporter.samplers.ctxsw import CtxswSampler
-
-            ctxsw = CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
-                                 args.ctxsw_estimator, other_sources=spatial)
         workloads = WorkloadAccountant(held_idle_after=args.held_idle_after, series_limit=args.holder_series_limit,
-                                       ctxsw=ctxsw)
-    elif args.workload_ctxsw:
-        log.warning("--workload-ctxsw: no holders are known here (--holders none): nothing to attribute to, "
-                    "so no capture runs")
-    engine = Engine(nvml, gpm=gpm, spatial=spatial, mps=mps, order=args.spatial_sources,
-                    disabled_reasons=disabled, interval=args.interval, holders=holders,
-                    process_series=(args.process_series, args.process_series_limit),
-                    spool=upload.retention if upload is not None else None, workloads=workloads)
+                                       sources=sources)
+        samplers += sources
+    elif sources:
+        log.warning("%s: no holders are known here (--holders none): nothing to attribute to, so none of them "
+                    "runs", ", ".join(source.name for source in sources))
+    engine = Engine(nvml, samplers, order=args.spatial_sources, disabled_reasons=disabled, interval=args.interval,
+                    process_series=(args.process_series, args.process_series_limit), workloads=workloads)
     return engine, upload
 
 

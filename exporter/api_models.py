@@ -65,7 +65,7 @@ class Evidence(BaseModel):
 
 
 class Diagnosis(BaseModel):
-    verdict: str = Field(description="one of nsys_ingest.verdicts.VERDICTS (README, Diagnosis)")
+    verdict: str = Field(description="one of nsys_ingest.verdicts.VERDICTS (docs/diagnosis.md)")
     reason: str = Field(description="what the rule saw, in numbers")
     advice: str = Field(description="what to change")
     evidence: Evidence

@@ -4,11 +4,13 @@ from __future__ import annotations
 import argparse
 import os
 
+from exporter import holders, workload_sources
 from nsys_ingest.commandline import add_version, prog_name
 
 ENV_PREFIX = "GPU_EXPORTER_"
 DEFAULT_PORT = 9478  # 9400 is dcgm-exporter's and 9100 node-exporter's
 SOURCES = ("dcgm", "gpm", "nsys")
+HOLDER_KINDS = tuple(holders.KINDS)
 
 
 def _env_name(flag: str) -> str:
@@ -21,9 +23,6 @@ def _source_list(text: str) -> tuple[str, ...]:
     if unknown or not names or len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"want a list of distinct sources from {','.join(SOURCES)}, got {text!r}")
     return names
-
-
-HOLDER_KINDS = ("kubelet", "slurm", "users")
 
 
 def _holder_kinds(text: str) -> tuple[str, ...]:
@@ -79,6 +78,8 @@ def _at_least(convert, minimum, what: str, maximum=None):
     return checked
 
 
+# For the modules that declare their own flags (holder kinds, workload sources): add_arguments(parser).
+duration, size, at_least, api_server = _duration, _size, _at_least, _api_server
 _port = _at_least(int, 0, "a port number", 65535)  # 0: any free port (the log names the one bound)
 _interval = _at_least(_duration, 0.1, "an interval", 60)
 
@@ -260,18 +261,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="MPS control pipe directory (CUDA_MPS_PIPE_DIRECTORY)")
     g.add_argument("--mps-control-binary", default="nvidia-cuda-mps-control", help="the MPS control program")
     g.add_argument("--mps-timeout", type=_duration, default=2.0, help="timeout of one MPS control query")
-    g = p.add_argument_group("kubernetes")
-    g.add_argument("--kubelet-socket", default=None,
-                   help="the kubelet's PodResources socket, for the pods holding each GPU; 'none' to switch off "
-                        "(default: /var/lib/kubelet/pod-resources/kubelet.sock when it exists at start)")
-    g.add_argument("--kubelet-interval", type=_duration, default=5.0, help="time between two PodResources List calls")
-    g.add_argument("--kubelet-container-logs", default="/var/log/containers",
-                   help="the kubelet's container log links, whose names map a process's container ID to its pod "
-                        "(only names are read); 'none' to label processes by command only")
-    g.add_argument("--kubernetes-api", type=_api_server, default="auto",
-                   help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
-                        "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
-                        "http://127.0.0.1:8001); needs get and list on resourceclaims and resourceslices")
+    g = p.add_argument_group("process series")
     g.add_argument("--process-series", choices=["container", "pid", "off"], default="container",
                    help="per-process utilization series: summed per container (pod) or command, per pid "
                         "(a new series per process), or none")
@@ -281,34 +271,15 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--holders", type=_holder_kinds, default=("auto",),
                    help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
                         "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
-                        "kubelet, slurm, users")
+                        f"{', '.join(HOLDER_KINDS)}")
     g.add_argument("--holder-series-limit", type=_at_least(int, 1, "a limit"), default=64,
                    help="at most this many holders published per GPU (workload series and gpu_pod_info); the least "
                         "busy of the rest are summed as one holder pod=\"other\", counters included")
-    g.add_argument("--passwd", metavar="FILE", default=None,
-                   help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
-                        "where unreadable, users are labelled by uid)")
-    g.add_argument("--hpc-job-mapping-dir", default=None,
-                   help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
-                        "listing the job IDs holding it; processes are mapped to jobs through their cgroup")
     g.add_argument("--held-idle-after", type=_duration, default=1800.0,
                    help="a holder with no CUDA process on its GPU, or under 1% of its time, for this long is held "
                         "idle (gpu_workload_held_idle)")
-    g.add_argument("--workload-ctxsw", action="store_true",
-                   help="time shares and SM activity per holder from the GPUs' own context switches: runs `nsys "
-                        "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
-                        "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
-    g.add_argument("--ctxsw-window", type=_duration, default=10.0, help="length of one context-switch capture")
-    # 180 s at 500 Hz: a window costs ~2.4 s of CPU (mostly nsys' own agent, which a lower frequency hardly
-    # changes), so the exporter with pods as holders measured 2.6 % of a core over 10 minutes on the H200
-    # (bench/RESULTS.md, issue 26); at 120 s and 1 kHz it was 3.9 %.
-    g.add_argument("--ctxsw-period", type=_duration, default=180.0,
-                   help="one capture starts every this long (the duty is window / period)")
-    # 500 Hz: 2 ms samples over ~2 ms slices; the fit's error of SM active against the 10 kHz truth is 0.009
-    # of the GPU at 500 Hz, 0.006 at 1 kHz, for a third less CPU per window
-    g.add_argument("--ctxsw-frequency", type=int, default=500, help="GPU metrics sampling frequency of the captures, Hz")
-    g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
-                   help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
+    holders.add_arguments(p)
+    workload_sources.add_arguments(p)
     _apply_environment(p)
     return p
 
@@ -316,15 +287,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if args.workload_ctxsw and not 1.0 <= args.ctxsw_window < args.ctxsw_period:
-        parser.error(f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
-                     f"{args.ctxsw_period:g}s")
-    if args.workload_ctxsw and args.nsys_live:
-        parser.error("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
-                     "session at a time can do: choose one")
-    if args.workload_ctxsw and not 10 <= args.ctxsw_frequency <= 10000:
-        parser.error(f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (500 resolves ~2 ms slices; "
-                     "10 kHz already makes ~180 MB a second of raw stream)")
+    for why in workload_sources.check_arguments(args):
+        parser.error(why)
     if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
         parser.error("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "
                      "drop the upload token or --no-api")

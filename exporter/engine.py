@@ -8,6 +8,8 @@ import time
 from dataclasses import replace
 
 from exporter.chain import build_view
+from exporter.holders import HolderSampler
+from exporter.sampler import SpatialSource
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
 log = logging.getLogger(__name__)
@@ -15,33 +17,39 @@ log = logging.getLogger(__name__)
 # values are withdrawn until it returns. A thread cannot be killed in Python, so ticks run in a worker
 # thread each and the loop itself never waits past the deadline.
 TICK_DEADLINE_S = 10.0
-# Holder samplers map processes to holders on NVML's GPUs: their loops start once NVML's first tick has
-# listed them (or failed to), so their first tick does not report "no GPU" on a host that has some.
+# Samplers that map things to NVML's GPUs (holders: processes) start once NVML's first tick has listed
+# them (or failed to), so their first tick does not report "no GPU" on a host that has some.
 NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
 
 
 class Engine:
-    """Owns the samplers. Scrapes and API calls only read `snapshot`: no device call on their path.
+    """Runs one list of samplers (the contract: exporter/sampler.py), each loop in its own thread.
+    Scrapes and API calls only read `snapshot`: no device call on their path.
 
-    nvml: NvmlSampler; gpm: GpmSource (ticked in the NVML thread, same window as time utilization);
-    spatial: other spatial sources by name (own threads, e.g. dcgm, nsys); mps: MPS sampler or None;
-    holders: holder samplers of every kind (exporter/holders.py), each in its own thread.
+    nvml: the NvmlSampler, whose GPUs and telemetry every view starts from; it closes last.
+    samplers: every other sampler, of any kind, in one list. The engine knows them by what they offer:
+    spatial sources (results per GPU) go to the chain in `order`, holder samplers' holdings and the MIG
+    instances' readings to the workload join, and every sampler's snapshot into the Snapshot under its
+    name. workloads: exporter.workloads.WorkloadAccountant, or None (no holders known).
     """
 
-    def __init__(self, nvml, gpm=None, spatial=None, mps=None, order=("dcgm", "gpm", "nsys"),
-                 disabled_reasons=None, interval: float = 1.0, holders=(), process_series=("container", 20),
-                 spool=None, workloads=None):
+    def __init__(self, nvml, samplers=(), order=("dcgm", "gpm", "nsys"), disabled_reasons=None,
+                 interval: float = 1.0, process_series=("container", 20), workloads=None):
         self.nvml = nvml
-        self.gpm = gpm
-        self.spatial = dict(spatial or {})
-        self.mps = mps
+        self.samplers = (nvml, *samplers)
+        names = [sampler.name for sampler in self.samplers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"two samplers share a collector name: {sorted(names)}")
+        self.spatial = {s.name: s for s in samplers if isinstance(s, SpatialSource)}
+        self.holders = tuple(s for s in samplers if isinstance(s, HolderSampler))
+        # Loop name -> the samplers it ticks, in order: NVML's loop ticks those that share its window first.
+        self._loops = {nvml.name: (*(s for s in samplers if s.in_nvml_loop), nvml)}
+        self._loops.update({s.name: (s,) for s in samplers if not s.in_nvml_loop})
+        self._loop_of = {s.name: loop for loop, members in self._loops.items() for s in members}
         self.order = tuple(order)
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
-        self.holders = tuple(holders)
-        # exporter.workloads.WorkloadAccountant: per-holder views and counters, or None (no holders known)
         self.workloads = workloads
-        self.spool = spool  # exporter.spool.SpoolRetention of the upload spool, or None
         self.process_series = process_series  # (mode, limit per GPU): read by the GPU collector
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -55,64 +63,54 @@ class Engine:
         self.snapshot = Snapshot(version=0, created=time.time())
 
     # -- sampling -------------------------------------------------------------------------------
-    def tick_devices(self) -> None:
-        if self.gpm is not None:
-            self.gpm.tick(self.nvml.backend, self.nvml.gpus, self.nvml.telemetry)
+    def tick_loop(self, name: str) -> None:
+        """One tick of the loop `name`: each of its samplers in order."""
+        members = self._loops[name]
         try:
-            self.nvml.tick()
+            for sampler in members:
+                sampler.tick()
         finally:
-            self._nvml_ticked.set()
+            if self.nvml in members:
+                self._nvml_ticked.set()
+
+    def tick_devices(self) -> None:
+        """One tick of NVML's loop (GPM, then NVML)."""
+        self.tick_loop(self.nvml.name)
 
     def loops(self):
-        """(name, function, interval) of every background loop."""
-        yield "nvml", self.tick_devices, self.interval
-        for source in self.spatial.values():
-            yield source.name, source.tick, getattr(source, "interval", self.interval)
-        if self.mps is not None:
-            yield "mps", self.mps.tick, getattr(self.mps, "interval", self.interval)
-        for holder in self.holders:
-            yield holder.name, holder.tick, holder.interval
-        if self.spool is not None:
-            yield "spool", self.spool.tick, self.spool.interval
-        for sampler in getattr(self.workloads, "samplers", ()):  # the workload view's own (ctxsw)
-            yield sampler.name, sampler.tick, sampler.interval
+        """(name, its samplers, interval) of every background loop."""
+        for name, members in self._loops.items():
+            yield name, members, members[-1].interval
 
     def start(self) -> None:
-        holders = {holder.name for holder in self.holders}
-        for name, fn, interval in self.loops():
-            target = self._run_after_nvml if name in holders else self._run
-            thread = threading.Thread(target=target, args=(name, fn, interval), name=f"sampler-{name}", daemon=True)
+        for name, members, interval in self.loops():
+            target = self._run_after_nvml if all(s.after_nvml for s in members) else self._run
+            thread = threading.Thread(target=target, args=(name, members, interval), name=f"sampler-{name}",
+                                      daemon=True)
             thread.start()
             self._threads.append(thread)
 
-    def _run_after_nvml(self, name, fn, interval) -> None:
+    def _run_after_nvml(self, name, members, interval) -> None:
         # Stopping meanwhile also ends the wait; _run then returns at once.
         deadline = time.monotonic() + NVML_FIRST_TICK_WAIT_S
         while not self._nvml_ticked.is_set() and not self._stop.is_set() and time.monotonic() < deadline:
             self._nvml_ticked.wait(0.1)
-        self._run(name, fn, interval)
+        self._run(name, members, interval)
 
     def stop(self) -> None:
         self._stop.set()
-        for sampler in getattr(self.workloads, "samplers", ()):  # a capture in flight ends now, not after the join
+        for sampler in reversed(self.samplers[1:]):  # work in flight (a capture) ends now, not after the join
             sampler.close()
         for thread in self._threads:
             thread.join(timeout=5)
-        if hasattr(self.nvml, "close"):
-            self.nvml.close()  # its XID watcher, before NVML shuts down
-        closer = getattr(self.nvml.backend, "shutdown", None)
-        if closer:
-            closer()
-        for source in (*self.spatial.values(), *self.holders):
-            if hasattr(source, "close"):
-                source.close()
+        self.nvml.close()  # last: a tick in flight may still call NVML until its thread is joined
 
-    def _run(self, name, fn, interval) -> None:
+    def _run(self, name, members, interval) -> None:
         next_at = time.monotonic()
-        deadline = max(self.tick_deadline, 2 * interval, getattr(getattr(fn, "__self__", None), "max_tick_seconds", 0))
+        deadline = max(self.tick_deadline, 2 * interval, *(s.max_tick_seconds for s in members))
         while not self._stop.is_set():
             done = threading.Event()
-            threading.Thread(target=self._tick, args=(name, fn, done), name=f"tick-{name}", daemon=True).start()
+            threading.Thread(target=self._tick, args=(name, done), name=f"tick-{name}", daemon=True).start()
             started = time.monotonic()
             while not done.wait(0.2):  # a stuck tick returns when it returns; then a fresh one starts
                 if self._stop.is_set():
@@ -129,9 +127,9 @@ class Engine:
                 delay = 0
             self._stop.wait(delay)
 
-    def _tick(self, name, fn, done: threading.Event) -> None:
+    def _tick(self, name, done: threading.Event) -> None:
         try:
-            fn()
+            self.tick_loop(name)
             self._crashed.pop(name, None)
             self._log.clear(f"sampler {name}")
         except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
@@ -149,75 +147,61 @@ class Engine:
         self._log.problem(f"sampler {name}", why, logging.ERROR)
         self.publish()
 
-    def _fresh(self, name: str, value):
-        """`value`, or None while the loop `name` is stuck (GPM ticks in the NVML loop)."""
-        return None if (name if name != "gpm" else "nvml") in self._withdrawn else value
+    def _current(self, sampler) -> bool:
+        """False while the loop that ticks `sampler` is stuck: none of its values are published."""
+        return self._loop_of[sampler.name] not in self._withdrawn
 
     # -- publishing -----------------------------------------------------------------------------
     def publish(self) -> Snapshot:
         with self._lock:
             self._version += 1
             now = time.time()
-            views = self._views()
-            holders = [h for h in self.holders if h.name not in self._withdrawn]
+            current = [s for s in self.samplers if self._current(s)]
+            published = {s.name: s.snapshot for s in current if s.snapshot is not None}
+            views = self._views(current, published.get("mps"))
+            mig_instances = {key: reading for s in current if s.name in self.spatial
+                             for key, reading in s.instances.items()}
             self.snapshot = Snapshot(
                 version=self._version,
                 created=now,
                 gpus=views,
-                mps=self._fresh("mps", getattr(self.mps, "snapshot", None)),
-                holders={h.name: h.snapshot for h in holders if h.snapshot is not None},
-                spool=self._fresh("spool", getattr(self.spool, "stats", None)),
+                published=published,
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, [h.holdings for h in holders],
-                                      self._fresh("gpm", getattr(self.gpm, "instances", None))),
+                self.workloads.update(now, views, [s.holdings for s in current if s in self.holders], mig_instances),
                 health=self._health(),
             )
             return self.snapshot
 
     def _health(self) -> dict[str, CollectorHealth]:
-        health = {"nvml": self.nvml.health}
-        if self.gpm is not None:
-            health["gpm"] = self.gpm.health
-        for name, source in self.spatial.items():
-            health[name] = source.health
-        if self.mps is not None:
-            health["mps"] = self.mps.health
-        for holder in self.holders:
-            health[holder.name] = holder.health
-            health.update(holder.more_health())
-        if self.spool is not None:
-            health["spool"] = self.spool.health
-        for sampler in getattr(self.workloads, "samplers", ()):
+        health = {}
+        for sampler in self.samplers:
             health[sampler.name] = sampler.health
-        for name, crashed in self._crashed.items():
-            for collector in (name, "gpm") if name == "nvml" else (name,):  # GPM ticks in the NVML loop
-                if collector in health:
-                    health[collector] = crashed
+            health.update(sampler.more_health())
+        for loop, crashed in self._crashed.items():
+            for sampler in self._loops[loop]:  # every sampler ticked in the loop
+                health[sampler.name] = crashed
         return health
 
-    def _views(self):
-        sources = dict(self.spatial)
-        if self.gpm is not None:
-            sources["gpm"] = self.gpm
+    def _views(self, current, mps):
+        """A view per GPU from the samplers whose values are current, NVML's GPUs first."""
         identities: dict[str, GpuIdentity] = {gpu.uuid: gpu for gpu in self.nvml.gpus}
         # GPUs that only a source knows (an nsys replay on a host without GPUs) come after NVML's, under
         # an index of their own: an export's GPU 0 next to NVML's GPU 0 becomes GPU 1 (label gpu="1").
         taken = {gpu.index for gpu in self.nvml.gpus}
-        for source in sources.values():
-            for uuid, ident in getattr(source, "identities", {}).items():
+        for source in self.spatial.values():  # a stuck source's GPUs stay, without its values
+            for uuid, ident in source.identities.items():
                 if uuid in identities:
                     continue
                 if ident.index in taken:
                     ident = replace(ident, index=next(i for i in itertools.count() if i not in taken))
                 taken.add(ident.index)
                 identities[uuid] = ident
+        telemetry = self.nvml.telemetry if self.nvml in current else {}
         views = []
         for uuid, ident in identities.items():
-            results = {name: self._fresh(name, src.results.get(uuid)) for name, src in sources.items()}
-            views.append(
-                build_view(ident, self._fresh("nvml", self.nvml.telemetry.get(uuid)), results, self.order,
-                           self._reasons(), self.interval, self._fresh("mps", getattr(self.mps, "snapshot", None)))
-            )
+            results = {s.name: s.results.get(uuid) for s in current if s.name in self.spatial}
+            views.append(build_view(ident, telemetry.get(uuid), results, self.order, self._reasons(), self.interval,
+                                    mps))
         return tuple(views)
 
     def _reasons(self) -> dict[str, str]:

@@ -6,7 +6,8 @@ after each tick, `holdings`: per GPU the holders and the share each holds, and p
 holder owning the process. exporter/workloads.py joins the holdings of every kind without knowing
 where they came from; the engine takes one list of these samplers.
 
-A new kind is one new module with a `build(args, nvml)` function, named in KINDS.
+A new kind is one new module, named in KINDS, with `add_arguments(parser)` (its flags, in an
+argument group named after it) and `build(args, nvml, explicit)` (its sampler, or None).
 """
 from __future__ import annotations
 
@@ -14,15 +15,9 @@ import dataclasses
 import importlib
 from dataclasses import dataclass, field
 
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth
-
-# Why a held share is what it is (gpu_workload_held_share_basis_info, /api/v1/workloads held_share_basis).
-WHOLE = "whole"            # a whole GPU
-REPLICAS = "replicas"      # k of the N device-plugin replicas offered for the GPU (time-slicing, MPS)
-MIG = "mig"                # a MIG device's share of the parent's SMs
-CAPACITY = "capacity"      # a DRA claim's consumed capacity over the device's capacity (API server)
-EVEN_SPLIT = "even_split"  # split evenly among the allocations, jobs or users of the device
-HELD_SHARE_BASES = (WHOLE, MIG, REPLICAS, CAPACITY, EVEN_SPLIT)  # from exact to estimated
+from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE  # noqa: F401
 
 
 def weakest_basis(bases) -> str:
@@ -74,29 +69,21 @@ class Holdings:
     error: str = ""
 
 
-class HolderSampler:
-    """The interface every holder sampler implements (and inherits its defaults from).
-
-    name: the collector name (gpu_exporter_collector_success{collector}); interval: seconds between
-    ticks; health: CollectorHealth of the last tick; holdings: Holdings of the last tick; snapshot:
-    what /api/v1/gpus shows of this kind under its name (None: nothing).
+class HolderSampler(SamplerDefaults):
+    """The interface every holder sampler implements (and inherits its defaults from): an
+    exporter.sampler.Sampler whose loop starts after NVML's first tick (it maps processes to NVML's
+    GPUs), with `holdings`: Holdings of the last tick; `snapshot`: what /api/v1/gpus shows of this kind
+    under its name (None: nothing).
     """
 
     name = ""
     interval = 5.0
+    after_nvml = True
     health = CollectorHealth(False, 0.0, "not sampled yet")
     holdings = Holdings()
-    snapshot = None
 
     def tick(self) -> None:
         raise NotImplementedError
-
-    def more_health(self) -> dict[str, CollectorHealth]:
-        """Health of helpers a sampler ticks itself (the Kubernetes API reader of the kubelet sampler)."""
-        return {}
-
-    def close(self) -> None:
-        pass
 
 
 # Kind -> the module whose build(args, nvml) returns its sampler or None (not configured). Order: the
@@ -104,6 +91,11 @@ class HolderSampler:
 KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",
          "users": "exporter.samplers.users"}
 SCHEDULERS = ("kubelet", "slurm")  # where one is configured, users are no holders under --holders auto
+
+
+def add_arguments(parser) -> None:
+    for module in KINDS.values():
+        importlib.import_module(module).add_arguments(parser)
 
 
 def build_holders(args, nvml) -> list:

@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     # one answer per tick (and XID events are recorded as they come, by the sampler's own watcher).
     sampler = NvmlSampler(recorder, interval=args.interval)
     sampler.slow_every_s = sampler.health_every_s = sampler.errors_every_s = 0.0
-    engine = Engine(sampler, gpm=GpmSource(), interval=args.interval)
+    engine = Engine(sampler, [GpmSource(sampler)], interval=args.interval)
     deadline = time.monotonic() + args.seconds
     while time.monotonic() < deadline:
         engine.tick_devices()

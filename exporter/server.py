@@ -1,7 +1,7 @@
 """The HTTP server: uvicorn with httptools behind a guard that bounds what one client can cost.
 
 Anything on the pod network can reach the exporter, so every connection is held to limits
-(flags in exporter/config.py, "serving"; README, "Exposure"):
+(flags in exporter/config.py, "serving"; docs/exposure.md):
 - the request line and headers: at most `max_header_bytes`. Bytes are counted before the parser
   sees them, so a larger header block is answered 431 and nothing beyond the limit is buffered.
 - time: a connection waiting for a request (new, or kept alive after a response) is closed after
@@ -153,7 +153,7 @@ class Guard:
                 self.close(conn, {IDLE: "idle", HEADERS: "slow headers", BODY: "slow body", RESPONSE: "not reading",
                                   CLOSING: "header cap"}[phase], answer)
         if self.closed and now - self._reported >= REPORT_EVERY_S:
-            log.warning("HTTP limits: closed %s (README, Exposure)",
+            log.warning("HTTP limits: closed %s (docs/exposure.md)",
                         ", ".join(f"{n} {why}" for why, n in self.closed.most_common()))
             self.closed.clear()
             self._reported = now

@@ -6,13 +6,9 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")
+from exporter.vocabulary import ACTIVE, DISABLED, ERROR, OK, PENDING, PUBLISHED_STATES, STANDBY, UNSUPPORTED  # noqa: F401
 
-# States a source reports for one GPU; the chain turns "ok" and "pending" into active or standby, and
-# a source that was not configured (or switched off) is disabled.
-OK, PENDING, UNSUPPORTED, ERROR = "ok", "pending", "unsupported", "error"
-ACTIVE, STANDBY, DISABLED = "active", "standby", "disabled"
-PUBLISHED_STATES = (ACTIVE, STANDBY, DISABLED, UNSUPPORTED, ERROR)
+SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")
 
 
 def as_ratio(value, per: float = 1.0) -> float | None:
@@ -192,21 +188,29 @@ class Snapshot:
     version: int
     created: float
     gpus: tuple[GpuView, ...] = ()
-    mps: object = None  # exporter.samplers.mps.MpsSnapshot
-    holders: dict = field(default_factory=dict)  # holder sampler name -> its snapshot (exporter/holders.py)
-    spool: object = None  # exporter.spool.SpoolStats; None: no upload spool
+    published: dict = field(default_factory=dict)  # sampler name -> its snapshot (exporter.sampler.Sampler)
     workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 
     @property
+    def mps(self):
+        """exporter.samplers.mps.MpsSnapshot; None: MPS not watched."""
+        return self.published.get("mps")
+
+    @property
+    def spool(self):
+        """exporter.spool.SpoolStats; None: no upload spool."""
+        return self.published.get("spool")
+
+    @property
     def kubelet(self):
         """exporter.samplers.kubelet.KubeletSnapshot; None: pod attribution off."""
-        return self.holders.get("kubelet")
+        return self.published.get("kubelet")
 
     @property
     def slurm(self):
         """exporter.samplers.slurm.SlurmSnapshot; None: no job mapping."""
-        return self.holders.get("slurm")
+        return self.published.get("slurm")
 
 
 MAX_LOGGED_CHARS = 2000  # of one logged message: what it quotes (a path, a kubelet's device IDs) may be huge

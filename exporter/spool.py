@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class Retention:
     max_age_s: float
 
 
-class SpoolRetention:
+class SpoolRetention(SamplerDefaults):
     """Ticked in its own loop (every `interval` s) and after each accepted upload."""
 
     name = "spool"
@@ -51,6 +52,10 @@ class SpoolRetention:
         self.health = CollectorHealth(True, 0.0)
         self._removed = 0
         self._log = LogOnce(log)
+
+    @property
+    def snapshot(self) -> SpoolStats:
+        return self.stats
 
     def _uploads(self) -> list[tuple[float, int, Path]]:
         """(mtime, size, path) of the uploads, oldest first; files vanishing meanwhile are skipped."""

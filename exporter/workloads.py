@@ -6,7 +6,7 @@ kubelet, Slurm jobs, Unix users), their processes and NVML's per-process samples
 the GPU-second counters that make accounting exact over any range. Every quantity is in
 GPU-equivalents (shares of the whole physical GPU); docs/metrics.md, "Workloads", is the contract.
 
-What is exact and what is not (README, "Per-workload numbers"):
+What is exact and what is not (docs/workloads.md):
 - held share: what the scheduler allocated. Exact.
 - time share: basis "ctxsw" where the live context-switch source (exporter/samplers/ctxsw.py) has a
   fresh window of the GPU covering all the holder's processes: their resident time share, exact;
@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 
 from exporter import ledger
 from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
+from exporter.sampler import ProcessShare
 from exporter.snapshot import GpuIdentity, LogOnce
+from exporter.vocabulary import CTXSW, CUPTI, EXACT, LEDGER, NVML, TIME_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,10 @@ HELD_IDLE_AFTER_S = 1800.0
 HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
 # counters kept per key: busy by basis, SM-active and hidden-idle by basis, the ledger's cells (exporter/ledger.py)
-BY_KEY = ("busy_basis", "sm_active", "hidden_idle", "ledger")
-EXACT, TIME_SHARE, CTXSW, NVML, CUPTI = "exact", "time_share", "ctxsw", "nvml", "cupti"
+BY_KEY = ("busy_basis", "sm_active", "hidden_idle", LEDGER)
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
+NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class _Account:
     created: float
     rates: dict = field(default_factory=dict)
     counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "busy_basis": {},
-                                                    "sm_active": {}, "hidden_idle": {}, "ledger": {}})
+                                                    "sm_active": {}, "hidden_idle": {}, LEDGER: {}})
     idle_since: float | None = None
     folded: bool = False  # its rates go to OTHER's counters, not its own
     step: dict = field(default_factory=dict)  # what the last integrate added: OTHER takes it over on folding
@@ -161,7 +163,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
     """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
     how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
-    `ctxsw`: the GPU's fresh context-switch window (exporter.samplers.ctxsw.CtxswReading), or None."""
+    `ctxsw`: the GPU's fresh context-switch window (exporter.sampler.ProcessWindow), or None."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
     mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
@@ -197,13 +199,13 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
             entry["reason"] = ("NVML per-process utilization, scaled to the GPU's time utilization"
                                if scale is not None else "NVML per-process utilization (no GPU total to scale to)")
             # every process of the holder ran (or held its context) during the window: its slices are its time
-            if ctxsw is not None and set(pids[holder]) <= ctxsw.listed | ctxsw.shares.keys():
-                own = [ctxsw.shares.get(pid, (0.0, 0.0)) for pid in pids[holder]]
-                entry["time_share"] = round(min(sum(t for t, _ in own), 1.0), 6)
+            if ctxsw is not None and ctxsw.covers(pids[holder]):
+                own = [ctxsw.shares.get(pid, NOT_RESIDENT) for pid in pids[holder]]
+                entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)
                 entry["time_share_basis"], entry["window"] = CTXSW, (ctxsw.window_start, ctxsw.window_end)
                 entry["reason"] = "GPU context switches: the resident time of its processes' slices"
-                if all(sm is not None or t == 0 for t, sm in own):
-                    entry["ctxsw_sm"] = round(min(sum(sm or 0.0 for _, sm in own), 1.0), 6)
+                if all(share.sm is not None or share.time == 0 for share in own):
+                    entry["ctxsw_sm"] = round(min(sum(share.sm or 0.0 for share in own), 1.0), 6)
         if not mig and sm is None and pids[holder] and entry.get("ctxsw_sm") is not None:
             entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # no spatial source for the GPU itself
         elif sm is not None and not mig:
@@ -248,18 +250,19 @@ class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
     @property
-    def samplers(self) -> tuple:
-        """The samplers of its own the engine runs (each with name, tick, interval, health, close)."""
-        return () if self.ctxsw is None else (self.ctxsw,)
+    def ctxsw_states(self) -> tuple | None:
+        """The context-switch source's per-GPU states; None without the source."""
+        return self.source_states.get(CTXSW)
 
     def __init__(self, held_idle_after: float = HELD_IDLE_AFTER_S, series_limit: int = HOLDER_SERIES_LIMIT,
-                 ctxsw=None):
-        """`ctxsw`: exporter.samplers.ctxsw.CtxswSampler (--workload-ctxsw), or None."""
+                 sources=()):
+        """`sources`: the workload sources (exporter.sampler.WorkloadSource, exporter/workload_sources.py);
+        the engine ticks them, the join reads their fresh windows."""
         self.held_idle_after = held_idle_after
         self.series_limit = max(1, series_limit)
-        self.ctxsw = ctxsw
-        # per GPU at the last update: (GpuIdentity, CtxswState); None without the source
-        self.ctxsw_states: tuple | None = None if ctxsw is None else ()
+        self.sources = {source.basis: source for source in sources}
+        # source name -> per GPU at the last update: (GpuIdentity, exporter.sampler.SourceState)
+        self.source_states: dict[str, tuple] = {source.name: () for source in sources}
         self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self.ledger = ledger.Ledger()  # per GPU: every GPU-second in one cell
@@ -284,10 +287,10 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
-                reading = None if self.ctxsw is None else self.ctxsw.fresh(view.identity.uuid, now)
+                windows = {basis: source.fresh(view.identity.uuid, now) for basis, source in self.sources.items()}
                 gpu_views = []
-                entries = gpu_shares(view, holders, owners, mig_sm, reading)
-                mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, reading), {
+                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW))
+                mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
                     holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 self.ledger.set(view.identity, gpu_cells, now)
                 for holder, entry in entries.items():
@@ -301,9 +304,9 @@ class WorkloadAccountant:
                 del self._accounts[key]
             self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)
             self.gpu_ledgers = self.ledger.books()
-            if self.ctxsw is not None:
-                self.ctxsw_states = tuple((v.identity, self.ctxsw.state(v.identity.uuid, now)) for v in views
-                                          if v.telemetry is not None and not v.telemetry.lost)
+            for source in self.sources.values():
+                self.source_states[source.name] = tuple((v.identity, source.state(v.identity.uuid, now)) for v in views
+                                                        if v.telemetry is not None and not v.telemetry.lost)
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
 
     def _bounded(self, gpu, views: list[WorkloadView], now: float, seen: set) -> list[WorkloadView]:
@@ -344,7 +347,7 @@ class WorkloadAccountant:
             TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
             other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded),
             _weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None), None,
-            {cell: round(v, 6) for cell, v in other.rates["ledger"].items()}))
+            {cell: round(v, 6) for cell, v in other.rates[LEDGER].items()}))
         return kept
 
     def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float, cells: dict) -> WorkloadView:
@@ -366,7 +369,7 @@ class WorkloadAccountant:
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": {basis: sm} if sm is not None else None,
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
-            "ledger": cells,
+            LEDGER: cells,
         }
         counters = account.published_counters()
         return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,

@@ -6,7 +6,7 @@
     gpu-spatial nsys CMD [flags]   the Nsight Systems tools (summary, diagnose, workloads, plot, openmetrics, scrub)
 
 Each subcommand is imported only when asked for, so `top` costs no report dependencies and the other
-way round. Errors are one line; bad input exits 2 (README, "Exit codes"); `--version` works on every
+way round. Errors are one line; bad input exits 2 (docs/operations.md, "Exit codes"); `--version` works on every
 subcommand; output cut short by its reader (`| head -1`) ends quietly with 0.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ import sqlite3
 import sys
 from datetime import datetime
 
-from nsys_ingest.commandline import add_version, prog_name, quiet_on_closed_pipe
+from nsys_ingest.commandline import add_version, missing_extra, prog_name, quiet_on_closed_pipe
 from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR, ESTIMATORS
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export, IngestError, progress_bar
 
@@ -44,6 +44,7 @@ def _window(export: Export, args):
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog or prog_name("nsys_ingest"), description=__doc__)
+    parser.set_defaults(prog=parser.prog)
     add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -106,6 +107,13 @@ def run(args) -> int:
 
         print(describe(args.output, scrub(args.file, args.output)))
         return 0
+    if args.command == "plot":  # a wrong output is the output's fault, said before the export is read
+        missing = missing_extra(f"{args.prog} plot", "matplotlib", "plots")
+        if missing:
+            raise IngestError(missing)
+        from nsys_ingest.plot import check_output
+
+        check_output(args.output)
     with Export(args.file, require_metrics=args.command not in ("diagnose", "workloads")) as export:
         try:
             return _run_on(export, args)

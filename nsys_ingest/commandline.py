@@ -3,12 +3,25 @@
 reader of its output leaves (`| head -1`). Here because nsys_ingest is the package the others import."""
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from importlib import metadata
 
 DISTRIBUTION = "gpu-spatial-exporter"
 SCRIPTS = ("gpu-spatial", "gpu-spatial-exporter", "nsys-ingest")  # pyproject.toml, [project.scripts]
+
+
+def missing_extra(command: str, package: str, extra: str) -> str | None:
+    """None when `package` is installed, else the one line saying which extra brings it: what only
+    plots, reports or dashboards need stays out of the exporter node's `pip install .`."""
+    try:
+        importlib.import_module(package)
+        return None
+    except ModuleNotFoundError as missing:
+        if (missing.name or "").split(".")[0] != package:
+            raise  # the package is there, something it needs is not: not ours to explain
+    return f"{command} needs {package}, which `pip install .` leaves out: pip install '.[{extra}]'"
 
 
 def version() -> str:

@@ -9,16 +9,16 @@ RESTORE_START, following a launch loop at ~1 % SM, reads 99.6 %; the one 50 us b
 tensor, DRAM, GR) of its own slices. This is the one place that attribution is computed: the
 `workloads` command and the exporter's live source (exporter/samplers/ctxsw.py) both call attribute().
 
-Estimators (how a sample's value is given to the slices; README, "Per-workload numbers"):
+Estimators (how a sample's value is given to the slices; docs/workloads.md):
 - "at": the whole sample goes to the slice at its timestamp (or to the switch gap);
 - "overlap": a sample that straddles a switch is split by the time each slice covers of it;
 - "fit" (default): each process's density is fitted over all samples, least squares of
   value = sum over processes (and the gap) of overlap fraction x density, each density within 0..1
-  (on the H200 at 1 kHz the only one within 0.02 of the 10 kHz truth for every process: README);
+  (on the H200 at 1 kHz the only one within 0.02 of the 10 kHz truth for every process: docs/workloads.md);
 - "within": only the samples that lie wholly inside one slice (or one gap) count: at 10 kHz (0.1 ms
   samples, ~2 ms slices) that is ~95 % of them, and the truth bench/ctxsw_estimators.py measures against.
 
-Bounds (hostile exports, README "nsys_ingest"): both tables are read in timestamp order in chunks of
+Bounds (hostile exports, docs/exposure.md): both tables are read in timestamp order in chunks of
 `chunk_rows`, per GPU; what is held at once is one chunk of samples, the slices overlapping it (at most
 MAX_PENDING_SLICES) and per-process sums (at most MAX_PROCESSES processes): memory does not grow with
 the length of the capture. Time is the export's Budget.
@@ -223,6 +223,8 @@ class _Gpu:
         self.gram = np.zeros((len(quantities), 1, 1))  # fit: per quantity X'X over codes + gap
         self.moment = np.zeros((len(quantities), 1))  # X'y
         self.samples = 0
+        self.between = 0.0  # ns in gaps between consecutive slices: switch overhead, not the idle edges of the window
+        self.last_end: int | None = None  # where the last slice read ended
         self.held: tuple | None = None  # (stamp, values): a sample whose interval ends at the next one
         self.step = 0  # the last distance between two samples (when the export does not say its frequency)
         self.pending = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # start, end, code
@@ -289,6 +291,11 @@ class _Gpu:
         """Counts the slices; `keep`: hold them for the samples still to come."""
         np.add.at(self.resident, codes, (ends - starts).astype(np.float64))
         np.add.at(self.slices, codes, 1)
+        if len(starts):  # slices come in start order: each gap runs from the latest end so far to the next start
+            reached = np.maximum.accumulate(np.concatenate([[self.last_end if self.last_end is not None else starts[0]],
+                                                            ends]))
+            self.between += float(np.clip(starts - reached[:-1], 0, None).sum())
+            self.last_end = int(reached[-1])
         if not keep:
             return
         s, e, c = self.pending
@@ -528,6 +535,7 @@ def _result(export, window, estimator, quantities, gpus, streams) -> dict:
             "samples": gpu.samples,
             "switch_gap_s": round(gap_s / 1e9, 9),
             "switch_gap_share": round(gap_s / length, 6),
+            "switch_between_share": round(min(gpu.between, gap_s) / length, 6),  # gaps between slices only
             "gap_means": _rounded(dict(zip(quantities, density[-1]))),
             "gpu_means": _rounded(dict(zip(quantities, gpu_means))),
             "unmatched_events": stream.unmatched,

@@ -7,9 +7,20 @@ matplotlib.use("Agg")  # files only: no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
 from nsys_ingest.analysis import bucket_means  # noqa: E402
-from nsys_ingest.reader import Export  # noqa: E402
+from nsys_ingest.reader import Export, IngestError  # noqa: E402
 
 MAX_POINTS = 1200
+
+
+def check_output(path: str) -> None:
+    """The file's suffix chooses the image format: one matplotlib cannot write is refused by name."""
+    formats = sorted(plt.figure().canvas.get_supported_filetypes())
+    plt.close("all")
+    suffix = path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    if suffix not in formats:
+        said = f"no .{suffix} files" if suffix else "no file without a suffix"
+        raise IngestError(f"cannot write {path}: plot writes images, {said}; its suffix chooses the format, one "
+                          f"of {', '.join('.' + f for f in formats)} (e.g. -o timeline.png)")
 
 
 def figure(export: Export, start_ns=None, end_ns=None, chunk_rows=None, progress=None):

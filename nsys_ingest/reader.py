@@ -1,6 +1,6 @@
 """Open Nsight Systems exports of both schema eras and read their GPU metrics in bounded chunks.
 
-Eras (the schemas Nsight Systems wrote over its versions; README, "nsys_ingest"):
+Eras (the schemas Nsight Systems wrote over its versions; docs/nsys.md):
 - up to 2023.3: GENERIC_EVENTS(timestamp, typeId, data JSON), metric names without units as keys;
 - from 2023.4: TARGET_INFO_GPU_METRICS(typeId, metricId, metricName) + GPU_METRICS(timestamp, typeId,
   metricId, value), joined on (typeId, metricId) since metricId alone repeats across GPUs.

@@ -170,8 +170,8 @@ def test_item3_time_utilization_says_where_it_comes_from(exporter):
         assert get(running, "/api/v1/gpus")["gpus"][0]["time_utilization_source"] == "nsys"
 
 
-def test_item3_readme_says_a_replay_is_stamped_now_and_where_time_comes_from():
-    readme = (ROOT / "README.md").read_text()
+def test_item3_docs_say_a_replay_is_stamped_now_and_where_time_comes_from():
+    readme = (ROOT / "docs" / "exporter.md").read_text()
     assert "gpu_time_utilization_source_info" in readme
     row = next(line for line in readme.splitlines() if line.startswith("| `gpu_spatial_sample_timestamp_seconds"))
     assert "replay" in row and "current time" in row

@@ -43,7 +43,8 @@ def test_help_names_every_flag_and_its_environment_variable():
 
 def test_metrics_are_rendered_once_per_snapshot():
     backend = ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json")
-    engine = Engine(NvmlSampler(backend, interval=0.5), gpm=GpmSource(), interval=0.5)
+    nvml = NvmlSampler(backend, interval=0.5)
+    engine = Engine(nvml, [GpmSource(nvml)], interval=0.5)
     engine.tick_devices()
     engine.publish()
     cache = MetricsCache(engine, build_registry(engine))

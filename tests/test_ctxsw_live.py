@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from exporter.samplers.ctxsw import (ACTIVE, ALONE, DCGM, ERROR, MIG, MPS, NOT_ROOT, STANDBY, UNSUPPORTED,
-                                     CtxswReading, CtxswSampler)
+                                     CtxswSampler)
+from exporter.sampler import ProcessShare, ProcessWindow
 from exporter.snapshot import OK, ComputeProcess, DeviceTelemetry, GpuIdentity, SourceResult
 from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountant, gpu_shares
 from tests import synthetic_exports as synth
@@ -46,7 +47,9 @@ def live_export(path: Path) -> Path:
 
 
 def reading(shares, listed=(), end=1000.0):
-    return CtxswReading(end - 10.0, end, shares, frozenset(listed))
+    """A ctxsw window from pid -> (time share, SM active)."""
+    return ProcessWindow(basis=CTXSW, window_start=end - 10.0, window_end=end, listed=frozenset(listed),
+                         shares={pid: ProcessShare(time=t, sm=sm) for pid, (t, sm) in shares.items()})
 
 
 # -- the join: exact figures ------------------------------------------------------------------------
@@ -86,7 +89,7 @@ def test_the_holder_alone_on_the_gpu_keeps_the_exact_sm():
 
 class Sampler:
     """What the accountant reads of the ctxsw sampler."""
-    name, interval, health = "ctxsw", 60.0, None
+    name, interval, health, basis = "ctxsw", 60.0, None, CTXSW
 
     def __init__(self, readings, max_age=130.0):
         self.readings, self.max_age = readings, max_age
@@ -102,7 +105,7 @@ def test_busy_counters_integrate_the_best_basis_and_keep_it_and_old_windows_disa
     trainer = Holder("team-a", "train-0", "trainer")
     holdings = [Holdings(gpus={"GPU-aaaa": {trainer: Held(0.5, REPLICAS)}}, owners={417: trainer, 418: trainer})]
     sampler = Sampler({})
-    acc = WorkloadAccountant(ctxsw=sampler)
+    acc = WorkloadAccountant(sources=[sampler])
     busy = view(**TIME_SLICED)
     acc.update(100.0, (busy,), holdings)  # no window yet: nvml, 0.396
     acc.update(110.0, (busy,), holdings)
@@ -153,7 +156,9 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys, monkey
     state = sampler.states[NVML_UUID]
     assert state.state == ACTIVE and sampler.health.success, (state, sampler.health)
     got = sampler.readings[NVML_UUID]
-    assert got.shares == {417: (0.4, 0.2), 418: (0.1, 0.1), 419: (0.45, 0.09)}
+    assert got.shares == {417: ProcessShare(time=0.4, sm=0.2), 418: ProcessShare(time=0.1, sm=0.1),
+                          419: ProcessShare(time=0.45, sm=0.09)}
+    assert (got.basis, got.switch_overhead) == (CTXSW, pytest.approx(0.05))  # gaps 4-4.5 and 6.5-7 ms of 20
     assert got.listed == {417, 418} and got.window_end - got.window_start == pytest.approx(0.02)
     calls = (fake_nsys / "calls.log").read_text().splitlines()
     assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=500")

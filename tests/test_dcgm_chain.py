@@ -123,7 +123,7 @@ def test_engine_falls_back_to_gpm_when_dcgm_fails_and_back_when_it_recovers(dcgm
     backend = ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json")
     nvml = NvmlSampler(backend, interval=0.2)
     source = DcgmExporterSource(dcgm.url, timeout=0.3, nvml=nvml)
-    engine = Engine(nvml, gpm=GpmSource(), spatial={"dcgm": source}, interval=0.2)
+    engine = Engine(nvml, [GpmSource(nvml), source], interval=0.2)
     for _ in range(2):
         engine.tick_devices()
     source.tick()

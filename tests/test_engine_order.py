@@ -43,7 +43,7 @@ def test_slurm_first_tick_sees_the_gpus_nvml_lists(tmp_path, caplog):
     ticks = []
     original = slurm.tick
     slurm.tick = lambda: (ticks.append(len(nvml.gpus)), original())
-    engine = Engine(nvml, gpm=GpmSource(), holders=[slurm], interval=0.1)
+    engine = Engine(nvml, [GpmSource(nvml), slurm], interval=0.1)
     with caplog.at_level(logging.INFO):
         engine.start()
         try:

@@ -279,7 +279,7 @@ def test_without_gpm_pcie_and_nvlink_come_from_nvml(tmp_path):
 
     sampler = NvmlSampler(ReplayNvml(one_frame(tmp_path, edit)), interval=0.1)
     sampler.health_every_s = 0.0
-    engine = Engine(sampler, gpm=GpmSource(), interval=0.1)
+    engine = Engine(sampler, [GpmSource(sampler)], interval=0.1)
     before_first = time.monotonic()
     engine.tick_devices()
     after_first = time.monotonic()

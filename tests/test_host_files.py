@@ -136,7 +136,7 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
 
     nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"), interval=0.1)
     slurm = HangingMount(str(mapping), nvml, proc_root=str(proc), interval=0.1)
-    engine = Engine(nvml, gpm=GpmSource(), interval=0.1, holders=(slurm,), workloads=WorkloadAccountant())
+    engine = Engine(nvml, [GpmSource(nvml), slurm], interval=0.1, workloads=WorkloadAccountant())
     engine.tick_deadline = 1.0
     jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}  # noqa: E731
     caplog.set_level(logging.INFO, logger="exporter.engine")
@@ -144,7 +144,7 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
     try:
         wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job held")
         slurm.hanging = True
-        wait_for(lambda: "slurm" not in engine.snapshot.holders, 15, 0.05, "values withdrawn")
+        wait_for(lambda: "slurm" not in engine.snapshot.published, 15, 0.05, "values withdrawn")
         assert jobs() == set() and not engine.snapshot.health["slurm"].success
         assert "tick stuck for more than 1 s" in engine.snapshot.health["slurm"].error
         assert engine.snapshot.health["nvml"].success  # the other loops go on

@@ -6,8 +6,9 @@ import pytest
 from exporter import ledger
 from exporter.holders import REPLICAS, Held, Holdings
 from exporter.ledger import GpuUse, HolderUse, cells, waste
+from exporter.sampler import ProcessShare, ProcessWindow, SourceState
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, GpuView
-from exporter.vocabulary import (BUSY_UNSPLIT, GPU_CELLS, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
+from exporter.vocabulary import (BUSY_UNSPLIT, CTXSW, GPU_CELLS, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
                                  UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
 from exporter.workloads import Holder, WorkloadAccountant
@@ -81,14 +82,37 @@ def test_nvml_shares_summing_to_1_3_are_scaled_to_the_gpus_time():
     assert only(mine[A]) == {BUSY_UNSPLIT: round(0.8 / 1.3, 6)} and only(gpu) == {BUSY_UNSPLIT: 1.0}
 
 
+class WindowSource:
+    """A workload source (exporter.sampler.WorkloadSource) whose fresh window is given: the join reads it."""
+
+    name, basis = "ctxsw", CTXSW
+
+    def __init__(self, window):
+        self.window = window
+
+    def fresh(self, uuid, now):
+        return self.window
+
+    def state(self, uuid, now):
+        return SourceState("active", "test", self.window.window_start, self.window.window_end)
+
+
 def test_a_ctxsw_window_with_20_percent_switch_gaps():
-    """Resident time a 0.4 (SM 0.3), b 0.2 (SM 0.1), switch gaps 0.2: 0.2 is left idle, 0.1 each."""
-    mine, gpu = cells(GpuUse(busy=0.6, sm=None, switch_overhead=0.2, complete=True),
-                      {A: HolderUse(0.5, 0.4, 0.3), B: HolderUse(0.5, 0.2, 0.1)})
-    assert only(mine[A]) == {SM_ACTIVE_WORK: 0.3, HIDDEN_IDLE: 0.1, TIME_IDLE: 0.1}
-    assert only(mine[B]) == {SM_ACTIVE_WORK: 0.1, HIDDEN_IDLE: 0.1, TIME_IDLE: 0.1}
-    assert only(gpu) == {SM_ACTIVE_WORK: 0.4, HIDDEN_IDLE: 0.2, TIME_IDLE: 0.2, SWITCH_OVERHEAD: 0.2}
-    assert waste(gpu) == pytest.approx(0.6)
+    """The window: resident time a 0.4 (SM of its slices 0.3), b 0.2 (SM 0.1), gaps between slices 0.2; no
+    spatial source for the GPU itself (its SM active is the window's). 0.2 is left idle, 0.1 each; NVML's
+    0.99 busy of the same GPU does not enter (the window's own figures sum to it)."""
+    window = ProcessWindow(CTXSW, 90.0, 100.0, frozenset({1, 2}),
+                           {1: ProcessShare(0.4, 0.3), 2: ProcessShare(0.2, 0.1)}, switch_overhead=0.2)
+    v = view({1: 0.5, 2: 0.5}, {1: "time_sliced", 2: "time_sliced"}, time_utilization=0.99, sm_active=None)
+    acc = WorkloadAccountant(sources=[WindowSource(window)])
+    holdings = [Holdings(gpus={GPU0.uuid: {A: Held(0.5, REPLICAS), B: Held(0.5, REPLICAS)}}, owners={1: A, 2: B})]
+    acc.update(100.0, (v,), holdings)
+    holders = {w.holder: w.counters["ledger"] for w in acc.update(110.0, (v,), holdings)}
+    assert only(holders[A]) == {SM_ACTIVE_WORK: 3.0, HIDDEN_IDLE: 1.0, TIME_IDLE: 1.0}
+    assert only(holders[B]) == {SM_ACTIVE_WORK: 1.0, HIDDEN_IDLE: 1.0, TIME_IDLE: 1.0}
+    (book,) = acc.gpu_ledgers
+    assert only(book.counters) == {SM_ACTIVE_WORK: 4.0, HIDDEN_IDLE: 2.0, TIME_IDLE: 2.0, SWITCH_OVERHEAD: 2.0}
+    assert waste(book.counters) == pytest.approx(6.0) and book.observed == 10.0
 
 
 def test_mps_without_per_client_numbers_leaves_the_busy_time_unattributed():

@@ -66,4 +66,4 @@ def test_dashboards_without_grafanalib_name_the_extra():
     assert done.returncode == 2
     assert done.stderr == ("python3 -m dashboards needs grafanalib, which `pip install .` leaves out: "
                            "pip install '.[dashboards]'\n")
-    assert "pip install '.[dashboards]'" in (ROOT / "README.md").read_text()
+    assert "pip install '.[dashboards]'" in (ROOT / "docs" / "alerts.md").read_text()

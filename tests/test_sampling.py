@@ -7,6 +7,7 @@ import pytest
 from exporter.chain import build_view
 from exporter.engine import Engine
 from exporter.nvml_replay import ReplayNvml
+from exporter.sampler import SamplerDefaults
 from exporter.samplers.gpm import GpmSource
 from exporter.samplers.nvml import NvmlSampler, window_mean
 from exporter.snapshot import OK, DeviceTelemetry, GpuIdentity, SourceResult, SpatialReading
@@ -136,7 +137,7 @@ def test_gpm_nan_is_no_value(tmp_path):
     backend = recording_with(tmp_path, edit)
     nvml, gpm = NvmlSampler(backend, interval=0.5), GpmSource()
     nvml.tick()
-    gpm.tick(backend, nvml.gpus)
+    gpm.sample(backend, nvml.gpus)
     reading = next(iter(gpm.results.values())).reading
     assert reading.sm_occupancy is None and reading.sm_active == pytest.approx(0.2495, abs=1e-3)
 
@@ -148,7 +149,7 @@ def test_gpm_unsupported_says_why(tmp_path):
     backend = recording_with(tmp_path, edit)
     nvml, gpm = NvmlSampler(backend, interval=0.5), GpmSource()
     nvml.tick()
-    gpm.tick(backend, nvml.gpus)
+    gpm.sample(backend, nvml.gpus)
     result = next(iter(gpm.results.values()))
     assert result.state == "unsupported" and "Hopper" in result.reason
 
@@ -172,8 +173,8 @@ def test_nvml_missing_is_retried_and_logged_once(caplog):
 
 
 def test_a_crashing_sampler_never_stops_the_others(tmp_path):
-    class Broken:
-        name = "dcgm"
+    class Broken(SamplerDefaults):
+        name, interval = "dcgm", 0.1
         results = {}
         health = None
 
@@ -181,7 +182,8 @@ def test_a_crashing_sampler_never_stops_the_others(tmp_path):
             raise RuntimeError("boom")
 
     backend = ReplayNvml(RECORDING)
-    engine = Engine(NvmlSampler(backend, interval=0.1), gpm=GpmSource(), spatial={"dcgm": Broken()}, interval=0.1)
+    nvml = NvmlSampler(backend, interval=0.1)
+    engine = Engine(nvml, [GpmSource(nvml), Broken()], interval=0.1)
     engine.spatial["dcgm"].health = engine.nvml.health
     engine.start()
     try:

@@ -126,8 +126,8 @@ class RaisingDcgm(DcgmExporterSource):
 
 
 def _run_engine(sampler, caplog, seconds=0.8):
-    engine = Engine(NvmlSampler(ReplayNvml(RECORDING), interval=0.05), gpm=GpmSource(), spatial={"dcgm": sampler},
-                    interval=0.05)
+    nvml = NvmlSampler(ReplayNvml(RECORDING), interval=0.05)
+    engine = Engine(nvml, [GpmSource(nvml), sampler], interval=0.05)
     with caplog.at_level(logging.ERROR, logger="exporter.engine"):
         engine.start()
         try:

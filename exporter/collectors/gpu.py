@@ -5,7 +5,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
 from exporter.nvml import CLOCK_EVENT_REASONS
-from exporter.snapshot import PUBLISHED_STATES, SPATIAL_FIELDS
+from exporter.snapshot import SPATIAL_FIELDS
+from exporter.vocabulary import PUBLISHED_STATES
 from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
 GPU_LABELS = ["gpu", "uuid", "model"]

@@ -5,6 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
 from exporter.holders import Holder
+from exporter.vocabulary import ACTIVE, LEDGER, WORKLOAD_SOURCE_STATES
 
 HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
@@ -75,7 +76,7 @@ class WorkloadCollector:
                 c_sm.add_metric(labels + [basis], value, created=w.created)
             for basis, value in sorted(w.counters["hidden_idle"].items()):
                 c_hidden.add_metric(labels + [basis], value, created=w.created)
-            for cell, value in sorted(w.counters["ledger"].items()):
+            for cell, value in sorted(w.counters[LEDGER].items()):
                 c_ledger.add_metric(labels + [cell], value, created=w.created)
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
@@ -103,8 +104,6 @@ class WorkloadCollector:
 
     def _ctxsw_states(self):
         """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""
-        from exporter.samplers.ctxsw import ACTIVE, STATES
-
         states = getattr(self._engine.workloads, "ctxsw_states", None)
         if states is None:
             return
@@ -115,7 +114,7 @@ class WorkloadCollector:
                                   "context-switch window the basis=\"ctxsw\" values describe.", labels=GPU_LABELS)
         for gpu, current in states:
             labels = [str(gpu.index), gpu.uuid, gpu.model]
-            for name in STATES:
+            for name in WORKLOAD_SOURCE_STATES:
                 state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
             if current.state == ACTIVE and current.window_end is not None:
                 stamp.add_metric(labels, current.window_end)

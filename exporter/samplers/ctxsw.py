@@ -25,15 +25,15 @@ import subprocess
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from exporter.config import duration
+from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
 from exporter.samplers.nsys import CaptureError, NsysRunner
 from exporter.snapshot import CollectorHealth, LogOnce
+from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
 log = logging.getLogger(__name__)
-ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED = "active", "standby", "unsupported", "error", "disabled"
-STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
 EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 500 Hz takes about a second
 READ_BUDGET_S = 60.0
@@ -48,22 +48,47 @@ NO_SWITCHES = ("no context switches recorded while {n} processes ran on it: this
 ALONE = "fewer than two processes ran in the window: nothing to split (a process alone is exact without it)"
 
 
-@dataclass(frozen=True)
-class CtxswReading:
-    """One GPU's window: pid -> (time share, SM active as a share of the GPU, None: not sampled)."""
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("ctxsw")
+    g.add_argument("--workload-ctxsw", action="store_true",
+                   help="time shares and SM activity per holder from the GPUs' own context switches: runs `nsys "
+                        "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
+                        "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
+    g.add_argument("--ctxsw-window", type=duration, default=10.0, help="length of one context-switch capture")
+    # 180 s at 500 Hz: a window costs ~2.4 s of CPU (mostly nsys' own agent, which a lower frequency hardly
+    # changes), so the exporter with pods as holders measured 2.6 % of a core over 10 minutes on the H200
+    # (bench/RESULTS.md, issue 26); at 120 s and 1 kHz it was 3.9 %.
+    g.add_argument("--ctxsw-period", type=duration, default=180.0,
+                   help="one capture starts every this long (the duty is window / period)")
+    # 500 Hz: 2 ms samples over ~2 ms slices; the fit's error of SM active against the 10 kHz truth is 0.009
+    # of the GPU at 500 Hz, 0.006 at 1 kHz, for a third less CPU per window
+    g.add_argument("--ctxsw-frequency", type=int, default=500, help="GPU metrics sampling frequency of the captures, Hz")
+    g.add_argument("--ctxsw-estimator", choices=("fit", "overlap", "at", "within"), default="fit",
+                   help="how GPU metrics samples are given to the time slices (nsys-ingest workloads --estimator)")
 
-    window_start: float
-    window_end: float
-    shares: dict[int, tuple[float, float | None]]
-    listed: frozenset[int]  # pids NVML listed on the GPU at the window's start or end
+
+def check_arguments(args) -> str | None:
+    """Why the flags cannot work together (one line), or None."""
+    if not args.workload_ctxsw:
+        return None
+    if not 1.0 <= args.ctxsw_window < args.ctxsw_period:
+        return (f"--ctxsw-window {args.ctxsw_window:g}s must be at least 1 s and shorter than --ctxsw-period "
+                f"{args.ctxsw_period:g}s")
+    if args.nsys_live:
+        return ("--workload-ctxsw and --nsys-live would both sample the GPUs' metrics with nsys, which one "
+                "session at a time can do: choose one")
+    if not 10 <= args.ctxsw_frequency <= 10000:
+        return (f"--ctxsw-frequency {args.ctxsw_frequency}: give 10 to 10000 Hz (500 resolves ~2 ms slices; "
+                "10 kHz already makes ~180 MB a second of raw stream)")
+    return None
 
 
-@dataclass(frozen=True)
-class CtxswState:
-    state: str
-    reason: str
-    window_start: float | None = None
-    window_end: float | None = None
+def build(args, nvml, spatial):
+    """The sampler the flags ask for (--workload-ctxsw), or None."""
+    if not args.workload_ctxsw:
+        return None
+    return CtxswSampler(nvml, args.nsys_binary, args.ctxsw_window, args.ctxsw_period, args.ctxsw_frequency,
+                        args.ctxsw_estimator, other_sources=spatial)
 
 
 def profile_command(binary: str, devices: str, frequency: int, out: Path, seconds: float) -> list[str]:
@@ -74,8 +99,11 @@ def profile_command(binary: str, devices: str, frequency: int, out: Path, second
             "sleep", f"{seconds:g}"]
 
 
-class CtxswSampler:
+class CtxswSampler(SamplerDefaults):
+    """An exporter.sampler.WorkloadSource of basis ctxsw."""
+
     name = "ctxsw"
+    basis = CTXSW
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -89,8 +117,8 @@ class CtxswSampler:
         self.estimator = estimator or DEFAULT_ESTIMATOR
         self.max_age = 2 * period_s + window_s
         self._others = other_sources or {}  # name -> spatial source (dcgm: its profiling excludes ours)
-        self.readings: dict[str, CtxswReading] = {}  # GPU UUID -> the last window
-        self.states: dict[str, CtxswState] = {}
+        self.readings: dict[str, ProcessWindow] = {}  # GPU UUID -> the last window
+        self.states: dict[str, SourceState] = {}
         self.health = CollectorHealth(True, 0.0, "")
         self._log = LogOnce(log)
         self._stopping = threading.Event()
@@ -98,16 +126,16 @@ class CtxswSampler:
         self._work: Path | None = None  # the capture's directory while one runs
 
     # -- what the accountant reads ------------------------------------------------------------------
-    def fresh(self, uuid: str, now: float) -> CtxswReading | None:
+    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
         reading = self.readings.get(uuid)
         return reading if reading is not None and now - reading.window_end <= self.max_age else None
 
-    def state(self, uuid: str, now: float) -> CtxswState:
+    def state(self, uuid: str, now: float) -> SourceState:
         state = self.states.get(uuid)
         if state is None:
-            return CtxswState(STANDBY, "the first window has not been captured yet")
+            return SourceState(STANDBY, "the first window has not been captured yet")
         if state.state == ACTIVE and self.fresh(uuid, now) is None:
-            return CtxswState(STANDBY, f"the last window is older than {self.max_age:g} s (captures stalled)",
+            return SourceState(STANDBY, f"the last window is older than {self.max_age:g} s (captures stalled)",
                               state.window_start, state.window_end)
         return state
 
@@ -122,7 +150,7 @@ class CtxswSampler:
             self._log.problem("ctxsw", str(exc))
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
 
-    def _set(self, uuid: str, state: CtxswState, quiet: bool = False) -> None:
+    def _set(self, uuid: str, state: SourceState, quiet: bool = False) -> None:
         """`quiet`: the problem is the whole source's, logged once under "ctxsw", not per GPU."""
         self.states[uuid] = state
         if state.state != ACTIVE:
@@ -154,13 +182,13 @@ class CtxswSampler:
                    else NOT_ROOT if os.geteuid() != 0 else None)
         if refusal and gpus:
             for gpu in gpus:
-                self._set(gpu.uuid, CtxswState(UNSUPPORTED, refusal), quiet=True)
+                self._set(gpu.uuid, SourceState(UNSUPPORTED, refusal), quiet=True)
             raise CaptureError(refusal)
         targets = []
         for gpu in gpus:
             why = self._refused(gpu.uuid)
             if why:
-                self._set(gpu.uuid, CtxswState(UNSUPPORTED, why))
+                self._set(gpu.uuid, SourceState(UNSUPPORTED, why))
             else:
                 targets.append(gpu)
         if not targets:
@@ -170,7 +198,7 @@ class CtxswSampler:
             result, ended = self._capture(binary, targets)
         except CaptureError as exc:
             for gpu in targets:
-                self._set(gpu.uuid, CtxswState(ERROR, str(exc)), quiet=True)
+                self._set(gpu.uuid, SourceState(ERROR, str(exc)), quiet=True)
             raise
         if result is None:  # stopping
             return
@@ -183,13 +211,14 @@ class CtxswSampler:
             listed = frozenset(before[gpu.uuid] | after[gpu.uuid])
             if entry is None:
                 many = len(listed)
-                self._set(gpu.uuid, CtxswState(STANDBY, ALONE) if many < 2 else
-                          CtxswState(UNSUPPORTED, NO_SWITCHES.format(n=many)))
+                self._set(gpu.uuid, SourceState(STANDBY, ALONE) if many < 2 else
+                          SourceState(UNSUPPORTED, NO_SWITCHES.format(n=many)))
                 continue
-            shares = {p["pid"]: (p["time_share"], p["of_gpu"].get("sm_active")) for p in entry["processes"]
-                      if p["pid"] is not None}
-            self.readings[gpu.uuid] = CtxswReading(start, end, shares, listed)
-            self._set(gpu.uuid, CtxswState(
+            shares = {p["pid"]: ProcessShare(time=p["time_share"], sm=p["of_gpu"].get("sm_active"))
+                      for p in entry["processes"] if p["pid"] is not None}
+            self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
+                                                    shares=shares, switch_overhead=entry["switch_between_share"])
+            self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
                         f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}", start, end))
 

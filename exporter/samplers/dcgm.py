@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading, as_ratio
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def parse_exposition(text: str) -> dict[str, dict]:
     return gpus
 
 
-class _DcgmSource:
+class _DcgmSource(SamplerDefaults):
     """What both ways of reading DCGM keep: results per GPU UUID, health, the window a value covers."""
 
     name = "dcgm"

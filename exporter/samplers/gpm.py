@@ -5,6 +5,7 @@ import logging
 import time
 
 from exporter.nvml import NvmlError
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import (
     ERROR,
     OK,
@@ -24,13 +25,16 @@ MIN_WINDOW_S = 0.1  # NVML wants GPM samples at least 100 ms apart
 MIB = 2**20  # GPM's PCIe and NVLink metrics are MiB/s
 
 
-class GpmSource:
-    """Driven by the NVML sampler's thread, right before it reads utilization samples, so that the
+class GpmSource(SamplerDefaults):
+    """Ticked in the NVML sampler's loop, right before it reads utilization samples, so that the
     time utilization of the same tick can be averaged over exactly this window."""
 
     name = "gpm"
+    in_nvml_loop = True
 
-    def __init__(self):
+    def __init__(self, nvml=None):
+        self._nvml = nvml  # NvmlSampler: its backend, GPUs and their telemetry
+        self.interval = getattr(nvml, "interval", 1.0)
         self.results: dict[str, SourceResult] = {}
         # (GPU UUID, MIG GPU instance id) -> that instance's reading: the SM activity of its own SMs
         self.instances: dict[tuple[str, int], SpatialReading] = {}
@@ -38,7 +42,10 @@ class GpmSource:
         self._support: dict[str, tuple[bool, str]] = {}
         self._log = LogOnce(log)
 
-    def tick(self, backend, gpus, telemetry=None) -> None:
+    def tick(self) -> None:
+        self.sample(self._nvml.backend, self._nvml.gpus, self._nvml.telemetry)
+
+    def sample(self, backend, gpus, telemetry=None) -> None:
         started = time.perf_counter()
         if backend is None:
             self.results, self.instances = {}, {}

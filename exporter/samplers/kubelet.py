@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporter.config import api_server, duration
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
@@ -395,6 +396,21 @@ class KubeletSampler(HolderSampler):
         self.holdings = Holdings(gpus=held, owners={pid: Holder(r.namespace, r.pod, r.container)
                                                     for pid, r in owners.items()})
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+
+
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("kubelet")
+    g.add_argument("--kubelet-socket", default=None,
+                   help="the kubelet's PodResources socket, for the pods holding each GPU; 'none' to switch off "
+                        "(default: /var/lib/kubelet/pod-resources/kubelet.sock when it exists at start)")
+    g.add_argument("--kubelet-interval", type=duration, default=5.0, help="time between two PodResources List calls")
+    g.add_argument("--kubelet-container-logs", default="/var/log/containers",
+                   help="the kubelet's container log links, whose names map a process's container ID to its pod "
+                        "(only names are read); 'none' to label processes by command only")
+    g.add_argument("--kubernetes-api", type=api_server, default="auto",
+                   help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
+                        "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
+                        "http://127.0.0.1:8001); needs get and list on resourceclaims and resourceslices")
 
 
 def build(args, nvml, explicit: bool = False):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from exporter.hostfiles import read_capped, read_text_capped
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
-class MpsSampler:
+class MpsSampler(SamplerDefaults):
     name = "mps"
 
     def __init__(self, proc_root="/proc", pipe_dir=None, control_binary="nvidia-cuda-mps-control",

@@ -23,6 +23,7 @@ import time
 import uuid as uuidlib
 from pathlib import Path
 
+from exporter.sampler import SamplerDefaults
 from exporter.snapshot import (ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult,
                                SpatialReading, as_ratio, loggable)
 
@@ -170,7 +171,7 @@ def _kill(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-class NsysSource:
+class NsysSource(SamplerDefaults):
     name = "nsys"
 
     def __init__(self, interval: float = 1.0, replay=None, watch_dir=None, live=False, window_s: float = 5.0,

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError
+from exporter.sampler import SamplerDefaults
 from exporter.samplers.xid import XidWatcher
 from exporter.snapshot import (
     CollectorHealth,
@@ -62,7 +63,7 @@ class _SlowReads:
     throttle_share: float | None = None
 
 
-class NvmlSampler:
+class NvmlSampler(SamplerDefaults):
     """Keeps the newest telemetry per GPU and a history of NVML utilization samples.
 
     `backend` is an `Nvml` or a `ReplayNvml`; or give `factory`, a callable that makes one, retried
@@ -154,9 +155,12 @@ class NvmlSampler:
         self.health = CollectorHealth(not errors, time.perf_counter() - started, "; ".join(errors))
 
     def close(self) -> None:
-        """Stops the XID watcher (before NVML shuts down)."""
+        """Stops the XID watcher, then shuts NVML down (the engine closes NVML last)."""
         if self.xid is not None:
             self.xid.stop()
+        closer = getattr(self.backend, "shutdown", None)
+        if closer:
+            closer()
 
     def _xid(self, gpu: GpuIdentity) -> dict:
         counts, last = self.xid.events(gpu.index) if self.xid is not None else ((), None)

@@ -135,6 +135,13 @@ class SlurmSampler(HolderSampler):
         self.health = CollectorHealth(False, time.perf_counter() - started, why)
 
 
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("slurm")
+    g.add_argument("--hpc-job-mapping-dir", default=None,
+                   help="Slurm job mapping directory (as dcgm-exporter's): one file per GPU, named by index or UUID, "
+                        "listing the job IDs holding it; processes are mapped to jobs through their cgroup")
+
+
 def build(args, nvml, explicit: bool = False):
     """The Slurm sampler where --hpc-job-mapping-dir is given, else None (an error under --holders slurm)."""
     if not args.hpc_job_mapping_dir:

@@ -108,6 +108,13 @@ class UsersSampler(HolderSampler):
         self.health = CollectorHealth(True, time.perf_counter() - started, "")
 
 
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("users")
+    g.add_argument("--passwd", metavar="FILE", default=None,
+                   help="the host's user database, naming user holders (default: <proc-root>/1/root/etc/passwd; "
+                        "where unreadable, users are labelled by uid)")
+
+
 def build(args, nvml, explicit: bool = False):
     """The users sampler. Under --holders auto it runs only where no scheduler is configured (see
     exporter/holders.py), and not on a replay read against this host's /proc: a recording's pids are

@@ -15,6 +15,8 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from nsys_ingest.commandline import missing_extra
+
 from .promapi import BASIC_AUTH_ENV, TOKEN_ENV, PrometheusAPI, ReportError, auth_header
 
 PROG = "gpu-spatial report"
@@ -136,6 +138,9 @@ def build(args, now: float):
     from .render import Report
 
     start, end = time_range(args, now)
+    missing = args.format == "html" and missing_extra(f"{PROG} --format html", "matplotlib", "plots")
+    if missing:
+        raise ReportError(missing.removeprefix(f"{PROG} "))
     plan = account.Plan(args.by, account.parse_matchers(args.match), args.source)
     if args.timeout <= 0 or args.max_response_mib <= 0:
         raise ReportError("--timeout and --max-response-mib must be positive")

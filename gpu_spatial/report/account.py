@@ -1,6 +1,6 @@
 """The GPU account: GPU-seconds per group and quantity, read from the workload counters or their rollups.
 
-Two ways to the same numbers (docs/metrics.md, "Workloads"; README, "The GPU account"):
+Two ways to the same numbers (docs/metrics.md, "Workloads"; docs/account.md):
 - counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact whatever the scrape gaps, and
   keeps the `basis` of busy, SM-active and hidden-idle and which held GPU-seconds had no busy or SM series
   (MPS, MIG): those are unknown, never 0. It reads every workload series of the range.

@@ -1,0 +1,125 @@
+"""The sampler contract: what every background source offers the engine, and what a per-process
+workload source offers the workload join.
+
+The engine (exporter/engine.py) runs one list of samplers, each in its own loop, and knows none of
+them by kind: a new source is one module whose object has these attributes. What a sampler publishes
+is its own `snapshot` (None: nothing), shown in the Snapshot under its `name`; spatial sources add
+`results` per GPU, holder samplers `holdings` (exporter/holders.py), workload sources `fresh()`.
+
+`SamplerDefaults` gives the optional attributes their usual values; a class may inherit it or spell
+them itself (the Protocols are structural: nothing else is required).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, runtime_checkable
+
+from exporter.snapshot import CollectorHealth, GpuIdentity, SourceResult, SpatialReading
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A background source. `tick()` reads its source once (never on the scrape path) and leaves what
+    it read in its own attributes; an exception is that tick's failure, never the engine's."""
+
+    name: str  # the collector name of gpu_exporter_collector_success{collector}; unique among samplers
+    interval: float  # seconds between the starts of two ticks
+    health: CollectorHealth  # how its last tick went
+    max_tick_seconds: float  # a tick running longer is stuck (0: the engine's default deadline)
+    after_nvml: bool  # its loop starts once NVML's first tick has listed the GPUs (it maps things to them)
+    in_nvml_loop: bool  # ticked in NVML's loop right before NVML: the same window as time utilization (GPM)
+    snapshot: object  # what it publishes under its name in the Snapshot and /api/v1/gpus (None: nothing)
+
+    def tick(self) -> None: ...
+
+    def close(self) -> None:
+        """Ends work in flight (a capture) and frees what the sampler holds; called once, at stop."""
+
+    def more_health(self) -> dict[str, CollectorHealth]:
+        """Health of helpers it ticks itself, by their own collector name (the kubelet's API reader)."""
+
+
+@runtime_checkable
+class SpatialSource(Sampler, Protocol):
+    """A sampler of spatial utilization per GPU (dcgm, gpm, nsys): the chain picks one per GPU."""
+
+    results: Mapping[str, SourceResult]  # GPU UUID -> state, reason and reading
+    identities: Mapping[str, GpuIdentity]  # GPUs only this source knows (a replayed export's)
+    instances: Mapping[tuple[str, int], SpatialReading]  # (GPU UUID, MIG GPU instance) -> its own SMs' reading
+
+
+class SamplerDefaults:
+    """The optional parts of the contract, at their usual values."""
+
+    max_tick_seconds = 0.0
+    after_nvml = False
+    in_nvml_loop = False
+    snapshot = None
+    identities: Mapping[str, GpuIdentity] = {}
+    instances: Mapping[tuple[str, int], SpatialReading] = {}
+
+    def close(self) -> None:
+        pass
+
+    def more_health(self) -> dict[str, CollectorHealth]:
+        return {}
+
+
+# -- per-process workload sources ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProcessShare:
+    """What one process did on one GPU over a window."""
+
+    time: float  # share of the window its work was resident (ctxsw) or its kernels ran (cupti): union of intervals
+    sm: float | None = None  # its SM-active share of the whole GPU over the window (cupti: the unscaled estimate)
+
+    def to_json(self) -> dict:
+        return {"time": self.time, "sm": self.sm}
+
+
+@dataclass(frozen=True)
+class ProcessWindow:
+    """One window of a per-process source on one GPU (times: host wall clock, seconds)."""
+
+    basis: str  # exporter.vocabulary CTXSW or CUPTI
+    window_start: float
+    window_end: float
+    listed: frozenset[int] = frozenset()  # host pids the source saw on the GPU in the window, working or not
+    shares: Mapping[int, ProcessShare] = field(default_factory=dict)  # host pid -> its share
+    switch_overhead: float | None = None  # share of the window in context-switch gaps (ctxsw only)
+
+    def covers(self, pids) -> bool:
+        """Whether the window saw every one of `pids` (so their shares sum to all they did)."""
+        return set(pids) <= self.listed | self.shares.keys()
+
+    def to_json(self) -> dict:
+        return {"basis": self.basis, "window": [self.window_start, self.window_end], "listed": sorted(self.listed),
+                "shares": {str(pid): share.to_json() for pid, share in sorted(self.shares.items())},
+                "switch_overhead": self.switch_overhead}
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """What a workload source says about one GPU, published as gpu_workload_<name>_state{state}."""
+
+    state: str  # exporter.vocabulary.WORKLOAD_SOURCE_STATES
+    reason: str
+    window_start: float | None = None
+    window_end: float | None = None
+
+    def to_json(self) -> dict:
+        return {"state": self.state, "reason": self.reason,
+                "window": None if self.window_end is None else [self.window_start, self.window_end]}
+
+
+@runtime_checkable
+class WorkloadSource(Sampler, Protocol):
+    """A per-process source the workload join reads (exporter/workload_sources.py registers them)."""
+
+    basis: str  # exporter.vocabulary CTXSW or CUPTI
+
+    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
+        """The GPU's latest window; None when there is none or it is stale."""
+
+    def state(self, uuid: str, now: float) -> SourceState:
+        """The GPU's state, why, and the window's time."""
