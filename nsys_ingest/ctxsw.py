@@ -292,10 +292,13 @@ class _Gpu:
         np.add.at(self.resident, codes, (ends - starts).astype(np.float64))
         np.add.at(self.slices, codes, 1)
         if len(starts):  # slices come in start order: each gap runs from the latest end so far to the next start
-            reached = np.maximum.accumulate(np.concatenate([[self.last_end if self.last_end is not None else starts[0]],
-                                                            ends]))
-            self.between += float(np.clip(starts - reached[:-1], 0, None).sum())
-            self.last_end = int(reached[-1])
+            reached = np.empty_like(ends)  # before slice i: the latest end of the slices read before it
+            reached[0] = starts[0] if self.last_end is None else self.last_end
+            reached[1:] = ends[:-1]
+            np.maximum.accumulate(reached, out=reached)
+            self.last_end = int(max(reached[-1], ends[-1]))
+            np.subtract(starts, reached, out=reached)
+            self.between += float(reached[reached > 0].sum())
         if not keep:
             return
         s, e, c = self.pending
