@@ -5,6 +5,7 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /opt/gpu-spatial-exporter
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
+COPY hostio ./hostio
 COPY nsys_ingest ./nsys_ingest
 COPY dashboards ./dashboards
 RUN pip install . && useradd --system --uid 10001 --no-create-home exporter

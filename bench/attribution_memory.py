@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     steps = {"start": rss_mib()}
     importlib.import_module("exporter.engine")  # what the exporter itself loads
     from exporter.samplers.ctxsw import release_free_memory
-    from exporter.samplers.nsys import read_export
+    from exporter.nsys_exports import read_export
 
     steps["exporter imported"] = rss_mib()
     from nsys_ingest.ctxsw import attribute

@@ -39,7 +39,10 @@ ATTACKER = "127.0.0.2"  # another client address than the scraper's, as an attac
 
 def rss(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) * 1024
+    found = re.search(r"^VmRSS:\s+(\d+) kB", status, re.M)
+    if found is None:  # exited, not yet reaped: no memory left to measure
+        raise ProcessLookupError(pid)
+    return int(found.group(1)) * 1024
 
 
 class Exporter:
@@ -134,6 +137,26 @@ class RssWatch(Every):
             self.peak = max(self.peak, rss(self.pid))
         except OSError:
             return False
+
+
+def run_measured(argv: list[str], cwd: Path, env: dict, timeout: float) -> dict:
+    """A command in a fresh process: exit status (or "killed at N s"), wall seconds, peak RSS (MB, VmRSS every
+    0.1 s), its stdout (bytes) and stderr (text)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=err, env=env)
+        with RssWatch(proc.pid) as watch:
+            try:
+                status = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                status = f"killed at {timeout:g} s"
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return {"exit": status, "seconds": round(seconds, 2), "peak_rss_mb": round(watch.peak / MB, 1),
+                "stdout": out.read(), "stderr": err.read().decode(errors="replace")}
 
 
 def pipelining(port: int, connections: int, requests: int, seconds: float) -> dict:

@@ -82,7 +82,7 @@ def build() -> Dashboard:
               "(idle, host-bound); a backfilled export has no live verdict.",
               description="The live verdict per GPU (rules: nsys_ingest/verdicts.py; evidence and what to change: "
                           "/api/v1/gpus) beside its sharing mode. For which processes and why, profile with "
-                          "nsys --trace=cuda and run python -m nsys_ingest diagnose.",
+                          "nsys --trace=cuda and run nsys-ingest diagnose (or gpu-spatial nsys diagnose).",
               targets=[target(f"gpu_diagnosis{{{SEL}}} == 1", instant=True, table=True),
                        target(f"gpu_sharing_mode{{{SEL}}} == 1", ref="B", instant=True, table=True)],
               gridPos=GridPos(h=7, w=24, x=0, y=40),

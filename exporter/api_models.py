@@ -7,6 +7,9 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from exporter.vocabulary import (HELD_SHARE_BASES, PUBLISHED_STATES, SM_ACTIVE_BASES, TIME_SHARE_BASES,
+                                 WORKLOAD_SOURCE_STATES)
+
 Ratio = Optional[float]
 
 
@@ -37,7 +40,7 @@ class SpatialReading(BaseModel):
 
 class SourceStatus(BaseModel):
     source: str
-    state: Literal["active", "standby", "disabled", "unsupported", "error"]
+    state: Literal[PUBLISHED_STATES]
     reason: str
 
 
@@ -214,6 +217,34 @@ class Slurm(BaseModel):
     process_jobs: dict[str, str] = Field(description="host pid -> its Slurm job (cgroup)")
 
 
+class HolderRef(BaseModel):
+    """A holder (exporter.holders.Holder); the labels that do not apply are empty."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    hpc_job: str = ""
+    claim: str = ""
+    user: str = ""
+
+
+class HeldShare(HolderRef):
+    """A holder of a GPU and what it holds."""
+
+    held_share: Optional[float] = Field(description="GPU-equivalents; None where the scheduler's share cannot be known")
+    held_share_basis: Literal[HELD_SHARE_BASES]
+    mig: list[str] = Field(default_factory=list, description="UUIDs of the MIG devices it holds whole")
+
+
+class HolderKind(BaseModel):
+    """What one kind of holder (kubelet, slurm, users, ...: exporter/holders.py KINDS) holds now."""
+
+    error: str = Field(description="why the kind holds nothing now (empty when it works)")
+    gpus: dict[str, list[HeldShare]] = Field(description="GPU UUID -> its holders of this kind (at most 256)")
+    omitted: dict[str, int] = Field(default_factory=dict, description="GPU UUID -> holders beyond the 256 listed")
+    process_owners: dict[str, HolderRef] = Field(description="host pid -> the holder running it")
+
+
 class SpoolStats(BaseModel):
     files: int
     bytes: int
@@ -231,6 +262,8 @@ class Gpus(BaseModel):
     kubelet: Optional[Kubelet] = Field(description="None: pod attribution off")
     spool: Optional[SpoolStats] = Field(description="None: uploads off")
     slurm: Optional[Slurm] = Field(None, description="None: no --hpc-job-mapping-dir")
+    holders: dict[str, HolderKind] = Field(default_factory=dict, description="every holder kind running, by name "
+                                           "(--holders): what it holds and the processes it owns")
 
 
 class WorkloadGpuSeconds(BaseModel):
@@ -263,7 +296,7 @@ class Workload(BaseModel):
     user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
-    held_share_basis: Literal["whole", "mig", "replicas", "capacity", "even_split"] = Field(
+    held_share_basis: Literal[HELD_SHARE_BASES] = Field(
         description="why held_share is what it is: a whole GPU, a MIG device's share of the SMs, k of N replicas, "
                     "a DRA claim's consumed capacity over the device's (API server), or an even split among the "
                     "device's allocations, jobs or users (an estimate)")
@@ -271,12 +304,12 @@ class Workload(BaseModel):
     pids: list[int]
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
     time_share_reason: str = Field(description="how the time share was obtained, or why there is none")
-    time_share_basis: Optional[Literal["ctxsw", "nvml"]] = Field(
+    time_share_basis: Optional[Literal[TIME_SHARE_BASES]] = Field(
         None, description="ctxsw: resident time from the GPU's context switches; nvml: NVML per-process samples")
     ctxsw_window: Optional[list[float]] = Field(
         None, description="[start, end] wall time of the context-switch window behind basis ctxsw values")
     sm_active: Optional[float] = Field(None, description="GPU-equivalents of SM activity")
-    sm_active_basis: Optional[Literal["exact", "ctxsw", "time_share"]] = None
+    sm_active_basis: Optional[Literal[SM_ACTIVE_BASES]] = None
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
@@ -305,7 +338,7 @@ class CtxswGpu(BaseModel):
 
     gpu: int
     uuid: str
-    state: Literal["active", "standby", "unsupported", "error", "disabled"]
+    state: Literal[WORKLOAD_SOURCE_STATES]
     reason: str
     window: Optional[list[float]] = Field(None, description="[start, end] wall time of the last window captured")
 

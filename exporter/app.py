@@ -90,6 +90,7 @@ def snapshot_json(snapshot) -> dict:
         "kubelet": kubelet.to_json() if kubelet is not None else None,
         "spool": dataclasses.asdict(snapshot.spool) if snapshot.spool is not None else None,
         "slurm": snapshot.slurm.to_json() if snapshot.slurm is not None else None,
+        "holders": {name: holdings.to_json() for name, holdings in snapshot.holdings.items()},
     }
 
 
@@ -125,8 +126,17 @@ def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
 
 UPLOAD_BODY = {"requestBody": {"required": True, "description": "an Nsight Systems export (.sqlite), raw bytes",
                                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}}
-UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"
+UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token-file"
 API_OFF = b'{"error":"the JSON API is off (--no-api): this exporter serves /metrics and /healthz only"}'
+# GET /: where a browser pointed at the exporter's port learns what it serves.
+INDEX = ("<!doctype html><html><head><meta charset='utf-8'><title>gpu-spatial exporter</title></head><body>"
+         "<h1>gpu-spatial exporter</h1><ul>"
+         "<li><a href='/metrics'>/metrics</a>: Prometheus text (scrape this)</li>"
+         "<li><a href='/healthz'>/healthz</a>: health</li>{api}</ul></body></html>\n")
+INDEX_API = ("<li><a href='/api/v1/gpus'>/api/v1/gpus</a>: the snapshot as JSON</li>"
+             "<li><a href='/api/v1/workloads'>/api/v1/workloads</a>: per holder and GPU</li>"
+             "<li><a href='/docs'>/docs</a>: the JSON API, browsable</li>")
+INDEX_NO_API = "<li>the JSON API is off (--no-api)</li>"
 # Swagger UI's files, as the fastapi-offline package ships them (Swagger UI 5, Apache-2.0): /docs
 # needs no CDN, so it works on an air-gapped cluster.
 DOCS_ASSETS = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
@@ -141,7 +151,7 @@ def nvml_enabled(engine) -> bool:
 
 def api(engine, upload=None):
     """The FastAPI app of the JSON API (the engine's lifespan and the /metrics fast path are LazyApi's
-    and MetricsFastPath's). `upload`: an exporter.samplers.nsys.UploadSpool, or None: then the POST
+    and MetricsFastPath's). `upload`: an exporter.uploads.UploadSpool, or None: then the POST
     routes answer 404 with why."""
     from fastapi import FastAPI, Path, Request, Security
     from fastapi.responses import JSONResponse
@@ -152,13 +162,13 @@ def api(engine, upload=None):
     upload_errors = {
         400: {"model": models.Error, "description": "not a usable export (one line why)"},
         401: {"model": models.Error, "description": "missing or wrong bearer token"},
-        404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token)"},
+        404: {"model": models.Error, "description": "uploads are off (no --nsys-upload-token-file)"},
         413: {"model": models.Error, "description": "larger than --nsys-upload-max-bytes"},
     }
     app = FastAPI(title="GPU spatial exporter", version="1", redoc_url=None, docs_url=None,
                   description="GPU time utilization next to spatial utilization (SM activity), per GPU and per "
                               "workload. Prometheus metrics: GET /metrics (text exposition; docs/metrics.md).")
-    bearer = HTTPBearer(auto_error=False, description="the exporter's --nsys-upload-token")
+    bearer = HTTPBearer(auto_error=False, description="the token in the exporter's --nsys-upload-token-file")
 
     # LazyApi answers /healthz before this app is loaded (same health_json): declared here for the schema.
     @app.get("/healthz", response_model=models.Health, responses={503: {"model": models.Health}})
@@ -262,9 +272,12 @@ class LazyApi:
             await self._lifespan(receive, send)
         elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
             body, status = health_json(self._engine.snapshot, self._engine.interval, nvml_enabled(self._engine))
-            await _send_json(send, scope, status, json.dumps(body, separators=(",", ":")).encode())
+            await _send_body(send, scope, status, json.dumps(body, separators=(",", ":")).encode())
+        elif scope["type"] == "http" and scope["path"] == "/" and scope["method"] in ("GET", "HEAD"):
+            page = INDEX.format(api=INDEX_API if self._api_on else INDEX_NO_API).encode()
+            await _send_body(send, scope, 200, page, b"text/html; charset=utf-8")
         elif not self._api_on:
-            await _send_json(send, scope, 404, API_OFF)
+            await _send_body(send, scope, 404, API_OFF)
         else:
             if scope["type"] == "http" and scope["path"] not in TAKES_QUERY:
                 scope["query_string"] = b""  # parsing 60 KB of `a=1&` cost the framework 28x a plain request
@@ -292,9 +305,9 @@ class LazyApi:
                 return
 
 
-async def _send_json(send, scope, status: int, data: bytes) -> None:
+async def _send_body(send, scope, status: int, data: bytes, content_type: bytes = b"application/json") -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]})
     await send({"type": "http.response.body", "body": data if scope["method"] != "HEAD" else b""})
 
 

@@ -10,7 +10,6 @@ from nsys_ingest.commandline import add_version, prog_name
 ENV_PREFIX = "GPU_EXPORTER_"
 DEFAULT_PORT = 9478  # 9400 is dcgm-exporter's and 9100 node-exporter's
 SOURCES = ("dcgm", "gpm", "nsys")
-HOLDER_KINDS = tuple(holders.KINDS)
 
 
 def _env_name(flag: str) -> str:
@@ -29,9 +28,9 @@ def _holder_kinds(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
     if names in (("auto",), ("none",)):
         return names
-    unknown = [n for n in names if n not in HOLDER_KINDS]
+    unknown = [n for n in names if n not in holders.KINDS]
     if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"want auto, none or a list of distinct kinds from {','.join(HOLDER_KINDS)}, "
+        raise argparse.ArgumentTypeError(f"want auto, none or a list of distinct kinds from {','.join(holders.KINDS)}, "
                                          f"got {text!r}")
     return names
 
@@ -93,7 +92,7 @@ TOKEN_FILE_MAX_BYTES = 4096
 
 def _read_token(path: str) -> str:
     """The upload token from a file (a Kubernetes or compose secret), surrounding whitespace removed."""
-    from exporter.hostfiles import FileTooLarge, NotRegularFile, read_capped
+    from hostio.files import FileTooLarge, NotRegularFile, read_capped
 
     try:  # non-blocking and regular files only: a FIFO there must not hang the exporter's start
         raw = read_capped(path, TOKEN_FILE_MAX_BYTES, follow=True)  # a mounted secret is a link
@@ -271,7 +270,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--holders", type=_holder_kinds, default=("auto",),
                    help="kinds of GPU holders: auto (the kubelet where its socket exists, Slurm jobs with "
                         "--hpc-job-mapping-dir, and Unix users where neither is configured), none, or a list of "
-                        f"{', '.join(HOLDER_KINDS)}")
+                        f"{', '.join(holders.KINDS)}")
     g.add_argument("--holder-series-limit", type=_at_least(int, 1, "a limit"), default=64,
                    help="at most this many holders published per GPU (workload series and gpu_pod_info); the least "
                         "busy of the rest are summed as one holder pod=\"other\", counters included")

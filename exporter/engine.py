@@ -8,7 +8,7 @@ import time
 from dataclasses import replace
 
 from exporter.chain import build_view
-from exporter.holders import HolderSampler
+from exporter.holders import HolderSampler, join_owners
 from exporter.sampler import SpatialSource
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
@@ -161,13 +161,17 @@ class Engine:
             views = self._views(current, published.get("mps"))
             mig_instances = {key: reading for s in current if s.name in self.spatial
                              for key, reading in s.instances.items()}
+            holdings = {s.name: s.holdings for s in current if s in self.holders}
+            owners = join_owners(holdings.values())  # every process-to-holder join reads this one map
             self.snapshot = Snapshot(
                 version=self._version,
                 created=now,
                 gpus=views,
                 published=published,
+                holdings=holdings,
+                owners=owners,
                 workloads=() if self.workloads is None else
-                self.workloads.update(now, views, [s.holdings for s in current if s in self.holders], mig_instances),
+                self.workloads.update(now, views, holdings.values(), mig_instances, owners),
                 health=self._health(),
             )
             return self.snapshot

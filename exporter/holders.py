@@ -42,11 +42,15 @@ class Holder:
     def labels(self) -> list[str]:
         return [self.namespace, self.pod, self.container, self.hpc_job, self.claim, self.user]
 
+    def to_json(self) -> dict:
+        return dict(zip(self.LABELS, self.labels()))
+
     def owner(self) -> "Holder":
         """Who runs the holder's processes: a claim is held by its container, whose cgroup the pids name."""
         return dataclasses.replace(self, claim="") if self.claim else self
 
 
+API_HOLDERS_PER_GPU = 256  # holders of one GPU the JSON API lists per kind; /metrics folds the rest likewise
 # The holders beyond --holder-series-limit on one GPU, folded into one (a real pod always has a namespace).
 OTHER = Holder(pod="other")
 
@@ -67,6 +71,18 @@ class Holdings:
     gpus: dict[str, dict[Holder, Held]] = field(default_factory=dict)  # GPU UUID -> holder -> held
     owners: dict[int, Holder] = field(default_factory=dict)  # host pid -> the holder running it (Holder.owner())
     error: str = ""
+
+    def to_json(self) -> dict:
+        """/api/v1/gpus `holders`: what one kind holds, the first API_HOLDERS_PER_GPU holders of each GPU."""
+        gpus, omitted = {}, {}
+        for uuid, held in self.gpus.items():
+            ranked = sorted(held.items())
+            gpus[uuid] = [{**holder.to_json(), "held_share": h.share, "held_share_basis": h.basis, "mig": list(h.mig)}
+                          for holder, h in ranked[:API_HOLDERS_PER_GPU]]
+            if len(ranked) > API_HOLDERS_PER_GPU:
+                omitted[uuid] = len(ranked) - API_HOLDERS_PER_GPU
+        return {"error": self.error, "gpus": gpus, "omitted": omitted,
+                "process_owners": {str(pid): holder.to_json() for pid, holder in sorted(self.owners.items())}}
 
 
 class HolderSampler(SamplerDefaults):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
 from exporter.snapshot import CollectorHealth, GpuIdentity, SourceResult, SpatialReading
+from exporter.vocabulary import OK
 
 
 @runtime_checkable
@@ -63,6 +64,14 @@ class SamplerDefaults:
 
     def more_health(self) -> dict[str, CollectorHealth]:
         return {}
+
+
+def serves(sources: dict, name: str, uuid: str) -> bool:
+    """Whether the source `name` among `sources` (name -> source) publishes this GPU now: live nsys
+    captures leave a GPU that DCGM profiles alone (both cannot sample its counters at once)."""
+    source = sources.get(name)
+    result = source.results.get(uuid) if source is not None else None
+    return result is not None and result.state == OK
 
 
 # -- per-process workload sources ----------------------------------------------------------------------
@@ -117,6 +126,7 @@ class WorkloadSource(Sampler, Protocol):
     """A per-process source the workload join reads (exporter/workload_sources.py registers them)."""
 
     basis: str  # exporter.vocabulary CTXSW or CUPTI
+    description: str  # what it is, in its state series' help ("GPU context-switch source of ... (--flag)")
 
     def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
         """The GPU's latest window; None when there is none or it is stale."""

@@ -189,6 +189,8 @@ class Snapshot:
     created: float
     gpus: tuple[GpuView, ...] = ()
     published: dict = field(default_factory=dict)  # sampler name -> its snapshot (exporter.sampler.Sampler)
+    holdings: dict = field(default_factory=dict)  # holder sampler name -> its exporter.holders.Holdings
+    owners: dict = field(default_factory=dict)  # host pid -> exporter.holders.Holder: the one owners map
     workloads: tuple = ()  # exporter.workloads.WorkloadView per (holder, GPU)
     health: dict[str, CollectorHealth] = field(default_factory=dict)
 

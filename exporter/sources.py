@@ -51,8 +51,9 @@ def build_spatial_sources(args, nvml, gpm=None):
         else:
             disabled["dcgm"] = reason
     if "nsys" in order:
-        from exporter.samplers.nsys import NsysSource, UploadSpool
+        from exporter.samplers.nsys import NsysSource
         from exporter.spool import Retention, SpoolRetention
+        from exporter.uploads import UploadSpool
 
         watch_dir = args.nsys_watch_dir
         if args.nsys_upload_token:
@@ -73,5 +74,5 @@ def build_spatial_sources(args, nvml, gpm=None):
             if upload is not None:
                 upload.retention.published = nsys.published_path
         else:
-            disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token"
+            disabled["nsys"] = "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token-file"
     return spatial, disabled, upload

@@ -44,7 +44,7 @@ MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WorkloadView:
     holder: Holder
     gpu: GpuIdentity
@@ -158,8 +158,29 @@ def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, 
     return out
 
 
+@dataclass(frozen=True)
+class HolderShare:
+    """What one holder did on one GPU at one update (gpu_shares)."""
+
+    pids: tuple[int, ...]  # its processes on the GPU
+    processes: int | None  # how many; None: NVML could not list the GPU's processes
+    time_share: float | None
+    time_share_basis: str | None  # exporter.vocabulary.TIME_SHARE_BASES
+    reason: str  # how the time share was obtained, or why there is none
+    sm_active: float | None
+    sm_active_basis: str | None  # exporter.vocabulary.SM_ACTIVE_BASES
+    window: tuple[float, float] | None = None  # wall time of the per-process window behind the values
+
+
+def _holder_share(entry: dict) -> HolderShare:
+    """The record of one holder's entry as gpu_shares builds it up."""
+    return HolderShare(pids=entry["pids"], processes=entry["processes"], time_share=entry["time_share"],
+                       time_share_basis=entry["time_share_basis"], reason=entry["reason"],
+                       sm_active=entry["sm_active"], sm_active_basis=entry["basis"], window=entry["window"])
+
+
 def gpu_shares(view, holders, owners: dict[int, Holder],
-               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, dict]:
+               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, HolderShare]:
     """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
     how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
@@ -184,7 +205,7 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                  "time_share": None, "time_share_basis": None, "sm_active": None, "basis": None, "window": None}
         if compute is None:
             entry["reason"] = "NVML could not list the GPU's processes"
-            out[holder] = entry
+            out[holder] = _holder_share(entry)
             continue
         if mig:
             entry["reason"] = MIG_REASON
@@ -218,14 +239,13 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
             elif entry["time_share"] is not None and gpu_time:
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
-        out[holder] = entry
+        out[holder] = _holder_share(entry)
     return out
 
 
-def ledger_holder(held: Held, entry: dict) -> ledger.HolderUse:
+def ledger_holder(held: Held, entry: HolderShare) -> ledger.HolderUse:
     """What the ledger needs of one holder's entry of gpu_shares."""
-    return ledger.HolderUse(held.share, entry["time_share"], entry["sm_active"],
-                            concurrent=entry["time_share_basis"] == CUPTI)
+    return ledger.HolderUse(held.share, entry.time_share, entry.sm_active, concurrent=entry.time_share_basis == CUPTI)
 
 
 def ledger_gpu(view, entries: dict, window) -> ledger.GpuUse:
@@ -235,7 +255,7 @@ def ledger_gpu(view, entries: dict, window) -> ledger.GpuUse:
     the GPU is a holder's whose time is known."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else {p.pid for p in tel.compute_processes if p.kind != "mps_server"}
-    timed = {pid for entry in entries.values() if entry["time_share"] is not None for pid in entry["pids"]}
+    timed = {pid for entry in entries.values() if entry.time_share is not None for pid in entry.pids}
     complete = compute is not None and compute <= timed
     sm = view.spatial.sm_active if view.spatial is not None else None
     if window is not None:
@@ -260,7 +280,7 @@ class WorkloadAccountant:
         the engine ticks them, the join reads their fresh windows."""
         self.held_idle_after = held_idle_after
         self.series_limit = max(1, series_limit)
-        self.sources = {source.basis: source for source in sources}
+        self.sources = {source.name: source for source in sources}
         # source name -> per GPU at the last update: (GpuIdentity, exporter.sampler.SourceState)
         self.source_states: dict[str, tuple] = {source.name: () for source in sources}
         self._log = LogOnce(log)
@@ -270,16 +290,17 @@ class WorkloadAccountant:
         self._last: float | None = None
         self._lock = threading.Lock()
 
-    def update(self, now: float, views, holdings=(), mig_instances=None) -> tuple[WorkloadView, ...]:
+    def update(self, now: float, views, holdings=(), mig_instances=None, owners=None) -> tuple[WorkloadView, ...]:
         """`holdings`: the exporter.holders.Holdings of every holder sampler; `mig_instances`:
-        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading."""
+        GpmSource.instances, (GPU UUID, GPU instance id) -> SpatialReading; `owners`: their joined
+        process owners (exporter.holders.join_owners, which the engine computes once per update)."""
         with self._lock:
             dt = 0.0 if self._last is None else min(max(now - self._last, 0.0), MAX_STEP_S)
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
             self.ledger.integrate(dt)
-            owners = join_owners(holdings)
+            owners = join_owners(holdings) if owners is None else owners
             out, seen = [], set()
             for view in views:
                 tel = view.telemetry
@@ -287,7 +308,7 @@ class WorkloadAccountant:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
-                windows = {basis: source.fresh(view.identity.uuid, now) for basis, source in self.sources.items()}
+                windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
                 gpu_views = []
                 entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW))
                 mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
@@ -341,18 +362,22 @@ class WorkloadAccountant:
         sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
         processes = [w.processes for w in folded]
         kept.append(WorkloadView(
-            OTHER, gpu, _sum(w.held_share for w in folded), None if None in processes else sum(processes),
-            tuple(sorted(p for w in folded for p in w.pids)), _sum(w.time_share for w in folded),
-            f"the sum of {len(folded)} holders beyond --holder-series-limit", _sum(w.sm_active for w in folded),
-            TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), None, False,
-            other.published_counters(), other.created, weakest_basis(w.held_share_basis for w in folded), len(folded),
-            _weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None), None,
-            {cell: round(v, 6) for cell, v in other.rates[LEDGER].items()}))
+            holder=OTHER, gpu=gpu, held_share=_sum(w.held_share for w in folded),
+            processes=None if None in processes else sum(processes), pids=tuple(sorted(p for w in folded for p in w.pids)),
+            time_share=_sum(w.time_share for w in folded),
+            time_share_reason=f"the sum of {len(folded)} holders beyond --holder-series-limit",
+            sm_active=_sum(w.sm_active for w in folded),
+            sm_active_basis=TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), idle_seconds=None,
+            held_idle=False, counters=other.published_counters(), created=other.created,
+            held_share_basis=weakest_basis(w.held_share_basis for w in folded), folded=len(folded),
+            time_share_basis=_weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None),
+            ledger={cell: round(v, 6) for cell, v in other.rates[LEDGER].items()}))
         return kept
 
-    def _view(self, gpu, holder, held: Held, entry, account: _Account, now: float, cells: dict) -> WorkloadView:
+    def _view(self, gpu, holder, held: Held, entry: HolderShare, account: _Account, now: float,
+              cells: dict) -> WorkloadView:
         share = held.share
-        processes, time_share = entry["processes"], entry["time_share"]
+        processes, time_share = entry.processes, entry.time_share
         if processes is not None:  # unknown process lists leave the idle clock as it was
             idle = processes == 0 or (time_share is not None and time_share < IDLE_TIME_SHARE)
             if not idle:
@@ -361,18 +386,21 @@ class WorkloadAccountant:
                 account.idle_since = now
         idle_seconds = None if processes is None and account.idle_since is None else \
             (0.0 if account.idle_since is None else round(now - account.idle_since, 3))
-        sm, basis = entry["sm_active"], entry["basis"]
+        sm, basis = entry.sm_active, entry.sm_active_basis
         account.rates = {
             "held": share,
             "busy": time_share,
-            "busy_basis": {entry["time_share_basis"]: time_share} if time_share is not None else None,
+            "busy_basis": {entry.time_share_basis: time_share} if time_share is not None else None,
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": {basis: sm} if sm is not None else None,
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
             LEDGER: cells,
         }
         counters = account.published_counters()
-        return WorkloadView(holder, gpu, share, processes, entry["pids"], time_share, entry["reason"], sm, basis,
-                            idle_seconds, idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters, account.created, held.basis, 0, entry["time_share_basis"], entry["window"],
-                            {cell: round(v, 6) for cell, v in cells.items()})
+        return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,
+                            time_share=time_share, time_share_reason=entry.reason, sm_active=sm, sm_active_basis=basis,
+                            idle_seconds=idle_seconds,
+                            held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
+                            counters=counters, created=account.created, held_share_basis=held.basis,
+                            time_share_basis=entry.time_share_basis, ctxsw_window=entry.window,
+                            ledger={cell: round(v, 6) for cell, v in cells.items()})

@@ -37,9 +37,12 @@ def main(argv=None) -> int:
 
 
 def _dispatch(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if argv[:1] in (["-h"], ["--help"], ["help"]):
         print(usage())
         return 0
+    if not argv:  # nothing asked: the usage, as an error (a script that forgot the subcommand fails)
+        print(usage(), file=sys.stderr)
+        return 2
     if argv[0] == "--version":
         print(f"gpu-spatial {version()}")
         return 0

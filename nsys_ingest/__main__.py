@@ -1,5 +1,5 @@
-"""python -m nsys_ingest: summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports,
-and split time-sliced GPUs per process from their context switches (workloads)."""
+"""Summarise, diagnose, plot, convert and scrub Nsight Systems GPU-metrics exports, and split time-sliced
+GPUs per process from their context switches (workloads). Installed as nsys-ingest and gpu-spatial nsys."""
 from __future__ import annotations
 
 import argparse
@@ -50,6 +50,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
     def command(name, help_text, window=True):
         p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(command_parser=p)
         add_version(p)
         p.add_argument("file", help="an Nsight Systems export (.sqlite), or a .nsys-rep where nsys is on the PATH "
                                     "(exported to .sqlite first)")
@@ -179,7 +180,10 @@ def _run_on(export: Export, args) -> int:
 def main(argv=None, prog: str | None = None) -> int:
     """Exit codes: 0 done (also when the reader of the output left: `| head`), 2 bad input (one line
     on stderr, as the exporter), 130 interrupted."""
-    args = build_parser(prog).parse_args(argv)
+    parser = build_parser(prog)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the subcommand's parser, with its usage, not the parent's
+        args.command_parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return quiet_on_closed_pipe(lambda: _run_reporting(args))
 
 

@@ -18,18 +18,20 @@ Estimators (how a sample's value is given to the slices; docs/workloads.md):
 - "within": only the samples that lie wholly inside one slice (or one gap) count: at 10 kHz (0.1 ms
   samples, ~2 ms slices) that is ~95 % of them, and the truth bench/ctxsw_estimators.py measures against.
 
-Bounds (hostile exports, docs/exposure.md): both tables are read in timestamp order in chunks of
+Bounds (hostile exports, docs/exposure.md and docs/limits.md): both tables are read in timestamp order in chunks of
 `chunk_rows`, per GPU; what is held at once is one chunk of samples, the slices overlapping it (at most
 MAX_PENDING_SLICES) and per-process sums (at most MAX_PROCESSES processes): memory does not grow with
 the length of the capture. Time is the export's Budget.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
-from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Export, IngestError, _column, number,
-                                 numbers_only, text, window_clauses)
+from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Budget, Export, IngestError, _column,
+                                 number, numbers_only, text, window_clauses)
 
 EVENTS = "GPU_CONTEXT_SWITCH_EVENTS"
 TAGS = "ENUM_GPU_CTX_SWITCH"
@@ -37,8 +39,15 @@ RESTORE_START, SAVE_END = "RESTORE_START", "SAVE_END"
 # The numbers Nsight Systems 2025.3 gave the two tags on the H200: used only when the export has no enum table.
 DEVICE_TAGS = {8: RESTORE_START, 7: SAVE_END}
 MAX_TAGS = 256
+MAX_OTHER_TAGS = 16  # kinds of other events counted by name (nsys 2025.3 has 4 other tags); the rest together
+OTHER_TAGS = f"other tags (beyond the first {MAX_OTHER_TAGS} kinds)"
 MAX_PROCESSES = 256  # processes with slices, all GPUs together
 MAX_PENDING_SLICES = 1_000_000  # slices overlapping one chunk of samples (a real chunk holds a few thousand)
+# The fit's solver: at most this many sweeps, and this many coordinate updates per quantity (the H200
+# captures converge within 23 sweeps of their 5 codes; 257 codes (256 processes and the gap) stop after 972).
+MAX_SWEEPS = 20_000
+MAX_FIT_UPDATES = 250_000
+PAIR_BLOCK = 1 << 18  # the fit's (entry, entry) products made at once: ~10 MB of arrays
 ESTIMATORS = ("at", "overlap", "fit", "within")
 DEFAULT_ESTIMATOR = "fit"
 # The spatial quantities attributed, in the order they are shown (nsys_ingest.names; dram_active = read + write).
@@ -148,7 +157,8 @@ class _Slices:
         self._first = True
         self.done = False
         self.unmatched = 0
-        self.other_events: dict[str, int] = {}
+        self.other_events: dict[str, int] = {}  # tag name -> events; at most MAX_OTHER_TAGS + 1 entries
+        self._other_codes: dict[int, str] = {}  # the codes tallied by name
 
     def next(self):
         """The next arrays (start, end, globalPid) of slices clipped to the window, or None at the end."""
@@ -171,9 +181,7 @@ class _Slices:
         # no pid (NULL, or anything but a number): the slice is kept, its process unknown
         gpid = pd.to_numeric(frame["globalPid"], errors="coerce").fillna(-1).to_numpy().astype(np.int64)
         kind = np.where(tag == self.restore, 1, np.where(tag == self.save, 2, 0))
-        for code, count in zip(*np.unique(tag[kind == 0], return_counts=True)):
-            name = self.names.get(int(code), f"unknown tag {int(code)}")
-            self.other_events[name] = self.other_events.get(name, 0) + int(count)
+        self._tally_others(tag[kind == 0])
         keep = kind != 0
         ts, kind, ctx, gpid = ts[keep], kind[keep], ctx[keep], gpid[keep]
         starts, ends, owners = [], [], []
@@ -200,6 +208,21 @@ class _Slices:
         owners.append(np.where(gpid[opens] >= 0, gpid[opens], gpid[opens + 1]))
         return self._clip(np.concatenate(starts), np.concatenate(ends), np.concatenate(owners))
 
+    def _tally_others(self, tags: np.ndarray) -> None:
+        """Counts the events of other tags by name: the first MAX_OTHER_TAGS kinds each, the rest together
+        (every event with a tag of its own made one entry per event: 10 M of them, 2.2 GB)."""
+        codes, counts = np.unique(tags, return_counts=True)
+        tallied = np.isin(codes, list(self._other_codes))
+        room = MAX_OTHER_TAGS - len(self._other_codes)
+        new_codes, new_counts = codes[~tallied], counts[~tallied]
+        for code, count in [*zip(codes[tallied].tolist(), counts[tallied].tolist()),
+                            *zip(new_codes[:room].tolist(), new_counts[:room].tolist())]:
+            name = self._other_codes.setdefault(code, self.names.get(code, f"unknown tag {code}"))
+            self.other_events[name] = self.other_events.get(name, 0) + count
+        folded = int(new_counts[room:].sum())
+        if folded:
+            self.other_events[OTHER_TAGS] = self.other_events.get(OTHER_TAGS, 0) + folded
+
     def _clip(self, starts, ends, owners):
         starts = np.maximum(starts, self.window[0])
         ends = np.minimum(ends, self.window[1])
@@ -225,6 +248,7 @@ class _Gpu:
         self.samples = 0
         self.between = 0.0  # ns in gaps between consecutive slices: switch overhead, not the idle edges of the window
         self.last_end: int | None = None  # where the last slice read ended
+        self.unconverged: list[str] = []  # quantities whose fit stopped at its cap before converging
         self.held: tuple | None = None  # (stamp, values): a sample whose interval ends at the next one
         self.step = 0  # the last distance between two samples (when the export does not say its frequency)
         self.pending = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # start, end, code
@@ -355,21 +379,36 @@ class _Gpu:
                                                minlength=len(self.weighted))
 
     def _fit(self, sample, code, fraction, values) -> None:
+        """Adds the samples' X'X and X'y. A sample's row of X holds its overlap fraction per code, so its
+        pairs are first summed per (sample, code): a sample then has at most min(its slices + 1, codes)
+        entries, and its outer product at most that squared; the products are made in blocks of at most
+        PAIR_BLOCK (5,000 1-ns slices in one sample made 25 M rows, 1.9 GB, when joined slice by slice)."""
         size = self.gram.shape[1]
         keep = fraction > 0
-        pairs = pd.DataFrame({"sample": sample[keep], "code": code[keep], "fraction": fraction[keep]})
-        both = pairs.merge(pairs, on="sample")
-        product = both["fraction_x"].to_numpy() * both["fraction_y"].to_numpy()
-        flat = both["code_x"].to_numpy() * size + both["code_y"].to_numpy()
+        key, where = np.unique(sample[keep] * size + code[keep], return_inverse=True)  # sorted: by sample, then code
+        fraction = np.bincount(where, weights=fraction[keep], minlength=len(key))
+        sample, code = key // size, key % size
+        sampled = ~np.isnan(values)
+        y = np.nan_to_num(values)[sample]
         for q in range(len(self.quantities)):
-            y = values[:, q]
-            sampled = ~np.isnan(y)
-            mask = sampled[both["sample"].to_numpy()]
-            self.gram[q] += np.bincount(flat[mask], weights=product[mask], minlength=size * size).reshape(size, size)
-            m = sampled[pairs["sample"].to_numpy()]
-            self.moment[q] += np.bincount(pairs["code"].to_numpy()[m],
-                                          weights=(pairs["fraction"].to_numpy() * np.nan_to_num(y)[pairs["sample"].to_numpy()])[m],
-                                          minlength=size)
+            m = sampled[sample, q]
+            self.moment[q] += np.bincount(code[m], weights=(fraction * y[:, q])[m], minlength=size)
+        first = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])  # each sample's first entry
+        entries = np.diff(np.r_[first, len(sample)])
+        pairs_before = np.cumsum(entries ** 2) - entries ** 2
+        group = 0
+        while group < len(first):  # whole samples per block, their pairs below PAIR_BLOCK (+ one sample's)
+            end = max(int(np.searchsorted(pairs_before, pairs_before[group] + PAIR_BLOCK)), group + 1)
+            size_of = np.repeat(entries[group:end], entries[group:end])  # per entry: its sample's entries
+            x = np.repeat(np.arange(first[group], first[group] + len(size_of)), size_of)
+            partner = np.repeat(np.repeat(first[group:end], entries[group:end]), size_of) + \
+                np.arange(len(x)) - np.repeat(np.cumsum(size_of) - size_of, size_of)
+            product = fraction[x] * fraction[partner]
+            flat = code[x] * size + code[partner]
+            for q in range(len(self.quantities)):
+                m = sampled[sample[x], q]
+                self.gram[q] += np.bincount(flat[m], weights=product[m], minlength=size * size).reshape(size, size)
+            group = end
 
     def densities(self) -> np.ndarray:
         """Per code (and the gap last) and quantity: the mean value while resident (NaN: never sampled)."""
@@ -377,20 +416,39 @@ class _Gpu:
             with np.errstate(invalid="ignore", divide="ignore"):
                 return np.where(self.weight > 0, self.weighted / np.where(self.weight > 0, self.weight, 1), np.nan)
         out = np.full(self.weight.shape, np.nan)
-        for q in range(len(self.quantities)):
+        for q, quantity in enumerate(self.quantities):
             seen = np.flatnonzero(np.diag(self.gram[q]) > 0)
             if len(seen):
-                out[seen, q] = bounded_least_squares(self.gram[q][np.ix_(seen, seen)], self.moment[q][seen])
+                solved = bounded_least_squares(self.gram[q][np.ix_(seen, seen)], self.moment[q][seen],
+                                               budget=self.stream.export.budget)
+                out[seen, q] = solved.densities
+                if not solved.converged:
+                    self.unconverged.append(quantity)
         return out
 
 
-def bounded_least_squares(gram: np.ndarray, moment: np.ndarray, sweeps: int = 20_000, tolerance: float = 1e-12):
+@dataclass(frozen=True)
+class Solved:
+    """A bounded least-squares fit: the densities, the sweeps it ran, and whether it converged (False: it
+    stopped at its cap of coordinate updates, and the densities are approximate)."""
+
+    densities: np.ndarray
+    sweeps: int
+    converged: bool
+
+
+def bounded_least_squares(gram: np.ndarray, moment: np.ndarray, updates: int | None = None,
+                          tolerance: float = 1e-12, budget: Budget | None = None) -> Solved:
     """argmin |X d - y|^2 subject to 0 <= d <= 1, from X'X and X'y: projected coordinate descent, which
     converges for any positive semi-definite X'X. A ratio is never negative: the unconstrained fit of the
-    H200 capture gave the launch loop -0.14 and the gaps -0.33 (the save phase drains the SMs)."""
+    H200 capture gave the launch loop -0.14 and the gaps -0.33 (the save phase drains the SMs).
+    Nearly equal columns (two processes alternating in the same proportion in every sample) make it creep:
+    it stops after `updates` coordinate updates (at most MAX_SWEEPS sweeps), and `budget` is checked after
+    every sweep (IngestError once it is spent)."""
     d = np.zeros(len(moment))
     diagonal = np.diag(gram)
-    for _ in range(sweeps):
+    sweeps = min(MAX_SWEEPS, max((updates or MAX_FIT_UPDATES) // max(len(d), 1), 1))
+    for sweep in range(1, sweeps + 1):
         moved = 0.0
         for i in range(len(d)):
             if diagonal[i] <= 0:
@@ -399,8 +457,10 @@ def bounded_least_squares(gram: np.ndarray, moment: np.ndarray, sweeps: int = 20
             moved = max(moved, abs(new - d[i]))
             d[i] = new
         if moved < tolerance:
-            break
-    return d
+            return Solved(d, sweep, True)
+        if budget is not None:
+            budget.check()
+    return Solved(d, sweeps, False)
 
 
 # -- the attribution -----------------------------------------------------------------------------------
@@ -543,6 +603,8 @@ def _result(export, window, estimator, quantities, gpus, streams) -> dict:
             "gpu_means": _rounded(dict(zip(quantities, gpu_means))),
             "unmatched_events": stream.unmatched,
             "other_events": dict(sorted(stream.other_events.items())),
+            # quantities whose fit stopped at its cap of updates before converging: their densities are approximate
+            "fit_unconverged": gpu.unconverged,
             "processes": processes,
         })
     return {
@@ -585,6 +647,9 @@ def print_workloads(result: dict) -> None:
         print(f"GPU {gpu['gpu']} {gpu['name']} ({gpu['uuid'] or 'no uuid'}): {gpu['slices']} slices, "
               f"{gpu['samples']} samples, switch gaps {gpu['switch_gap_s'] * 1e3:.1f} ms ({gpu['switch_gap_share']:.1%})"
               + (f", {gpu['unmatched_events']} unmatched switch events" if gpu["unmatched_events"] else ""))
+        if gpu["fit_unconverged"]:
+            print(f"  the fit stopped at its cap of {MAX_FIT_UPDATES:,} updates before converging "
+                  f"({', '.join(gpu['fit_unconverged'])}): those densities are approximate")
         print(f"  {'pid':>8} {'command':<20} {'time':>7}" + "".join(f" {heads[q]:>7}" for q in shown))
         rows = [(str(p["pid"] if p["pid"] is not None else "?"), p["command"][:20], p["time_share"], p["while_resident"])
                 for p in gpu["processes"]]

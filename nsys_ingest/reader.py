@@ -24,7 +24,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from exporter.hostfiles import read_capped
+from hostio.files import read_capped
 from nsys_ingest.names import clock_scale, normalise
 
 DEFAULT_CHUNK_ROWS = 200_000  # ~50 MB of Python rows in flight: bounded memory on any export

@@ -1,7 +1,7 @@
 """From utilization evidence to what to change: one rule set for the live exporter and `diagnose`.
 
 The exporter judges from live metrics (NVML time utilization, the spatial source, NVML's process
-lists, MPS daemon faults); `python -m nsys_ingest diagnose` judges from an export's GPU metrics and
+lists, MPS daemon faults); `nsys-ingest diagnose` judges from an export's GPU metrics and
 CUDA kernel trace, which also tells launch-bound loops from small grids. Rules are tried in the order
 of RULES below; the first that matches is the verdict. Pure Python: the exporter imports this
 without pandas or numpy.
@@ -181,7 +181,7 @@ def _host_bound(e: Evidence):
     return (f"kernels run {_vs(e.time_utilization, '<', BUSY_TIME)} of the time; {seen}",
             "certain: the GPU waits on the host. Launch overhead (tiny kernels: CUDA graphs, fusion, larger "
             "batches) or the input pipeline (loader workers, pinned memory)? A trace tells: nsys profile "
-            "--trace=cuda, then nsys_ingest diagnose")
+            "--trace=cuda, then nsys-ingest diagnose (or gpu-spatial nsys diagnose)")
 
 
 def _input_bound(e: Evidence):
@@ -259,7 +259,8 @@ def _small_kernels(e: Evidence):
         return (f"time utilization {_pct(e.time_utilization)} but SM active {_vs(e.sm_active, '<', LOW_SM)}"
                 f"{_footprint(e)}",
                 "kernels too small for the GPU: larger batches, CUDA graphs or fusion; profile with "
-                "nsys --trace=cuda and run nsys_ingest diagnose to tell launch-bound loops from small grids")
+                "nsys --trace=cuda and run nsys-ingest diagnose (or gpu-spatial nsys diagnose) to tell launch-bound "
+                "loops from small grids")
 
 
 def _no_finding(e: Evidence):

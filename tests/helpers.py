@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -57,7 +58,8 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "cond
 class Exporter:
     """`python -m exporter` as a child process on a free port, stopped on exit."""
 
-    def __init__(self, *args: str, env: dict | None = None):
+    def __init__(self, *args: str, env: dict | None = None, module: str = "exporter"):
+        self.module = module  # a module that registers a part of its own, then runs the exporter
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--listen-address", "127.0.0.1", "--port", str(self.port), *args]
@@ -71,7 +73,7 @@ class Exporter:
 
         self.log_path = Path(tempfile.mkstemp(prefix="exporter-", suffix=".log")[1])
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", *self.args], cwd=self.cwd, env=self.env,
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, *self.args], cwd=self.cwd, env=self.env,
                                      stdout=self._log, stderr=subprocess.STDOUT)
         try:
             wait_for(self._ready, 20, what=f"exporter on {self.url}")
@@ -145,12 +147,14 @@ class Prometheus:
     ({job: [targets]}) every second; alerts go to `alertmanager` (host:port) when given."""
 
     def __init__(self, tmp: Path, jobs: dict[str, list[str]], alertmanager: str | None = None,
-                 external_labels: dict | None = None, target_labels: dict | None = None, alert_for: str = "3s"):
+                 external_labels: dict | None = None, target_labels: dict | None = None, alert_for: str = "3s",
+                 group_interval: str | None = None):
         import yaml
 
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (tmp / "rules.yaml").write_text(shorten_for(RULES.read_text(), alert_for))
+        rules = shorten_for(RULES.read_text(), alert_for)
+        if group_interval:  # groups with an interval of their own (the rollups: 1m) evaluated this often instead
+            rules = re.sub(r"^(\s*interval:) \S+$", rf"\1 {group_interval}", rules, flags=re.M)
+        (tmp / "rules.yaml").write_text(rules)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "external_labels": external_labels or {}},
             "rule_files": [str(tmp / "rules.yaml")],
@@ -162,6 +166,18 @@ class Prometheus:
                                   "alert_relabel_configs": [{"action": "labeldrop",
                                                              "regex": "runbook_base_url|grafana_url"}]}
         (tmp / "prometheus.yaml").write_text(yaml.safe_dump(config))
+        self._start(tmp)
+
+    @classmethod
+    def from_config(cls, tmp: Path) -> "Prometheus":
+        """Debian's Prometheus on a free port with the configuration already written to tmp/prometheus.yaml."""
+        self = cls.__new__(cls)
+        self._start(tmp)
+        return self
+
+    def _start(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(tmp / "prometheus.log", "w")
         self.proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}",
                                       f"--storage.tsdb.path={tmp / 'tsdb'}", f"--web.listen-address=127.0.0.1:{self.port}"],

@@ -326,3 +326,52 @@ def time_sliced(out: Path, densities: dict[int, float], duration_ms: float = 500
     active = {pid: sum(max(e - s - ramp_ms, 0.0) * densities[pid] for _, s, e, p, _ in slices if p == pid) for pid in pids}
     ctxsw_export(out, slices=slices, samples=samples, hz=hz, processes={pid: f"job-{pid}" for pid in pids})
     return out, {pid: active[pid] / resident[pid] for pid in pids}
+
+
+# -- hostile context-switch exports (issue 39; bench/ctxsw_attacks.py runs them at full size) ---------------
+def _insert_switches(path: Path, rows: int, select: str) -> Path:
+    """`rows` more GPU_CONTEXT_SWITCH_EVENTS from `select` over k = 0..rows-1 (SQLite's own loop: seconds, not
+    Python rows)."""
+    con = sqlite3.connect(path)
+    con.execute("pragma journal_mode=off")
+    con.execute(f"insert into GPU_CONTEXT_SWITCH_EVENTS with recursive i(k) as "
+                f"(select 0 union all select k + 1 from i where k < {rows} - 1) {select} from i")
+    con.commit()
+    con.close()
+    return path
+
+
+def switches_in_one_sample(out: Path, slices: int = 5000, slice_ns: int = 1, samples_ms: int = 1) -> Path:
+    """`slices` slices of `slice_ns`, two processes taking turns, packed into the first of `samples_ms`
+    1 ms samples (at 1 ns each, 5,000 fit in one): the fit's pairs per sample grow with the slices."""
+    path = ctxsw_export(out, slices=[(0, samples_ms - 0.5, samples_ms - 0.4, 100, 1)],
+                        samples=[(0, ms, {"sm_active": 0.5}) for ms in range(samples_ms + 1)])
+    step = max(slice_ns * 2, 2)
+    return _insert_switches(path, 2 * slices, f"""
+        select case when k % 2 = 0 then 8 else 7 end, 0, k + 10, (k / 2) % 2 + 10,
+               1000 + (k / 2) * {step} + (k % 2) * {slice_ns}, {global_pid(300)} + ((k / 2) % 2) * 16777216, 0""")
+
+
+def unknown_tags(out: Path, rows: int = 1_000_000) -> Path:
+    """`rows` switch events, each with a tag of its own that the enum does not name, over 10 ms of samples."""
+    path = ctxsw_export(out, slices=[(0, 0.0, 1.0, 100, 1)], samples=[(0, ms, {"sm_active": 0.5}) for ms in range(11)])
+    return _insert_switches(path, rows, f"select 1000 + k, 0, k + 10, 1, 2000000 + k, {global_pid(300)}, 0")
+
+
+def ill_conditioned(out: Path, pairs: int = 128, samples: int = 2048, seed: int = 7) -> Path:
+    """`pairs` pairs of processes, one pair per 1 ms sample in turn; in each the two alternate in nearly the
+    same proportion (half of the sample each, +- 0.1 %), one at 0.9 and one at 0.1 of every quantity: their
+    columns of X are nearly the same, X'X nearly singular, and projected coordinate descent creeps (issue 39,
+    attack 3: 20,000 sweeps of every quantity)."""
+    import random
+
+    rng = random.Random(seed)
+    slices, values = [], []
+    for ms in range(samples):
+        p = ms % pairs
+        split = 0.5 + rng.uniform(-1e-3, 1e-3)
+        slices += [(0, ms, ms + split, 1000 + 2 * p, 2 * p + 1), (0, ms + split, ms + 0.999, 1001 + 2 * p, 2 * p + 2)]
+        value = round(split * 0.9 + (0.999 - split) * 0.1, 2)
+        values.append((0, ms, {q: value for q in CTXSW_METRICS}))
+    values.append((0, samples, {q: 0.0 for q in CTXSW_METRICS}))
+    return ctxsw_export(out, slices=slices, samples=values)

@@ -246,7 +246,8 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
         assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
     assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
     counters = _Account(created=0.0).counters  # what every workload record carries
-    record = WorkloadView(Holder(), snapshot.GpuIdentity(0, "GPU-a", "H100"), 1.0, 0, (), None, "", None, None, 0.0,
-                          False, counters, 0.0)
+    record = WorkloadView(holder=Holder(), gpu=snapshot.GpuIdentity(0, "GPU-a", "H100"), held_share=1.0, processes=0,
+                          pids=(), time_share=None, time_share_reason="", sm_active=None, sm_active_basis=None,
+                          idle_seconds=0.0, held_idle=False, counters=counters, created=0.0)
     assert set(record.to_json()) == set(api_models.Workload.model_fields)
     assert set(counters) == set(api_models.WorkloadGpuSeconds.model_fields)

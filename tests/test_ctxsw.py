@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nsys_ingest.ctxsw import NO_SWITCHES, attribute
+from nsys_ingest.ctxsw import MAX_OTHER_TAGS, NO_SWITCHES, OTHER_TAGS, attribute
 from nsys_ingest.reader import Budget, Export, IngestError
 from tests import synthetic_exports as synth
 from tests.helpers import FIXTURES, ROOT
@@ -269,11 +269,11 @@ def test_the_fit_keeps_every_density_within_0_and_1():
     rng = np.random.default_rng(3)
     x = rng.uniform(0, 1, (40, 3))
     y = x @ np.array([0.5, -0.3, 0.8])  # unconstrained, the second density is negative
-    fitted = bounded_least_squares(x.T @ x, x.T @ y)
+    fitted = bounded_least_squares(x.T @ x, x.T @ y).densities
     assert fitted[1] == 0.0
     kept = np.linalg.lstsq(x[:, [0, 2]], y, rcond=None)[0]  # the best fit with that density at its bound
     assert fitted[[0, 2]] == pytest.approx(kept, abs=1e-9)
-    assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1])))[1] == 1.0
+    assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1]))).densities[1] == 1.0
 
 
 # -- the H200 captures (bench/record_ctxsw.sh): jobs whose SM footprint is known by construction ------------
@@ -335,3 +335,95 @@ def test_more_processes_than_the_cap_are_refused(tmp_path):
 def test_text_inside_the_switch_table_is_named(tmp_path):
     done = cli("workloads", edited(tmp_path, "update GPU_CONTEXT_SWITCH_EVENTS set contextId = 'ctx' where rowid = 2"))
     assert done.returncode == 2 and "GPU_CONTEXT_SWITCH_EVENTS.contextId holds 'ctx' where a number belongs" in done.stderr
+
+
+# -- hostile exports against the fit and the tallies (issue 39; figures: bench/ctxsw_attacks.py) -----------
+def test_the_fits_sums_equal_x_transposed_x_whatever_the_blocks(monkeypatch):
+    """X'X and X'y summed per (sample, code) and made in blocks equal the dense product: samples with many
+    slices of one code, a sample larger than a block, a quantity not sampled everywhere."""
+    import numpy as np
+
+    import nsys_ingest.ctxsw as ctxsw
+
+    rng = np.random.default_rng(5)
+    n, size = 9, 4
+    sample = np.concatenate([np.repeat(np.arange(n), 3), [4] * 20])  # sample 4: 23 entries, over a block of 5
+    code = rng.integers(0, size, len(sample))
+    fraction = rng.uniform(0.01, 0.2, len(sample))
+    values = rng.uniform(0, 1, (n, 2))
+    values[[2, 7], 1] = np.nan
+    x = np.zeros((n, size))
+    np.add.at(x, (sample, code), fraction)
+    for block in (5, 1 << 18):
+        monkeypatch.setattr(ctxsw, "PAIR_BLOCK", block)
+        gpu = object.__new__(ctxsw._Gpu)
+        gpu.quantities = ("sm_active", "gr_active")
+        gpu.gram, gpu.moment = np.zeros((2, size, size)), np.zeros((2, size))
+        gpu._fit(sample, code, fraction, values)
+        for q in range(2):
+            rows = ~np.isnan(values[:, q])
+            assert gpu.gram[q] == pytest.approx(x[rows].T @ x[rows], abs=1e-12)
+            assert gpu.moment[q] == pytest.approx(x[rows].T @ values[rows, q], abs=1e-12)
+
+
+PEAK_RSS = """
+import json, re, sys
+from nsys_ingest.ctxsw import attribute
+from nsys_ingest.reader import Export
+with Export(sys.argv[1], require_metrics=False) as export:
+    result = attribute(export)
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
+print(json.dumps({"result": result, "peak_rss_mb": peak}))
+"""
+
+
+def test_thousands_of_slices_in_one_sample_cost_no_more_than_a_few(tmp_path):
+    """5,000 1-ns slices in one 1 ms sample: 1.8 GB when the fit joined the sample's pairs (bench/RESULTS.md);
+    now what an export of three slices costs, with a generous margin."""
+    path = synth.switches_in_one_sample(tmp_path / "one.sqlite", slices=5000, slice_ns=1, samples_ms=1)
+    done = subprocess.run([sys.executable, "-c", PEAK_RSS, path], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    g0 = answer["result"]["gpus"][0]
+    assert g0["slices"] == 5001 and g0["fit_unconverged"] == []
+    assert {p["pid"]: p["resident_s"] for p in g0["processes"]} == {100: 1e-4, 300: 2.5e-6, 301: 2.5e-6}
+    assert answer["peak_rss_mb"] < 400, answer["peak_rss_mb"]
+
+
+@pytest.mark.parametrize("kinds", [MAX_OTHER_TAGS, MAX_OTHER_TAGS + 1, 5000])
+def test_other_tags_are_counted_by_name_up_to_the_cap_and_together_beyond(tmp_path, kinds):
+    """Each event with its own unknown tag made the tally (and --json) grow with the events: 10 M rows, 2.2 GB."""
+    path = synth.unknown_tags(tmp_path / "tags.sqlite", rows=kinds)
+    other = run(path, chunk_rows=7)["gpus"][0]["other_events"]
+    named = {f"unknown tag {1000 + k}": 1 for k in range(min(kinds, MAX_OTHER_TAGS))}  # the first kinds read
+    assert other == (named if kinds <= MAX_OTHER_TAGS else {**named, OTHER_TAGS: kinds - MAX_OTHER_TAGS})
+
+
+def test_the_solver_stops_at_its_cap_of_updates_and_says_so(tmp_path, monkeypatch, capsys):
+    import nsys_ingest.ctxsw as ctxsw
+
+    assert [g["fit_unconverged"] for g in run(build(tmp_path))["gpus"]] == [[], []]  # converged
+    ill = run(synth.ill_conditioned(tmp_path / "ill.sqlite", pairs=2, samples=16))  # 5 codes: 20,000 sweeps, unconverged
+    assert ill["gpus"][0]["fit_unconverged"] == ill["quantities"]
+    monkeypatch.setattr(ctxsw, "MAX_FIT_UPDATES", 3)  # one sweep: none converges in one
+    result = run(build(tmp_path, name="again.sqlite"))
+    # the quantities sampled (GPU 0: SM, tensor, GR; GPU 1: SM and GR)
+    assert [g["fit_unconverged"] for g in result["gpus"]] == [["sm_active", "tensor_active", "gr_active"],
+                                                              ["sm_active", "gr_active"]]
+    ctxsw.print_workloads(result)
+    assert "the fit stopped at its cap of 3 updates before converging (sm_active, " in capsys.readouterr().out
+
+
+def test_the_solver_counts_sweeps_and_checks_the_budget_after_each():
+    import numpy as np
+
+    from nsys_ingest.ctxsw import bounded_least_squares
+
+    gram = np.array([[1.0, 0.999999], [0.999999, 1.0]])  # nearly equal columns: it creeps
+    moment = gram @ np.array([0.6, 0.4])  # inside the bounds: no bound stops the creep
+    solved = bounded_least_squares(gram, moment, updates=200)
+    assert (solved.sweeps, solved.converged) == (100, False)
+    easy = bounded_least_squares(np.eye(2), np.array([0.25, 0.5]))
+    assert (easy.sweeps, easy.converged, list(easy.densities)) == (2, True, [0.25, 0.5])
+    with pytest.raises(IngestError, match="longer than its budget"):
+        bounded_least_squares(gram, moment, budget=Budget(0))

@@ -57,34 +57,34 @@ def test_ctxsw_time_shares_and_sm_of_own_slices_replace_nvml_for_covered_holders
     ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
     shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}, OWNERS, None, ctx)
     trainer, notebook, idle = shares[TRAINER], shares[NOTEBOOK], shares[IDLE]
-    assert (trainer["time_share"], trainer["time_share_basis"], trainer["window"]) == (0.4, CTXSW, (990.0, 1000.0))
-    assert (trainer["sm_active"], trainer["basis"]) == (pytest.approx(0.17), CTXSW)
-    assert (notebook["time_share"], notebook["sm_active"], notebook["basis"]) == (0.45, 0.09, CTXSW)
-    assert (idle["time_share"], idle["sm_active"], idle["basis"]) == (0.0, 0.0, EXACT)  # runs nothing
+    assert (trainer.time_share, trainer.time_share_basis, trainer.window) == (0.4, CTXSW, (990.0, 1000.0))
+    assert (trainer.sm_active, trainer.sm_active_basis) == (pytest.approx(0.17), CTXSW)
+    assert (notebook.time_share, notebook.sm_active, notebook.sm_active_basis) == (0.45, 0.09, CTXSW)
+    assert (idle.time_share, idle.sm_active, idle.sm_active_basis) == (0.0, 0.0, EXACT)  # runs nothing
 
 
 def test_a_process_the_window_did_not_see_keeps_the_holder_on_nvml():
     # 418 started after the window: the trainer's ctxsw sum would miss it, so its NVML share stays
     ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 419, 420))
     shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)
-    assert (shares[TRAINER]["time_share"], shares[TRAINER]["time_share_basis"]) == (pytest.approx(0.396), NVML)
-    assert shares[TRAINER]["basis"] == TIME_SHARE
-    assert shares[NOTEBOOK]["time_share_basis"] == CTXSW
+    assert (shares[TRAINER].time_share, shares[TRAINER].time_share_basis) == (pytest.approx(0.396), NVML)
+    assert shares[TRAINER].sm_active_basis == TIME_SHARE
+    assert shares[NOTEBOOK].time_share_basis == CTXSW
     # listed by NVML during the window but never resident: it held a context and got no slice
     ctx = reading({417: (0.3, 0.15), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
-    assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]["time_share"] == 0.3
+    assert gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER].time_share == 0.3
     # a pid that left (418 is no longer on the GPU): its slices are no longer the trainer's
     gone = dict(processes={417: 0.3, 419: 0.4}, compute={417: "time_sliced", 419: "time_sliced"})
     ctx = reading({417: (0.3, 0.15), 418: (0.1, 0.02), 419: (0.45, 0.09)}, listed=(417, 418, 419))
     entry = gpu_shares(view(**gone), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
-    assert (entry["time_share"], entry["sm_active"], entry["pids"]) == (0.3, 0.15, (417,))
+    assert (entry.time_share, entry.sm_active, entry.pids) == (0.3, 0.15, (417,))
 
 
 def test_the_holder_alone_on_the_gpu_keeps_the_exact_sm():
     alone = dict(processes={417: 0.5, 418: 0.3}, compute={417: "time_sliced", 418: "time_sliced"})
     ctx = reading({417: (0.6, 0.2), 418: (0.3, 0.1)}, listed=(417, 418))
     entry = gpu_shares(view(**alone), {TRAINER: 1.0}, OWNERS, None, ctx)[TRAINER]
-    assert (entry["time_share"], entry["time_share_basis"], entry["sm_active"], entry["basis"]) == (0.9, CTXSW, 0.05, EXACT)
+    assert (entry.time_share, entry.time_share_basis, entry.sm_active, entry.sm_active_basis) == (0.9, CTXSW, 0.05, EXACT)
 
 
 class Sampler:

@@ -60,7 +60,7 @@ def test_a_holders_time_share_never_exceeds_the_whole_gpu():
     """Without a GPU total to scale to, two processes of one job reading 0.7 each are one GPU, not 1.4.
     Mutation: the clamp of a time share to 1.0 dropped."""
     shares = gpu_shares(view({417: 0.7, 418: 0.7}, time_utilization=None), {JOB: 1.0}, {417: JOB, 418: JOB})
-    assert shares[JOB]["time_share"] == 1.0
+    assert shares[JOB].time_share == 1.0
 
 
 # -- exporter/samplers/slurm.py --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from exporter.hostfiles import FileTooLarge, NotRegularFile, read_capped
+from hostio.files import FileTooLarge, NotRegularFile, read_capped
 from tests.helpers import FIXTURES, Exporter, sample_value, wait_for
 from tests.test_faults import Scraper, log_lines, samples
 from tests.test_workloads import workloads

@@ -133,3 +133,67 @@ def test_the_ctxsw_source_is_a_workload_source_of_process_windows():
     assert window.to_json() == {"basis": "ctxsw", "window": [10.0, 20.0], "listed": [7, 8],
                                 "shares": {"7": {"time": 0.25, "sm": 0.1}}, "switch_overhead": 0.05}
     assert SourceState("active", "ok", 1.0, 2.0).to_json() == {"state": "active", "reason": "ok", "window": [1.0, 2.0]}
+
+
+def test_describe_lists_what_collect_yields_so_a_family_registered_twice_is_refused():
+    import dataclasses
+
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.holders import Held, Holder, Holdings, HolderSampler
+    from exporter.samplers.gpm import GpmSource
+    from exporter.samplers.mps import MpsSnapshot
+    from exporter.spool import SpoolStats
+    from exporter.workloads import WorkloadAccountant
+
+    device = nvml()
+
+    class OneJob(HolderSampler):
+        name = "onejob"
+
+        def tick(self):
+            self.holdings = Holdings(gpus={uuid: {Holder(hpc_job="7"): Held(1.0)} for uuid in device.telemetry})
+
+    job = OneJob()
+    engine = Engine(device, [GpmSource(device), job], workloads=WorkloadAccountant(sources=[CtxswSampler(device)]))
+    engine.tick_devices()
+    job.tick()
+    snapshot = engine.publish()  # every part published: MPS and the spool too
+    engine.snapshot = dataclasses.replace(snapshot, published={
+        **snapshot.published, "mps": MpsSnapshot(default_active_thread_percentage=50.0), "spool": SpoolStats(1, 2, 3)})
+    registry = build_registry(engine)
+    for collector in registry._collector_to_names:
+        assert [f.name for f in collector.collect()] == [f.name for f in collector.describe()], collector
+    names = {name for names in registry._collector_to_names.values() for name in names}
+    assert {"gpu_time_utilization_ratio", "mps_default_active_thread_ratio", "gpu_exporter_nsys_spool_files",
+            "gpu_workload_held_share_ratio", "gpu_workload_ctxsw_state"} <= names
+    with pytest.raises(ValueError, match="Duplicated"):
+        registry.register(GpuCollector(engine))
+
+
+def test_a_new_holder_kind_is_one_module_and_reaches_metrics_and_api(tmp_path):
+    """tests/dummy_holder.py (LSF jobs) registered by its own module: its holders are workloads in /metrics
+    and /api/v1/workloads, /api/v1/gpus lists what it holds, and the process series join its owners."""
+    import json
+
+    from exporter.nvml_replay import cut
+    from tests.helpers import Exporter, http_get
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)  # pids 417-420: 30/10/40/20 %
+    (tmp_path / "jobs").write_text("417 77\n418 77\n419 88\n")
+    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--holders", "lsf",
+                  "--lsf-job-file", str(tmp_path / "jobs"), module="tests.dummy_holder") as running:
+        workloads = lambda: json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]  # noqa: E731
+        found = wait_for(lambda: len(workloads()) == 2 and workloads(), 20, what="two LSF jobs")
+        samples = parse_metrics(running.metrics())
+        gpus = running.gpus()
+    assert {(w["hpc_job"], w["held_share"], w["processes"]) for w in found} == {("lsf-77", 0.5, 2),
+                                                                                       ("lsf-88", 0.5, 1)}
+    held = {l["hpc_job"]: v for l, v in samples["gpu_workload_held_share_ratio"]}
+    assert held == {"lsf-77": 0.5, "lsf-88": 0.5}
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="lsf") == 1.0
+    process = {l["hpc_job"]: v for l, v in samples["gpu_process_sm_utilization_ratio"]}
+    assert process == {"lsf-77": pytest.approx(0.4), "lsf-88": pytest.approx(0.4), "": pytest.approx(0.2)}
+    listed = gpus["holders"]["lsf"]
+    assert listed["error"] == "" and {h["hpc_job"] for held in listed["gpus"].values() for h in held} == {"lsf-77",
+                                                                                                          "lsf-88"}
+    assert listed["process_owners"]["419"]["hpc_job"] == "lsf-88"

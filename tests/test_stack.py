@@ -9,12 +9,13 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dashboards.common import queries
-from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, wait_for
+from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, shorten_for, wait_for
 from tests.kubelet_server import SLICED_UUID, KubeletServer, pod
 from tests.test_health import health_replay
 
@@ -54,7 +55,7 @@ def test_compose_file_is_valid_and_complete():
     config = yaml.safe_load(done.stdout)
     services = config["services"]
     assert set(services) == {"dcgm-exporter", "gpu-spatial-exporter", "node-exporter", "prometheus", "alertmanager",
-                             "grafana", "victoria-metrics", "runbooks"}
+                             "grafana", "victoria-metrics", "runbooks", "gpu-spatial-exporter-demo"}
     assert services["alertmanager"]["image"].startswith("prom/alertmanager:v")  # pinned
     assert all("healthcheck" in s for s in services.values())
     assert "SYS_ADMIN" in services["dcgm-exporter"]["cap_add"]
@@ -69,6 +70,73 @@ def test_compose_file_is_valid_and_complete():
     assert any(line.startswith("DCGM_FI_PROF_SM_OCCUPANCY,") for line in counters)
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert re.search(r"^USER (?!root)", dockerfile, re.M)
+
+
+def compose_services(profile: str) -> dict:
+    """The services `docker compose --profile PROFILE up` starts, from docker-compose's own rendering of the
+    file (Debian's docker-compose 1.29 renders every profile: the selection is compose's documented rule)."""
+    done = subprocess.run(["docker-compose", "-f", "docker-compose.yaml", "config"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "GRAFANA_ADMIN_PASSWORD": "test"})
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    return {name: s for name, s in services.items() if not s.get("profiles") or profile in s["profiles"]}
+
+
+@needs("docker-compose")
+def test_compose_profiles_gpu_and_demo_start_what_they_need():
+    """`--profile demo` reserves no GPU, so it starts on any machine; each profile brings one exporter that
+    Prometheus reaches as gpu-spatial-exporter; nothing depends on a service its profile leaves out."""
+    shared = {"node-exporter", "prometheus", "alertmanager", "grafana", "victoria-metrics", "runbooks"}
+    for profile, exporters in (("gpu", {"dcgm-exporter", "gpu-spatial-exporter"}), ("demo", {"gpu-spatial-exporter-demo"})):
+        services = compose_services(profile)
+        assert set(services) == shared | exporters
+        for name, service in services.items():
+            assert set(service.get("depends_on") or ()) <= set(services), (profile, name)
+    demo = compose_services("demo")
+    assert not any("devices" in s.get("deploy", {}).get("resources", {}).get("reservations", {}) for s in demo.values())
+    exporter = demo["gpu-spatial-exporter-demo"]
+    assert exporter["networks"]["default"]["aliases"] == ["gpu-spatial-exporter"]
+    mounts = dict(reversed(v.split(":")[:2]) if isinstance(v, str) else (v["target"], v["source"])
+                  for v in exporter["volumes"])
+    replay = next(a.split("=", 1)[1] for a in exporter["command"] if a.startswith("--replay="))
+    assert Path(mounts[replay]).is_file() and Path(mounts[replay]).name == "h100_quarter_sms_steady_50hz.sqlite"
+
+
+@needs("docker-compose")
+@needs("prometheus")
+def test_the_demo_profile_fires_hidden_idle_with_the_stacks_own_prometheus_config(tmp_path):
+    """The demo exporter's command as compose gives it (the replay path mapped back to the repository), scraped
+    by prometheus.yaml itself (targets pointed at 127.0.0.1, every second, the alerts' for: cut to 3 s):
+    HiddenIdleSMs fires on its GPU, ExporterDown does not, though dcgm-exporter's target stays down."""
+    exporter = compose_services("demo")["gpu-spatial-exporter-demo"]
+    mounts = {v["target"]: v["source"] for v in exporter["volumes"]} if isinstance(exporter["volumes"][0], dict) else \
+        {v.split(":")[1]: v.split(":")[0] for v in exporter["volumes"]}
+    args = [a for a in exporter["command"] if not a.startswith("--listen-address")]
+    args = [f"--replay={mounts[a.split('=', 1)[1]]}" if a.startswith("--replay=") else a for a in args]
+    config = yaml.safe_load((ROOT / "prometheus.yaml").read_text())
+    (tmp_path / "rules.yaml").write_text(shorten_for(RULES.read_text()))
+    config["rule_files"] = [str(tmp_path / "rules.yaml")]
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config.pop("remote_write")
+    config["alerting"]["alertmanagers"] = []
+    prometheus = None
+    with Exporter(*args, "--interval", "0.5") as demo:
+        for job in config["scrape_configs"]:
+            job["scrape_interval"] = "1s"
+            for static in job["static_configs"]:
+                static["targets"] = [f"127.0.0.1:{demo.port}" if t == "gpu-spatial-exporter:9478" else
+                                     f"127.0.0.1:{free_port()}" for t in static["targets"]]  # the rest: down
+        (tmp_path / "prometheus.yaml").write_text(yaml.safe_dump(config))
+        try:
+            prometheus = Prometheus.from_config(tmp_path)
+            firing = wait_for(lambda: prometheus.query('ALERTS{alertname="HiddenIdleSMs", alertstate="firing"}'),
+                              120, 0.5, "HiddenIdleSMs on the demo")
+            assert [a["metric"]["instance"] for a in firing] == [f"127.0.0.1:{demo.port}"]
+            assert prometheus.query('up{job="dcgm-exporter"} == 0')
+            assert prometheus.query('ALERTS{alertname="ExporterDown"}') == []
+        finally:
+            if prometheus:
+                prometheus.stop()
 
 
 def test_dashboards_json_is_what_the_code_builds():

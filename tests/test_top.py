@@ -192,8 +192,23 @@ class _Garbage(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize("body,reason", [(b"<html>", "Expecting value"), (b'{"x": 1}', "not a gpu-spatial exporter"),
-                                         (b"[" * (17 * 2**20), "larger than 16 MiB")])
+class _DrippingHeaders(_Garbage):
+    """Headers one byte every 0.05 s: each read returns, only a deadline over the whole request stops it."""
+
+    def do_GET(self):
+        with contextlib.suppress(OSError):
+            for byte in b"HTTP/1.1 200 OK\r\n" + b"X: " + b"y" * 400 + b"\r\n\r\n{}":
+                self.wfile.write(bytes([byte]))
+                self.wfile.flush()
+                time.sleep(0.05)
+
+
+# (issue 39) nested JSON: RecursionError escaped and killed the poll thread with a traceback; 1.2 M values in
+# 2.4 MB: over one value per 16 bytes of the 16 MiB cap
+@pytest.mark.parametrize("body,reason", [(b"<html>", "not JSON"), (b'{"x": 1}', "not a gpu-spatial exporter"),
+                                         (b"[" * (17 * 2**20), "answer over 16777216 bytes"),
+                                         (b"[" * 200_000 + b"]" * 200_000, "JSON nested too deeply"),
+                                         (b"[" + b"0," * 1_200_000 + b"0]", "JSON of more than 1048576 values")])
 def test_http_feed_refuses_what_is_not_an_exporter(body, reason):
     handler = type("H", (_Garbage,), {"body": body})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -203,6 +218,17 @@ def test_http_feed_refuses_what_is_not_an_exporter(body, reason):
         feed.poll_once()
         assert "not answering since" in feed.state().problem and reason in feed.state().problem
         assert feed.state().gpus == []
+    finally:
+        server.shutdown()
+
+
+def test_http_feed_gives_up_on_dripping_headers_at_its_deadline():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DrippingHeaders)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        feed = HttpFeed(f"http://127.0.0.1:{server.server_port}", 1.0, timeout=0.5)
+        feed.poll_once()  # the headers alone take 20 s at this pace
+        assert feed.state().problem.endswith("retrying (slower than its deadline)"), feed.state().problem
     finally:
         server.shutdown()
 

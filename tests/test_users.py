@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from exporter.hostfiles import read_capped
+from hostio.files import read_capped
 from exporter.samplers.users import MAX_STATUS_BYTES, parse_passwd, status_uid
 from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
 

@@ -2,6 +2,7 @@
 per (holder, GPU). Exact figures on small synthetic cases; end to end with a real PodResources gRPC
 server, the real exporter over HTTP replaying NVML answers recorded on the H100, and Debian's
 Prometheus integrating the counters."""
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -12,7 +13,8 @@ from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, 
 from exporter.samplers.slurm import cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
 from exporter.holders import OTHER, REPLICAS, Held, Holdings
-from exporter.workloads import EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, WorkloadAccountant, gpu_shares
+from exporter.workloads import (EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, HolderShare, WorkloadAccountant,
+                               gpu_shares)
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
 from tests.test_kubelet import node  # noqa: F401 - the fixture: a Kubernetes node with a real PodResources server
@@ -39,46 +41,46 @@ OWNERS = {417: TRAINER, 418: TRAINER, 419: NOTEBOOK}  # 420 runs on the host, in
 def test_time_sliced_holders_get_their_time_share_scaled_to_the_gpu_total_and_sm_by_time_share():
     shares = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}, OWNERS)
     # raw 0.4 + 0.4 + 0.2 (host) = 1.0; the GPU read 0.99: every share x 0.99
-    assert shares[TRAINER]["time_share"] == pytest.approx(0.396, abs=1e-9)
-    assert shares[NOTEBOOK]["time_share"] == pytest.approx(0.396, abs=1e-9)
-    assert shares[TRAINER]["sm_active"] == pytest.approx(0.05 * 0.396 / 0.99, abs=1e-6)
-    assert shares[TRAINER]["basis"] == shares[NOTEBOOK]["basis"] == TIME_SHARE
-    assert shares[TRAINER]["pids"] == (417, 418) and shares[TRAINER]["processes"] == 2
+    assert shares[TRAINER].time_share == pytest.approx(0.396, abs=1e-9)
+    assert shares[NOTEBOOK].time_share == pytest.approx(0.396, abs=1e-9)
+    assert shares[TRAINER].sm_active == pytest.approx(0.05 * 0.396 / 0.99, abs=1e-6)
+    assert shares[TRAINER].sm_active_basis == shares[NOTEBOOK].sm_active_basis == TIME_SHARE
+    assert shares[TRAINER].pids == (417, 418) and shares[TRAINER].processes == 2
     # a holder with no process on the GPU: known to run nothing
-    assert shares[IDLE] | {"reason": ""} == {"pids": (), "processes": 0, "time_share": 0.0, "sm_active": 0.0,
-                                             "basis": EXACT, "reason": "", "time_share_basis": "nvml", "window": None}
+    assert dataclasses.replace(shares[IDLE], reason="") == HolderShare(
+        pids=(), processes=0, time_share=0.0, time_share_basis="nvml", reason="", sm_active=0.0, sm_active_basis=EXACT)
 
 
 def test_the_only_holder_running_gets_the_gpus_own_sm_activity_exactly():
     alone = dict(processes={417: 0.5, 418: 0.3}, compute={417: "time_sliced", 418: "time_sliced"})
     shares = gpu_shares(view(**alone, time_utilization=0.9), {TRAINER: 1.0}, OWNERS)
-    assert shares[TRAINER]["time_share"] == pytest.approx(0.9) and shares[TRAINER]["sm_active"] == 0.05
-    assert shares[TRAINER]["basis"] == EXACT
+    assert shares[TRAINER].time_share == pytest.approx(0.9) and shares[TRAINER].sm_active == 0.05
+    assert shares[TRAINER].sm_active_basis == EXACT
     # a process of nobody's beside it: the split is by time share, not exact
     alone["compute"][420] = "time_sliced"
     alone["processes"][420] = 0.2
     shares = gpu_shares(view(**alone, time_utilization=1.0), {TRAINER: 1.0}, OWNERS)
-    assert shares[TRAINER]["basis"] == TIME_SHARE and shares[TRAINER]["sm_active"] == pytest.approx(0.05 * 0.8)
+    assert shares[TRAINER].sm_active_basis == TIME_SHARE and shares[TRAINER].sm_active == pytest.approx(0.05 * 0.8)
 
 
 def test_under_mps_no_time_share_exists_and_sm_only_for_a_holder_alone():
     mps = dict(processes={588: 1.0}, compute={417: "mps", 419: "mps", 588: "mps_server"}, mode="mps")
     shares = gpu_shares(view(**mps), {TRAINER: 0.5, NOTEBOOK: 0.5}, OWNERS)
     for holder in (TRAINER, NOTEBOOK):
-        assert shares[holder]["time_share"] is None and shares[holder]["reason"] == MPS_REASON
-        assert shares[holder]["sm_active"] is None and shares[holder]["processes"] == 1
+        assert shares[holder].time_share is None and shares[holder].reason == MPS_REASON
+        assert shares[holder].sm_active is None and shares[holder].processes == 1
     del mps["compute"][419]
     shares = gpu_shares(view(**mps), {TRAINER: 0.5, NOTEBOOK: 0.5}, OWNERS)
-    assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (0.05, EXACT)
-    assert (shares[NOTEBOOK]["sm_active"], shares[NOTEBOOK]["processes"]) == (0.0, 0)
+    assert (shares[TRAINER].sm_active, shares[TRAINER].sm_active_basis) == (0.05, EXACT)
+    assert (shares[NOTEBOOK].sm_active, shares[NOTEBOOK].processes) == (0.0, 0)
 
 
 def test_mig_holders_have_processes_no_time_share_and_their_instances_sm_activity():
     shares = gpu_shares(view(**TIME_SLICED, mig=True, mode="mig"), {TRAINER: 60 / 132}, OWNERS)
-    assert shares[TRAINER]["time_share"] is None and shares[TRAINER]["sm_active"] is None  # instance not read
-    assert shares[TRAINER]["reason"] == MIG_REASON and shares[TRAINER]["processes"] == 2
+    assert shares[TRAINER].time_share is None and shares[TRAINER].sm_active is None  # instance not read
+    assert shares[TRAINER].reason == MIG_REASON and shares[TRAINER].processes == 2
     shares = gpu_shares(view(**TIME_SLICED, mig=True, mode="mig"), {TRAINER: 60 / 132}, OWNERS, {TRAINER: 0.2})
-    assert (shares[TRAINER]["sm_active"], shares[TRAINER]["basis"]) == (0.2, EXACT)
+    assert (shares[TRAINER].sm_active, shares[TRAINER].sm_active_basis) == (0.2, EXACT)
 
 
 def mig_node(tmp_path):
@@ -122,7 +124,7 @@ def test_unknown_process_lists_say_nothing_about_holders():
     v = view(**TIME_SLICED)
     v = GpuView(GPU0, DeviceTelemetry(GPU0, 0.0, compute_processes=None), 0.99, None, None, v.spatial, None, ())
     entry = gpu_shares(v, {TRAINER: 1.0}, OWNERS)[TRAINER]
-    assert entry["processes"] is None and entry["time_share"] is None and entry["sm_active"] is None
+    assert entry.processes is None and entry.time_share is None and entry.sm_active is None
 
 
 # -- held shares from device IDs ----------------------------------------------------------------------

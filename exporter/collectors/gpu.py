@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
+from exporter.holders import join_gpu
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import SPATIAL_FIELDS
 from exporter.vocabulary import PUBLISHED_STATES
@@ -46,14 +47,23 @@ PROCESS_KINDS = ("mps", "time_sliced")  # an MPS server is infrastructure, not a
 OTHER = "other"
 
 
-def process_groups(processes, owners, limit: int) -> list[tuple[list[str], float, float]]:
-    """Per-process utilization summed per (namespace, pod, container, command): a label set lives as
-    long as the container, not the pid. The `limit` largest by SM time stay; the rest are summed
-    into command="other" so a node running thousands of short processes keeps a bounded series count."""
+OWNER_LABELS = ["namespace", "pod", "container", "hpc_job", "user"]  # the process series' owner (Holder.owner())
+NO_OWNER = ("",) * len(OWNER_LABELS)
+
+
+def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[list[str], float, float]]:
+    """Per-process utilization summed per owner (container, Slurm job or user: `owners`, the snapshot's
+    one owners map) and command: a label set lives as long as its owner, not the pid. An owner that
+    holds no share of this GPU (`holding`: the owners that do; None: every one) is not named. The
+    `limit` largest by SM time stay; the rest are summed into command="other" so a node running
+    thousands of short processes keeps a bounded series count."""
     groups: dict[tuple, list[float]] = {}
     for proc in processes:
         owner = owners.get(proc.pid)
-        key = (owner.namespace, owner.pod, owner.container, proc.command) if owner else ("", "", "", proc.command)
+        if holding is not None and owner not in holding:
+            owner = None
+        key = (*((owner.namespace, owner.pod, owner.container, owner.hpc_job, owner.user) if owner else NO_OWNER),
+               proc.command)
         sums = groups.setdefault(key, [0.0, 0.0])
         sums[0] += proc.sm
         sums[1] += proc.memory
@@ -61,7 +71,7 @@ def process_groups(processes, owners, limit: int) -> list[tuple[list[str], float
     kept, rest = ranked[:limit], ranked[limit:]
     out = [(list(key), round(min(sm, 1.0), 6), round(min(mem, 1.0), 6)) for key, (sm, mem) in kept]
     if rest:
-        out.append((["", "", "", OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
+        out.append(([*NO_OWNER, OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
                     round(min(sum(v[1] for _, v in rest), 1.0), 6)))
     return out
 
@@ -162,56 +172,80 @@ def _counter(name, documentation, extra_labels=()):
     return CounterMetricFamily(name, documentation, labels=GPU_LABELS + list(extra_labels))
 
 
+def _flat(families: dict):
+    for family in families.values():
+        yield from family.families() if isinstance(family, HealthFamilies) else (family,)
+
+
 class GpuCollector:
     def __init__(self, engine):
         self._engine = engine
 
     def describe(self):
-        return []  # registered without a description: collect() never runs at registration
+        """What collect() yields (empty), so the registry refuses a family name registered twice."""
+        return list(_flat(self._families()))
+
+    def _families(self) -> dict:
+        """Every family collect() yields, empty, in the order it yields them."""
+        mode, _ = self._engine.process_series
+        process_labels = ["pid", "command"] if mode == "pid" else [*OWNER_LABELS, "command"]
+        f = {
+            "time_util": _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML "
+                                "utilization.gpu)."),
+            "time_source": _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes "
+                                  "from: nvml, or a spatial source's own busy time (nsys GR Active: a GPU only an "
+                                  "export knows).", ["source"]),
+            "memory_util": _gauge("gpu_memory_time_utilization_ratio",
+                                  "Share of time device memory was read or written (NVML utilization.memory)."),
+        }
+        f.update({f"spatial {field}": _gauge(f"gpu_{field}_ratio", SPATIAL_HELP[field], ["source"])
+                  for field in SPATIAL_FIELDS})
+        f["hidden"] = _gauge("gpu_hidden_idle_sm_ratio", "max(0, time utilization - SM active) over the same window: "
+                             "SM capacity that 100% hides.", ["source"])
+        f["stamp"] = _gauge("gpu_spatial_sample_timestamp_seconds",
+                            "Wall time of the end of the window the spatial values describe.", ["source"])
+        f["state"] = _gauge("gpu_spatial_source_state",
+                            "1 for the current state of each candidate spatial source (reason: /api/v1/gpus).",
+                            ["source", "state"])
+        f.update({f"telemetry {attr}": _gauge(name, doc) for attr, name, doc in TELEMETRY})
+        f["health"] = HealthFamilies()
+        f["proc_sm"] = _gauge("gpu_process_sm_utilization_ratio", "Per-process share of time the process had a "
+                              "kernel running (NVML process utilization).", process_labels)
+        f["proc_mem"] = _gauge("gpu_process_memory_utilization_ratio",
+                               "Per-process share of time the process read or wrote device memory (NVML).",
+                               process_labels)
+        f["compute"] = _gauge("gpu_compute_processes", "Processes with a compute context on the GPU, by kind: mps "
+                              "(MPS clients) or time_sliced (own context); the MPS server is not counted (NVML).",
+                              ["kind"])
+        f["sharing"] = _gauge("gpu_sharing_mode", "1 for how the GPU is shared now: exclusive, time_sliced (two or "
+                              "more contexts take turns), mps, mig or idle (from NVML's process lists and MIG mode).",
+                              ["mode"])
+        f["diagnosis"] = _gauge("gpu_diagnosis", "1 for the verdict the live rules reach on this GPU (evidence and "
+                                "advice: /api/v1/gpus; rules: nsys_ingest/verdicts.py).", ["verdict"])
+        f["pod_info"] = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet "
+                               "PodResources: device plugins' resources, DRA claims' driver); join on uuid. Beyond "
+                               "--holder-series-limit, pod=\"other\" counts the rest.",
+                               ["namespace", "pod", "container", "resource"])
+        f["pod_count"] = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
+        return f
 
     def collect(self):
         snapshot = self._engine.snapshot
         gpus = snapshot.gpus
         mode, limit = self._engine.process_series
-        process_labels = ["pid", "command"] if mode == "pid" else ["namespace", "pod", "container", "command"]
         kubelet = snapshot.kubelet
-        owners = kubelet.owners if kubelet is not None else {}
-        compute = _gauge("gpu_compute_processes", "Processes with a compute context on the GPU, by kind: mps "
-                         "(MPS clients) or time_sliced (own context); the MPS server is not counted (NVML).", ["kind"])
-        pod_info = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet PodResources: "
-                          "device plugins' resources, DRA claims' driver); join on uuid. Beyond --holder-series-limit, "
-                          "pod=\"other\" counts the rest.", ["namespace", "pod", "container", "resource"])
         holder_limit = getattr(getattr(self._engine, "workloads", None), "series_limit", None)  # None: no holders
         published: dict[str, set] = {}
         for w in snapshot.workloads:
             published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
-        pod_count = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
-        time_util = _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML utilization.gpu).")
-        time_source = _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes from: "
-                             "nvml, or a spatial source's own busy time (nsys GR Active: a GPU only an export knows).",
-                             ["source"])
-        memory_util = _gauge("gpu_memory_time_utilization_ratio",
-                             "Share of time device memory was read or written (NVML utilization.memory).")
-        telemetry = {attr: _gauge(name, doc) for attr, name, doc in TELEMETRY}
-        proc_sm = _gauge("gpu_process_sm_utilization_ratio",
-                         "Per-process share of time the process had a kernel running (NVML process utilization).",
-                         process_labels)
-        proc_mem = _gauge("gpu_process_memory_utilization_ratio",
-                          "Per-process share of time the process read or wrote device memory (NVML).", process_labels)
-        spatial = {f: _gauge(f"gpu_{f}_ratio", SPATIAL_HELP[f], ["source"]) for f in SPATIAL_FIELDS}
-        hidden = _gauge("gpu_hidden_idle_sm_ratio",
-                        "max(0, time utilization - SM active) over the same window: SM capacity that 100% hides.",
-                        ["source"])
-        stamp = _gauge("gpu_spatial_sample_timestamp_seconds",
-                       "Wall time of the end of the window the spatial values describe.", ["source"])
-        sharing = _gauge("gpu_sharing_mode", "1 for how the GPU is shared now: exclusive, time_sliced (two or more "
-                         "contexts take turns), mps, mig or idle (from NVML's process lists and MIG mode).", ["mode"])
-        diagnosis = _gauge("gpu_diagnosis", "1 for the verdict the live rules reach on this GPU (evidence and advice: "
-                           "/api/v1/gpus; rules: nsys_ingest/verdicts.py).", ["verdict"])
-        health = HealthFamilies()
-        state = _gauge("gpu_spatial_source_state",
-                       "1 for the current state of each candidate spatial source (reason: /api/v1/gpus).",
-                       ["source", "state"])
+        f = self._families()
+        time_util, time_source, memory_util = f["time_util"], f["time_source"], f["memory_util"]
+        spatial = {field: f[f"spatial {field}"] for field in SPATIAL_FIELDS}
+        telemetry = {attr: f[f"telemetry {attr}"] for attr, _, _ in TELEMETRY}
+        hidden, stamp, state, health = f["hidden"], f["stamp"], f["state"], f["health"]
+        proc_sm, proc_mem, compute, sharing, diagnosis = (f["proc_sm"], f["proc_mem"], f["compute"], f["sharing"],
+                                                          f["diagnosis"])
+        pod_info, pod_count = f["pod_info"], f["pod_count"]
         for view in gpus:
             labels = gpu_labels(view)
             if view.time_utilization is not None:
@@ -230,7 +264,8 @@ class GpuCollector:
                         proc_sm.add_metric(labels + [str(proc.pid), proc.command], proc.sm)
                         proc_mem.add_metric(labels + [str(proc.pid), proc.command], proc.memory)
                 elif mode == "container":
-                    for group, sm, mem in process_groups(tel.processes, owners, limit):
+                    holding = {h.owner() for h in join_gpu(view.identity.uuid, snapshot.holdings.values())}
+                    for group, sm, mem in process_groups(tel.processes, snapshot.owners, limit, holding):
                         proc_sm.add_metric(labels + group, sm)
                         proc_mem.add_metric(labels + group, mem)
                 if tel.compute_processes is not None:
@@ -257,19 +292,4 @@ class GpuCollector:
             for status in view.sources:
                 for candidate in PUBLISHED_STATES:
                     state.add_metric(labels + [status.source, candidate], 1.0 if status.state == candidate else 0.0)
-        yield time_util
-        yield time_source
-        yield memory_util
-        yield from spatial.values()
-        yield hidden
-        yield stamp
-        yield state
-        yield from telemetry.values()
-        yield from health.families()
-        yield proc_sm
-        yield proc_mem
-        yield compute
-        yield sharing
-        yield diagnosis
-        yield pod_info
-        yield pod_count
+        yield from _flat(f)

@@ -16,42 +16,21 @@ class WorkloadCollector:
         self._engine = engine
 
     def describe(self):
-        return []
+        """What collect() yields (empty), so the registry refuses a family name registered twice."""
+        if self._engine.workloads is None:
+            return []
+        sources = self._engine.workloads.sources
+        return [*_families().values(), *(f for name, source in sources.items() for f in _state_families(name, source))]
 
     def collect(self):
         if self._engine.workloads is None:  # no holder kind configured (--holders none): no families
             return
-        gauge = lambda name, doc, extra=(): GaugeMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
-        counter = lambda name, doc, extra=(): CounterMetricFamily(name, doc, labels=LABELS + list(extra))  # noqa: E731
-        held = gauge("gpu_workload_held_share_ratio", "Share of the GPU the holder was allocated (kubelet "
-                     "PodResources, DRA claims, Slurm job mapping, Unix users): 1 whole, k/N replicas, a MIG device's "
-                     "share of the SMs, a claim's consumed capacity, or an even split (basis: "
-                     "gpu_workload_held_share_basis_info).")
-        held_basis = gauge("gpu_workload_held_share_basis_info", "1 for why the held share is what it is: whole, mig, "
-                           "replicas, capacity (consumed over device capacity) or even_split (an estimate).", ["basis"])
-        processes = gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
-                          "pid to holder through its cgroup); works under MPS too.")
-        time_share = gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's contexts were "
-                           "resident (basis ctxsw: GPU context switches) or its kernels ran (basis nvml: NVML "
-                           "per-process utilization scaled to the GPU total); absent under MPS and MIG.", ["basis"])
-        sm_active = gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
-                          "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
-                          "slices) or time_share (the GPU's split by time shares).", ["basis"])
-        folded = GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
-                                   "published summed as the holder pod=\"other\".", labels=GPU_LABELS)
-        idle_seconds = gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
-                             "or a time share under 1%; 0 while it uses it.")
-        held_idle = gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after.")
-        c_held = counter("gpu_workload_held_gpu_seconds", "GPU-seconds held (held share x seconds).")
-        c_busy = counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds), by the "
-                         "basis of the time share integrated (ctxsw where available, else nvml).", ["basis"])
-        c_sm = counter("gpu_workload_sm_active_gpu_seconds", "SM-active GPU-seconds (SM active x seconds).", ["basis"])
-        c_hidden = counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
-                           "(max(0, time share - SM active) x seconds).", ["basis"])
-        c_idle = counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle seconds).")
-        c_ledger = counter("gpu_workload_ledger_gpu_seconds", "The holder's cells of its GPU's ledger (docs/ledger.md), "
-                           "GPU-seconds: sm_active_work, hidden_idle, busy_unsplit, time_idle. Physical: never add "
-                           "held GPU-seconds (the allocation view) to these.", ["cell"])
+        f = _families()
+        held, held_basis, processes, time_share, sm_active, folded = (f["held"], f["held_basis"], f["processes"],
+                                                                      f["time_share"], f["sm_active"], f["folded"])
+        idle_seconds, held_idle, c_held, c_busy, c_sm, c_hidden, c_idle = (
+            f["idle_seconds"], f["held_idle"], f["c_held"], f["c_busy"], f["c_sm"], f["c_hidden"], f["c_idle"])
+        c_ledger = f["c_ledger"]
         for w in self._engine.snapshot.workloads:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
             if w.folded:
@@ -81,10 +60,9 @@ class WorkloadCollector:
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
-        yield from (held, held_basis, processes, time_share, sm_active, folded, idle_seconds, held_idle,
-                    c_held, c_busy, c_sm, c_hidden, c_idle, c_ledger)
+        yield from f.values()
         yield from self._gpu_ledgers()
-        yield from self._ctxsw_states()
+        yield from self._source_states()
 
     def _gpu_ledgers(self):
         """Per GPU, every cell of its ledger and the wall-clock seconds they sum to."""
@@ -102,21 +80,73 @@ class WorkloadCollector:
         yield cells
         yield observed
 
-    def _ctxsw_states(self):
-        """Per GPU, the live context-switch source's state (--workload-ctxsw only) and its window's time."""
-        states = getattr(self._engine.workloads, "ctxsw_states", None)
-        if states is None:
-            return
-        state = GaugeMetricFamily("gpu_workload_ctxsw_state", "1 for the current state of the GPU context-switch "
-                                  "source of workload time shares (--workload-ctxsw): active, standby, unsupported, "
-                                  "error, disabled; /api/v1/workloads and the log say why.", labels=GPU_LABELS + ["state"])
-        stamp = GaugeMetricFamily("gpu_workload_ctxsw_sample_timestamp_seconds", "Wall time of the end of the "
-                                  "context-switch window the basis=\"ctxsw\" values describe.", labels=GPU_LABELS)
-        for gpu, current in states:
-            labels = [str(gpu.index), gpu.uuid, gpu.model]
-            for name in WORKLOAD_SOURCE_STATES:
-                state.add_metric(labels + [name], 1.0 if current.state == name else 0.0)
-            if current.state == ACTIVE and current.window_end is not None:
-                stamp.add_metric(labels, current.window_end)
-        yield state
-        yield stamp
+    def _source_states(self):
+        """Per workload source and GPU: its state and its window's time."""
+        workloads = self._engine.workloads
+        for name, states in workloads.source_states.items():
+            state, stamp = _state_families(name, workloads.sources[name])
+            for gpu, current in states:
+                labels = [str(gpu.index), gpu.uuid, gpu.model]
+                for value in WORKLOAD_SOURCE_STATES:
+                    state.add_metric(labels + [value], 1.0 if current.state == value else 0.0)
+                if current.state == ACTIVE and current.window_end is not None:
+                    stamp.add_metric(labels, current.window_end)
+            yield state
+            yield stamp
+
+
+def _gauge(name, doc, extra=()):
+    return GaugeMetricFamily(name, doc, labels=LABELS + list(extra))
+
+
+def _counter(name, doc, extra=()):
+    return CounterMetricFamily(name, doc, labels=LABELS + list(extra))
+
+
+def _families() -> dict:
+    """Every per-workload family WorkloadCollector.collect() yields, empty, in the order it yields them."""
+    return {
+        "held": _gauge("gpu_workload_held_share_ratio", "Share of the GPU the holder was allocated (kubelet "
+                       "PodResources, DRA claims, Slurm job mapping, Unix users): 1 whole, k/N replicas, a MIG "
+                       "device's share of the SMs, a claim's consumed capacity, or an even split (basis: "
+                       "gpu_workload_held_share_basis_info)."),
+        "held_basis": _gauge("gpu_workload_held_share_basis_info", "1 for why the held share is what it is: whole, "
+                             "mig, replicas, capacity (consumed over device capacity) or even_split (an estimate).",
+                             ["basis"]),
+        "processes": _gauge("gpu_workload_processes", "The holder's CUDA processes on the GPU (NVML process lists, "
+                            "pid to holder through its cgroup); works under MPS too."),
+        "time_share": _gauge("gpu_workload_time_share_ratio", "Share of the GPU's time the holder's contexts were "
+                             "resident (basis ctxsw: GPU context switches) or its kernels ran (basis nvml: NVML "
+                             "per-process utilization scaled to the GPU total); absent under MPS and MIG.", ["basis"]),
+        "sm_active": _gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
+                            "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
+                            "slices) or time_share (the GPU's split by time shares).", ["basis"]),
+        "folded": GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
+                                    "published summed as the holder pod=\"other\".", labels=GPU_LABELS),
+        "idle_seconds": _gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
+                               "or a time share under 1%; 0 while it uses it."),
+        "held_idle": _gauge("gpu_workload_held_idle", "1 once the holder has been idle for --held-idle-after."),
+        "c_held": _counter("gpu_workload_held_gpu_seconds", "GPU-seconds held (held share x seconds)."),
+        "c_busy": _counter("gpu_workload_busy_gpu_seconds", "GPU-seconds busy in time (time share x seconds), by the "
+                           "basis of the time share integrated (ctxsw where available, else nvml).", ["basis"]),
+        "c_sm": _counter("gpu_workload_sm_active_gpu_seconds", "SM-active GPU-seconds (SM active x seconds).",
+                         ["basis"]),
+        "c_hidden": _counter("gpu_workload_hidden_idle_gpu_seconds", "GPU-seconds busy in time while the SMs idled "
+                             "(max(0, time share - SM active) x seconds).", ["basis"]),
+        "c_idle": _counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle "
+                           "seconds)."),
+        "c_ledger": _counter("gpu_workload_ledger_gpu_seconds", "The holder's cells of its GPU's ledger "
+                             "(docs/ledger.md), GPU-seconds: sm_active_work, hidden_idle, busy_unsplit, time_idle. "
+                             "Physical: never add held GPU-seconds (the allocation view) to these.", ["cell"]),
+    }
+
+
+def _state_families(name: str, source) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """A workload source's state series and window time (exporter.sampler.WorkloadSource)."""
+    state = GaugeMetricFamily(f"gpu_workload_{name}_state", f"1 for the current state of the {source.description}: "
+                              "active, standby, unsupported, error, disabled; /api/v1/workloads and the log say why.",
+                              labels=GPU_LABELS + ["state"])
+    stamp = GaugeMetricFamily(f"gpu_workload_{name}_sample_timestamp_seconds", "Wall time of the end of the "
+                              f"window the basis=\"{source.basis}\" values describe ({source.description}).",
+                              labels=GPU_LABELS)
+    return state, stamp

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.hostfiles import read_text_capped
+from hostio.files import read_text_capped
 
 MAX_CGROUP_BYTES = 65536  # a cgroup file lists a few hierarchies: more is not one
 

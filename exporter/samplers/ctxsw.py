@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from exporter.config import duration
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState
-from exporter.samplers.nsys import CaptureError, NsysRunner
+from exporter.nsys_exports import CaptureError, NsysRunner, read_export
+from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
@@ -104,6 +104,7 @@ class CtxswSampler(SamplerDefaults):
 
     name = "ctxsw"
     basis = CTXSW
+    description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -218,9 +219,12 @@ class CtxswSampler(SamplerDefaults):
                       for p in entry["processes"] if p["pid"] is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
                                                     shares=shares, switch_overhead=entry["switch_between_share"])
+            stopped = entry.get("fit_unconverged")
             self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}", start, end))
+                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}"
+                        + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else ""),
+                start, end))
 
     def _refused(self, uuid: str) -> str | None:
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)
@@ -228,8 +232,6 @@ class CtxswSampler(SamplerDefaults):
             return MIG
         if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
             return MPS
-        from exporter.samplers.nsys import serves
-
         if serves(self._others, "dcgm", uuid):
             return DCGM
         return None
@@ -244,7 +246,6 @@ class CtxswSampler(SamplerDefaults):
 
     def _capture(self, binary: str, targets) -> tuple[dict | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
-        from exporter.samplers.nsys import read_export
         from nsys_ingest.ctxsw import EVENTS, attribute
         from nsys_ingest.reader import Budget, IngestError
 

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from exporter.hostfiles import read_capped, read_text_capped
+from hostio.files import read_capped, read_text_capped
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -24,7 +24,7 @@ COMM_PREFIX = "nvidia-cuda-mps"  # comm is cut at 15 characters: both daemons re
 CONTROL_QUERY_EVERY_S = 2.0
 FAULT_RATE_WINDOW_S = 10.0
 FULL_RESCAN_EVERY_S = 30.0  # pids seen as something else are skipped until then (pid reuse is rare)
-# /proc files are read capped (exporter/hostfiles.py): a process's stat is ~300 bytes, its status ~1.5 KB,
+# /proc files are read capped (hostio/files.py): a process's stat is ~300 bytes, its status ~1.5 KB,
 # the host's stat a few KB per hundred CPUs; argv[0] is all that is read of a command line.
 MAX_STAT_BYTES = 4096
 MAX_STATUS_BYTES = 65536

@@ -6,7 +6,7 @@ file per GPU, named by its index ("0") or UUID ("GPU-..." or "MIG-..."), listing
 it, one per line (a line may go on with more fields, e.g. the user's uid: only the first is read).
 A process's job comes from its cgroup path, in slurmstepd's cgroup v1 layout
 (`/slurm/uid_1000/job_123/step_0/task_0`) or v2 layout (`/system.slice/slurmstepd.scope/job_123/step_0/...`).
-Files are read with a size cap, non-blocking, regular files only (exporter/hostfiles.py); a garbage,
+Files are read with a size cap, non-blocking, regular files only (hostio/files.py); a garbage,
 unknown, vanished or FIFO file is one log line, never a crash.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
-from exporter.hostfiles import FileTooLarge, read_capped
+from hostio.files import FileTooLarge, read_capped
 from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.kubelet import DeviceMap
 from exporter.snapshot import CollectorHealth, LogOnce

@@ -8,7 +8,9 @@ keeps a context open and runs nothing holds the GPU idle.
 
 The uid is the real uid of /proc/PID/status (under --proc-root); the name comes from the host's user
 database where it is readable (--passwd FILE, else <proc-root>/1/root/etc/passwd: the host's, seen
-through its init process), the uid otherwise. Every read is capped and non-blocking.
+through its init process, which only root may read; where --proc-root is this host's own /proc, an
+ordinary user's exporter reads /etc/passwd instead: the same file), the uid otherwise. One log line
+names the file the names came from. Every read is capped and non-blocking.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 
 from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
-from exporter.hostfiles import FileTooLarge, read_capped
+from hostio.files import FileTooLarge, read_capped
 from exporter.samplers.cgroups import ProcFileOwners
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -61,6 +63,10 @@ class UsersSampler(HolderSampler):
         self.nvml = nvml
         self.proc_root = Path(proc_root)
         self.passwd = Path(passwd) if passwd else self.proc_root / "1" / "root" / "etc" / "passwd"
+        # This host's own /proc: its init's root is this file system's, so /etc/passwd is the same database.
+        own_proc = not passwd and os.path.realpath(self.proc_root) == "/proc"
+        self.passwd_files = [self.passwd, *([Path("/etc/passwd")] if own_proc else [])]
+        self.names_from: Path | None = None
         self.interval = interval
         self.holdings = Holdings()
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
@@ -72,18 +78,25 @@ class UsersSampler(HolderSampler):
     def _user_names(self) -> dict[int, str]:
         if time.monotonic() - self._names_read >= PASSWD_EVERY_S:
             self._names_read = time.monotonic()
-            try:
+            failed = []
+            for path in self.passwd_files:
                 try:
-                    data = read_capped(self.passwd, MAX_PASSWD_BYTES, follow=True)  # a mounted secret is a link
-                except FileTooLarge:
-                    raise OSError(f"larger than {MAX_PASSWD_BYTES} bytes, not a user database") from None
+                    try:
+                        data = read_capped(path, MAX_PASSWD_BYTES, follow=True)  # a mounted secret is a link
+                    except FileTooLarge:
+                        raise OSError(f"larger than {MAX_PASSWD_BYTES} bytes, not a user database") from None
+                except OSError as exc:
+                    failed.append(f"cannot read {path} ({exc.strerror or exc})")
+                    continue
                 self._names = parse_passwd(data.decode("utf-8", "replace"))
-                self._log.clear("users passwd", f"user names from {self.passwd}")
-            except OSError as exc:
-                self._names = {}
-                self._log.problem("users passwd", f"cannot read {self.passwd} ({exc.strerror or exc}): users are "
-                                  "labelled by uid (pass --passwd FILE, or mount the host's / at <proc-root>/1/root)",
-                                  logging.INFO)
+                if path != self.names_from:  # one line, also where a failure ends
+                    self.names_from = path
+                    self._log.problem("users passwd", f"user names from {path}"
+                                      + (f" ({'; '.join(failed)})" if failed else ""), logging.INFO)
+                return self._names
+            self._names, self.names_from = {}, None
+            self._log.problem("users passwd", f"{'; '.join(failed)}: users are labelled by uid (pass --passwd FILE, "
+                              "or mount the host's / at <proc-root>/1/root)", logging.INFO)
         return self._names
 
     def tick(self) -> None:

@@ -85,6 +85,10 @@ def parse_time(text: str, flag: str, now: float) -> float:
     return moment.timestamp()
 
 
+def _day(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d")
+
+
 def time_range(args, now: float) -> tuple[float, float]:
     if args.last and args.start:
         raise ReportError("give --start or --last, not both")
@@ -96,8 +100,13 @@ def time_range(args, now: float) -> tuple[float, float]:
         if length <= 0:
             raise ReportError("--last must be longer than 0 s")
         start = end - length
-    if start >= end:
-        raise ReportError(f"--start ({start:.0f}) is not before --end ({end:.0f}): swap them, or use --last")
+    from .render import iso
+
+    if start == end:
+        raise ReportError(f"--start and --end are the same time ({iso(start)}): a date is its midnight (UTC), so "
+                          f"a whole day is --start {_day(start)} --end {_day(start + 86400)}; or use --last")
+    if start > end:
+        raise ReportError(f"--start ({iso(start)}) is after --end ({iso(end)}): swap them, or use --last")
     if end - start > MAX_RANGE_DAYS * 86400:
         raise ReportError(f"the range is longer than {MAX_RANGE_DAYS} days: report on a shorter one")
     return start, end
@@ -149,6 +158,8 @@ def build(args, now: float):
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
     if not any(q == "held" for row in collected.totals.values() for q, _b in row):
         raise account.diagnose_empty(api, plan, start, end)
+    if all(not any(group) for group in collected.totals):
+        collected.notes.append(account.other_groupings(api, plan, start, end))
     table = summary.summarize(collected.totals, plan.labels)
     collected.totals = {}  # the table has it all now
     report = Report(api.url, start, end, args.by, plan.labels, args.match, table, collected)
@@ -156,7 +167,9 @@ def build(args, now: float):
         from . import charts
 
         step = chart_step(end - start)
-        waste = account.timeline(api, plan, collected, WASTE_CELLS, step)
+        wasters = summary.top_wasters(table, list(plan.labels), charts.MAX_GROUPS)
+        charted = {tuple(row[label] for label in plan.labels) for _, row in wasters.iterrows()}
+        waste = account.timeline(api, plan, collected, WASTE_CELLS, step, charted)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
         collected.queries = api.requests

@@ -49,6 +49,8 @@ DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
 HEARTBEAT_MARGIN = 3600.0  # heartbeat read this far past the range: runs that straddle its edges
 EVEN = 0.25  # a spacing more than 25% off the run's is a break (a gap, or another interval)
+MAX_GROUPS = 100_000  # groups a report holds (--by pod over 70,000 pods: 205 MB peak, bench/RESULTS.md)
+OTHER = "(other)"  # the waste chart's groups beyond the largest wasters, summed as they arrive
 MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\\n]|\\.)*")\s*')
 
 
@@ -203,8 +205,30 @@ def _metric(sample) -> dict:
     return metric if isinstance(metric, dict) else {}
 
 
+def _label(metric: dict, label: str, default: str = "") -> str:
+    """A label's value: a string in the Prometheus API, anything else is a hostile server's."""
+    value = metric.get(label, default)
+    if not isinstance(value, str):
+        raise ReportError(f"the server answered label {label[:40]!r} as a {type(value).__name__}, not a string: "
+                          f"is it a Prometheus API?")
+    return value
+
+
 def _group(metric: dict, labels) -> tuple:
-    return tuple(metric.get(label, "") for label in labels)
+    return tuple(_label(metric, label) for label in labels)
+
+
+def _pairs(series):
+    """A range vector's (time, value) pairs, finite values only; ReportError for what is not a pair of numbers."""
+    values = series.get("values") if isinstance(series, dict) else None
+    for pair in values if isinstance(values, list) else ():
+        try:
+            t, value = float(pair[0]), float(pair[1])
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise ReportError("the server answered a range sample that is not a time and a number: is it a "
+                              "Prometheus API?") from None
+        if math.isfinite(value):
+            yield t, value
 
 
 def _value(sample: dict) -> float:
@@ -268,6 +292,33 @@ def runs(evaluations: list[tuple[float, float]]) -> list[list[tuple[float, float
     return out
 
 
+def why_no_rollups(evaluations) -> str:
+    """Why no span of the range can come from the rollups: no evaluation at all, or too few in a run yet (a
+    run's first and last window are left to the counters, so it needs more than two windows of evaluations)."""
+    if not evaluations:
+        return (f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, group "
+                f"gpu-workload-recording) did not run there")
+    run = max(runs(evaluations), key=len)
+    times, window = [t for t, _w in run], run[0][1]
+    step = statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else window
+    need = max(3, math.ceil(2 * window / step) + 1)
+    edges = f"the first and last {window:g} s of a run come from the counters"
+    if len(run) < 2:
+        return f"too few evaluations of the recording rules yet: 1, need more than {2 * window:g} s of them ({edges})"
+    if len(run) < need:
+        return f"too few evaluations of the recording rules yet: {len(run)}, need {need} (every {step:g} s; {edges})"
+    return f"the recording rules' {len(run)} evaluations do not reach into the range"
+
+
+def other_groupings(api: PrometheusAPI, plan: Plan, start: float, end: float) -> str:
+    """For a report whose every group is (none): the --by choices whose label the held series do carry."""
+    held = counter("held") + plan.selector
+    found = [f"--by {by} ({len(values)})" for by, labels in GROUP_LABELS.items() if by != plan.by
+             and (values := [v for v in api.label_values(labels[-1], held, start, end) if v])]
+    said = f"; {', '.join(found)} {'has' if len(found) == 1 else 'have'} data" if found else ""
+    return f"every group is (none): no workload series of the range carries {'/'.join(plan.labels)}{said}"
+
+
 def plan_spans(evaluations, start: float, end: float, twice=frozenset()) -> list[Span]:
     """The range cut into rules spans (where a run of evaluations covers it) and counters spans (the rest)."""
     covered: list[Span] = []
@@ -320,16 +371,25 @@ def plan_spans(evaluations, start: float, end: float, twice=frozenset()) -> list
 # --- reading ----------------------------------------------------------------------------------------------
 
 class Totals:
-    """GPU-seconds per group and (quantity, basis), folded answer by answer."""
+    """GPU-seconds per group and (quantity, basis), folded answer by answer; at most MAX_GROUPS groups."""
 
     def __init__(self, labels):
         self.labels = labels
         self.groups: dict[tuple, dict[tuple[str, str], float]] = {}
 
+    def _row(self, group: tuple) -> dict:
+        row = self.groups.get(group)
+        if row is None:
+            if len(self.groups) >= MAX_GROUPS:
+                raise ReportError(f"more than {MAX_GROUPS:,} groups by {', '.join(self.labels)}: group by a coarser "
+                                  f"label (--by) or narrow --match")
+            row = self.groups[group] = {}
+        return row
+
     def merge(self, other: "Totals"):
         while other.groups:
             group, row = other.groups.popitem()
-            mine = self.groups.setdefault(group, {})
+            mine = self._row(group)
             for key, value in row.items():
                 mine[key] = mine.get(key, 0.0) + value
 
@@ -337,21 +397,27 @@ class Totals:
         """Folds one answer in; returns the held GPU-seconds it added (for the span's own total). signed: a
         correction, negative values included."""
         added = 0.0
+        seen = set()  # an answer holds each series once (a server repeating one would count it again)
         for sample in samples:
             value = _value(sample)
-            if unknown and value <= 0 and not signed:
-                continue
             metric = _metric(sample)
             if unknown:
                 basis = "unknown"
             elif plan_quantity in KEY_LABEL:
-                basis = metric.get(KEY_LABEL[plan_quantity]) or "unknown"
+                basis = _label(metric, KEY_LABEL[plan_quantity]) or "unknown"
             elif plan_quantity in WITH_BASIS:
-                basis = metric.get("basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")
+                basis = _label(metric, "basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")
             else:
                 basis = "exact"
+            group = _group(metric, self.labels)
+            series = (group, _label(metric, "basis"))
+            if series in seen:
+                raise ReportError("the server answered one series twice in one answer: is it a Prometheus API?")
+            seen.add(series)
+            if unknown and value <= 0 and not signed:
+                continue
             key = (plan_quantity, basis)
-            row = self.groups.setdefault(_group(metric, self.labels), {})
+            row = self._row(group)
             row[key] = row.get(key, 0.0) + value
             if plan_quantity == "held" and not unknown:
                 added += value
@@ -372,8 +438,7 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
         evaluations, twice = heartbeat(api, plan, start - HEARTBEAT_MARGIN, end + HEARTBEAT_MARGIN, notes)
         spans = plan_spans(evaluations, start, end, twice)
         if plan.source == "rules" and not any(s.source == "rules" for s in spans):
-            raise ReportError(f"no {HEARTBEAT} in the range: the recording rules (rules/gpu-utilization.rules.yaml, "
-                              f"group gpu-workload-recording) did not run there; use --source counters")
+            raise ReportError(f"{why_no_rollups(evaluations)}; use --source counters (or auto)")
         if plan.source == "rules":
             uncovered = sum(s.end - s.start for s in spans if s.source == "counters")
             if uncovered:
@@ -415,10 +480,10 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
             expr = f"sum by (instance, uuid{', cell' * (position == 0)}) (increase({name}{plan.selector}[{window}]))"
             for sample in api.query(expr, b):
                 metric, value = _metric(sample), _value(sample)
-                key = (metric.get("instance", ""), metric.get("uuid", ""))
+                key = (_label(metric, "instance"), _label(metric, "uuid"))
                 per_gpu.setdefault(key, [0.0, 0.0])[position] += value
                 if position == 0:
-                    cell = metric.get("cell") or "unknown"
+                    cell = _label(metric, "cell") or "unknown"
                     out.cells[cell] = out.cells.get(cell, 0.0) + value
                 else:
                     out.observed += value
@@ -458,12 +523,15 @@ def _rules_span(api, plan, span: Span, totals: Totals) -> float:
     return held
 
 
-def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: float):
+def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: float, charted=None):
     """GPU-seconds per step of the holders' ledger `cells` summed, per group: the waste-over-time chart
-    (rollups where they answered, the counters elsewhere; a chart, so the rollups' lag is not corrected here)."""
+    (rollups where they answered, the counters elsewhere; a chart, so the rollups' lag is not corrected here).
+    `charted`: the groups drawn on their own; the others are summed as they arrive into one group named
+    OTHER, so what is held grows with the steps, not with the groups."""
     import pandas as pd
 
-    records = []
+    other = (OTHER,) * len(plan.labels)
+    points: dict[tuple, float] = {}
     selector = plan.selector_with(("cell", "=~", '"' + "|".join(cells) + '"'))
     for span in collected.spans:
         if span.end - span.start < step:
@@ -477,11 +545,12 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: 
             expr = f"sum by ({', '.join(plan.labels)}) (increase({counter(LEDGER)}{selector}[{window}]))"
         for series in api.query_range(expr, span.start + step, span.end, step):
             group = _group(_metric(series), plan.labels)
-            for t, v in series.get("values", []):
-                value = float(v)
-                if math.isfinite(value):
-                    records.append((*group, float(t), value))
-    frame = pd.DataFrame(records, columns=[*plan.labels, "t", "gpu_seconds"])
+            if charted is not None and group not in charted:
+                group = other
+            for t, value in _pairs(series):
+                points[(*group, t)] = points.get((*group, t), 0.0) + value
+    frame = pd.DataFrame([(*key, value) for key, value in points.items()],
+                         columns=[*plan.labels, "t", "gpu_seconds"])
     return frame.groupby([*plan.labels, "t"], as_index=False)["gpu_seconds"].sum()
 
 

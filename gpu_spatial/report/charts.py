@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 
+from .account import OTHER
 from .summary import TOTAL, group_name
 
 MAX_GROUPS = 8
@@ -37,8 +38,9 @@ def waste_over_time(waste: pd.DataFrame, labels, step: float) -> bytes:
     if waste.empty:
         ax.text(0.5, 0.5, "no waste series in the range", ha="center", transform=ax.transAxes)
     else:
-        named = waste.assign(name=[group_name(row, labels) for _, row in waste.iterrows()])
-        largest = named.groupby("name")["gpu_seconds"].sum().sort_values(ascending=False)
+        named = waste.assign(name=["other" if row[labels[0]] == OTHER else group_name(row, labels)
+                                   for _, row in waste.iterrows()])
+        largest = named.groupby("name")["gpu_seconds"].sum().drop("other", errors="ignore").sort_values(ascending=False)
         keep = set(largest.index[:MAX_GROUPS])
         named["name"] = named["name"].where(named["name"].isin(keep), "other")
         wide = named.pivot_table(index="t", columns="name", values="gpu_seconds", aggfunc="sum").fillna(0.0) / step

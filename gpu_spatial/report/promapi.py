@@ -1,23 +1,22 @@
 """A small client for the Prometheus HTTP query API, which Thanos, Mimir and VictoriaMetrics also serve.
 
-Everything the server says is hostile input: each request has a timeout, each body a size cap, and
-every failure becomes one ReportError line that names the problem and the fix.
+Everything the server says is hostile input: each whole request has a deadline, each body a size cap,
+what it parses into a cap of values (exporter/bounded_http.py, docs/limits.md), and every failure
+becomes one ReportError line that names the problem and the fix.
 """
 from __future__ import annotations
 
 import base64
-import json
 import os
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from pathlib import Path
+
+from exporter import bounded_http
 
 TOKEN_ENV = "GPU_SPATIAL_PROMETHEUS_TOKEN"
 BASIC_AUTH_ENV = "GPU_SPATIAL_PROMETHEUS_BASIC_AUTH"
-CHUNK = 1 << 16
 
 
 class ReportError(Exception):
@@ -60,16 +59,6 @@ def auth_header(bearer_token_file: str | None, basic_auth_file: str | None) -> s
     return None
 
 
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    """Redirects are refused: urllib would carry the Authorization header to wherever they point."""
-
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        return None
-
-
-OPENER = urllib.request.build_opener(NoRedirect)
-
-
 class PrometheusAPI:
     def __init__(self, url: str, authorization: str | None = None, timeout: float = 60.0,
                  max_bytes: int = 64 << 20):
@@ -80,44 +69,43 @@ class PrometheusAPI:
         self.authorization = authorization
         self.timeout = timeout
         self.max_bytes = max_bytes
+        self.max_values = max_bytes // bounded_http.BYTES_PER_VALUE
         self.requests = 0
 
     def _call(self, path: str, params: dict, post: bool = True) -> dict:
-        """POST where the API allows it (long matchers stay out of URLs and logs), GET elsewhere."""
+        """POST where the API allows it (long matchers stay out of URLs and logs), GET elsewhere. The whole
+        request (connect, headers, body) ends within --timeout; redirects are never followed (they would carry
+        the Authorization header wherever they point)."""
         encoded = urllib.parse.urlencode(params, doseq=True)
+        headers = {"Accept": "application/json"}
         if post:
-            request = urllib.request.Request(self.url + path, data=encoded.encode(), method="POST",
-                                             headers={"Content-Type": "application/x-www-form-urlencoded"})
-        else:
-            request = urllib.request.Request(f"{self.url}{path}?{encoded}")
-        request.add_header("Accept", "application/json")
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
         if self.authorization:
-            request.add_header("Authorization", self.authorization)
+            headers["Authorization"] = self.authorization
         self.requests += 1
+        status = None
         try:
-            with OPENER.open(request, timeout=self.timeout) as response:
-                raw = self._read_capped(response)
-                status = response.status
-        except urllib.error.HTTPError as exc:
-            status, raw = exc.code, self._read_capped(exc)
+            answer = bounded_http.fetch(self.url + path + ("" if post else f"?{encoded}"),
+                                        time.monotonic() + self.timeout, self.max_bytes,
+                                        "POST" if post else "GET", encoded.encode() if post else b"", headers)
+            status = answer.status
             if 300 <= status < 400:
-                raise ReportError(f"{self.url} redirects (HTTP {status}) to {exc.headers.get('Location', '?')[:200]}: "
-                                  f"give --prometheus the final URL (redirects are not followed)") from None
+                raise ReportError(f"{self.url} redirects (HTTP {status}) to {answer.headers.get('location', '?')[:200]}: "
+                                  f"give --prometheus the final URL (redirects are not followed)")
             if status in (401, 403):
                 raise ReportError(f"{self.url} refused the credentials (HTTP {status}): set --bearer-token-file, "
-                                  f"{TOKEN_ENV}, or --basic-auth-file") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ReportError(f"cannot reach {self.url} ({reason}): check --prometheus and that the server "
-                              f"is up (timeout {self.timeout:g} s, --timeout)") from None
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            if status >= 500:
-                raise ReportError(f"{self.url} failed (HTTP {status}): try again, or a shorter range") from None
-            raise ReportError(f"{self.url}{path} answered HTTP {status} with something that is not the Prometheus "
-                              f"JSON API: is --prometheus the API's base URL?") from None
+                                  f"{TOKEN_ENV}, or --basic-auth-file")
+            data = bounded_http.parse_json(answer.body, self.max_values)
+        except bounded_http.AnswerError as exc:
+            raise self._answer_error(exc, path, status) from None
+        except OSError as exc:
+            raise ReportError(f"cannot reach {self.url} ({getattr(exc, 'strerror', None) or exc}): check --prometheus "
+                              f"and that the server is up (timeout {self.timeout:g} s, --timeout)") from None
         if not isinstance(data, dict) or data.get("status") != "success":
+            if status == 404 and self._is_our_exporter():
+                raise ReportError(f"{self.url} is a gpu-spatial exporter, not a Prometheus query API: the report "
+                                  f"reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, e.g. "
+                                  f"--prometheus http://127.0.0.1:9090")
             error = str(data.get("error", "no error message") if isinstance(data, dict) else data)[:300]
             if SAMPLE_LIMIT.search(error):
                 raise TooManySamples(f"{self.url} refused to read that many samples in one query ({error}): raise "
@@ -125,21 +113,32 @@ class PrometheusAPI:
             raise ReportError(f"{self.url} rejected the query (HTTP {status}): {error}")
         return data.get("data")
 
-    def _read_capped(self, response) -> bytes:
-        """The body, within the size cap and the timeout as a whole (a server dripping bytes is cut off)."""
-        parts, size = [], 0
-        deadline = time.monotonic() + self.timeout
-        read = getattr(response, "read1", response.read)
-        while chunk := read(CHUNK):
-            size += len(chunk)
-            if size > self.max_bytes:
-                raise ReportError(f"{self.url} sent more than {self.max_bytes >> 20} MiB for one query: narrow "
-                                  f"--match or the range, or raise --max-response-mib")
-            if time.monotonic() > deadline:
-                raise ReportError(f"{self.url} took longer than {self.timeout:g} s to answer one query: narrow the "
-                                  f"range or --match, or raise --timeout")
-            parts.append(chunk)
-        return b"".join(parts)
+    def _is_our_exporter(self) -> bool:
+        """Whether the URL serves the exporter's /healthz (its JSON: status and a GPU count; 503 included,
+        while it has no GPU or stalled)."""
+        try:
+            answer = bounded_http.fetch(self.url + "/healthz", time.monotonic() + self.timeout, 4096,
+                                        headers={"Accept": "application/json"})
+            health = bounded_http.parse_json(answer.body, 64)
+        except (bounded_http.AnswerError, OSError):
+            return False
+        return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health
+
+    def _answer_error(self, exc: bounded_http.AnswerError, path: str, status: int | None) -> ReportError:
+        if exc.kind == "slow":
+            return ReportError(f"{self.url} took longer than {self.timeout:g} s to answer one query: narrow the "
+                               f"range or --match, or raise --timeout")
+        if exc.kind == "large":
+            return ReportError(f"{self.url} answered one query with {exc} (--max-response-mib {self.max_bytes >> 20} "
+                               f"allows {self.max_bytes} bytes and {self.max_values} JSON values): narrow --match or "
+                               f"the range, or raise --max-response-mib")
+        if exc.kind == "json" and status is not None and status >= 500:
+            return ReportError(f"{self.url} failed (HTTP {status}): try again, or a shorter range")
+        if exc.kind == "json":
+            return ReportError(f"{self.url}{path} answered HTTP {status} with something that is not the Prometheus "
+                               f"JSON API ({exc}): is --prometheus the API's base URL?")
+        return ReportError(f"{self.url} answered with something that is not HTTP ({exc}): is --prometheus the API's "
+                           f"base URL?")
 
     def query(self, expr: str, at: float) -> list[dict]:
         """An instant vector: [{"metric": {...}, "value": [t, "v"]}]."""
@@ -160,12 +159,16 @@ class PrometheusAPI:
             raise ReportError(f"{self.url} answered a range query without a matrix: is it a Prometheus API?")
         return data["result"]
 
+    def label_values(self, label: str, selector: str, start: float, end: float) -> list:
+        """The values `label` takes on the series of `selector` between start and end (a few bytes back)."""
+        data = self._call(f"/api/v1/label/{label}/values", {"match[]": selector, "start": f"{start:.3f}",
+                                                             "end": f"{end:.3f}"}, post=False)
+        return data if isinstance(data, list) else []
+
     def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
         """Which of `names` have series between start and end (the label values API: a few bytes back)."""
-        selector = '{__name__=~"%s"}' % "|".join(names)
-        data = self._call("/api/v1/label/__name__/values", {"match[]": selector, "start": f"{start:.3f}",
-                                                             "end": f"{end:.3f}"}, post=False)
-        return set(data) & set(names) if isinstance(data, list) else set()
+        found = self.label_values("__name__", '{__name__=~"%s"}' % "|".join(names), start, end)
+        return set(found) & set(names)
 
 
 def vector(data, expr: str) -> list[dict]:

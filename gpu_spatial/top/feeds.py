@@ -2,15 +2,13 @@
 JSON API. Both hand the same JSON to state.screen_state, so both paths render the same."""
 from __future__ import annotations
 
-import http.client
-import json
+import re
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
-from gpu_spatial.top.state import LocalProcesses, ScreenState, screen_state
+from exporter import bounded_http
+from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
 STALE_AFTER_TICKS = 10  # as the exporter's /healthz
@@ -41,15 +39,14 @@ class InProcessFeed:
         self.engine.stop()
 
     def state(self) -> ScreenState:
-        from exporter.app import snapshot_json
+        from exporter.app import snapshot_json, workload_json
 
         snapshot = self.engine.snapshot
         if snapshot.version == 0:
             return ScreenState(self.origin, problem="waiting for the first sample")
         if self._cached is None or self._cached[0] != snapshot.version:
-            data = snapshot_json(snapshot)
-            data.update(workloads=[w.to_json() for w in snapshot.workloads],
-                        ledgers=[b.to_json() for b in getattr(self.engine.workloads, "gpu_ledgers", ())])
+            data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads],
+                    "ledgers": [book.to_json() for book in getattr(self.engine.workloads, "gpu_ledgers", ())]}
             self._cached = (snapshot.version, screen_state(data, self.origin, self.local))
         state = self._cached[1]
         age = time.time() - snapshot.created
@@ -58,11 +55,26 @@ class InProcessFeed:
         return state
 
 
+# The exporter's own paths: a URL people paste (the "serving on .../metrics" log line) names its base.
+EXPORTER_PATHS = re.compile(r"/(metrics|healthz|docs|openapi\.json|api(/v1(/[^?#]*)?)?)/?$")
+
+
+def exporter_base(url: str) -> str:
+    """http://host:9478 from http://host:9478, .../metrics, .../api/v1/gpus, ... (query and fragment dropped)."""
+    parts = urllib.parse.urlsplit(url)
+    path = EXPORTER_PATHS.sub("", parts.path).rstrip("/")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+class ApiOff(ValueError):
+    """The exporter answers, with its JSON API switched off (--no-api): top --url cannot read it."""
+
+
 class HttpFeed:
     """Polls GET {url}/api/v1/gpus in a thread, so keys answer while a slow exporter times out."""
 
     def __init__(self, url: str, interval: float, timeout: float = 2.0):
-        self.url = url.rstrip("/")
+        self.url = exporter_base(url)
         self.interval = interval
         self.timeout = timeout
         host = urllib.parse.urlsplit(self.url).hostname or ""
@@ -86,32 +98,37 @@ class HttpFeed:
             return self._state
 
     def _get(self, path: str):
-        request = urllib.request.Request(self.url + path, headers={"Accept": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            body = response.read(MAX_BODY_BYTES + 1)
-        if len(body) > MAX_BODY_BYTES:
-            raise ValueError(f"answer larger than {MAX_BODY_BYTES // 2**20} MiB")
-        return json.loads(body)
+        """The JSON of GET path, the whole request within the timeout and bounded in bytes and parsed values;
+        or raises OSError, ValueError or AnswerError with a one-line reason (ApiOff: the API is switched off)."""
+        answer = bounded_http.fetch(self.url + path, time.monotonic() + self.timeout, MAX_BODY_BYTES,
+                                    headers={"Accept": "application/json"})
+        if answer.status == 404 and b"--no-api" in answer.body[:4096]:
+            raise ApiOff(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
+                         "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
+        if answer.status != 200:
+            raise ValueError(f"HTTP {answer.status}")
+        return bounded_http.parse_json(answer.body, MAX_BODY_BYTES // bounded_http.BYTES_PER_VALUE)
 
     def fetch(self) -> dict:
-        """One snapshot, or raises OSError/ValueError with a one-line reason. The holders and the GPU ledger
-        come from /api/v1/workloads where the exporter has it (an older one, or --holders none: without)."""
+        """One snapshot with its workload records (who holds each pid)."""
         data = self._get("/api/v1/gpus")
         if not isinstance(data, dict) or "gpus" not in data:
             raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
         try:
-            workloads = self._get("/api/v1/workloads")
-        except (OSError, ValueError, http.client.HTTPException):
-            workloads = None
-        if isinstance(workloads, dict):
-            data.update(workloads=workloads.get("workloads"), ledgers=workloads.get("ledgers"))
+            workloads = mapping(self._get("/api/v1/workloads"))
+            data["workloads"], data["ledgers"] = workloads.get("workloads"), workloads.get("ledgers")
+        except ValueError:  # an exporter from before /api/v1/workloads (HTTP 404): no holders shown
+            pass
         return data
 
     def poll_once(self) -> None:
         try:
             state = screen_state(self.fetch(), self.origin, self.local)
             self._failing_since = None
-        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, HTTP error, bad JSON
+        except ApiOff as exc:
+            self._failing_since = None
+            state = ScreenState(self.origin, problem=str(exc))
+        except (OSError, ValueError, bounded_http.AnswerError) as exc:  # refused, reset, slow, large, not JSON
             now = time.time()
             self._failing_since = self._failing_since or now
             reason = getattr(exc, "reason", None) or exc

@@ -66,17 +66,21 @@ def short_model(model: str, width: int) -> str:
 def gpu_line(gpu: Gpu, width: int, selected: bool) -> list[tuple[str, str]]:
     """One GPU in one line: the time bar and the SM bar side by side, hidden idle between them."""
     index = "?" if gpu.index is None else str(gpu.index)
-    head = [((">" if selected else " ") + f"{index:>2} ", "sel" if selected else "bold"),
-            (short_model(gpu.model, 10 if width < 100 else 16) + " ", "")]
+    mark = ((">" if selected else " ") + f"{index:>2} ", "sel" if selected else "bold")
+    model = (short_model(gpu.model, 10 if width < 100 else 16) + " ", "")
     if gpu.lost:
-        return head + [("GPU lost: no values (w: why)", "bad")]
-    tail = f" hid{pct(gpu.hidden_idle)}"
+        return [mark, model, ("GPU lost: no values (w: why)", "bad")]
     extra = f"  {gpu.sharing_mode or NA:<11} {gpu.verdict or NA}" if width >= 120 else ""
-    used = sum(len(t) for t, _ in head) + len("time[]") + 4 + len(" SM[]") + 4 + len(tail) + len(extra)
-    width_each = min(MAX_BAR, max(4, (width - used) // 2))
+    # Narrow screens drop the model, then the hidden-idle figure, so that both bars keep at least 4 cells.
+    for head, tail in (([mark, model], f" hid{pct(gpu.hidden_idle)}"), ([mark], f" hid{pct(gpu.hidden_idle)}"),
+                       ([mark], "")):
+        used = sum(len(t) for t, _ in head) + len("time[]") + 4 + len(" SM[]") + 4 + len(tail) + len(extra)
+        if (width - used) // 2 >= 4:
+            break
+    width_each = min(MAX_BAR, max(1, (width - used) // 2))
     time_bar = [("time", "bold")] + bar(width_each, gpu.time_utilization) + [(pct(gpu.time_utilization), "time")]
     sm_bar = [(" SM", "bold")] + bar(width_each, gpu.sm_active, gpu.time_utilization) + [(pct(gpu.sm_active), "sm")]
-    return head + time_bar + sm_bar + [(tail, "hidden" if (gpu.hidden_idle or 0) >= 0.25 else "")] + \
+    return head + time_bar + sm_bar + [(tail, "hidden" if (gpu.hidden_idle or 0) >= 0.25 else "")] * bool(tail) + \
         ([(extra, "")] if extra else [])
 
 
@@ -139,7 +143,7 @@ def _workload(record: dict) -> str:
         value = record.get(f"{key}_basis")
         return f" ({''.join(c if c.isprintable() else '?' for c in value[:16])})" if isinstance(value, str) else ""
     figures = [f"{k} {v:.2f}{basis(k)}" for k, v in record.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("index",)]
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("index", "gpu")]
     cells = record.get("ledger")
     if isinstance(cells, dict) and cells:  # the two views apart: what it held and used, and its ledger cells
         own = [f"{CELL_NAMES[c]} {v:.2f}" for c, v in cells.items() if c in CELL_NAMES and isinstance(v, (int, float))]

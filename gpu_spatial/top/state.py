@@ -11,7 +11,7 @@ import pwd
 import re
 from dataclasses import dataclass, field
 
-from exporter.hostfiles import read_text_capped
+from hostio.files import read_text_capped
 from exporter.snapshot import as_ratio
 
 NA = "n/a"
@@ -117,6 +117,12 @@ def _process_owners(snapshot: dict) -> dict[int, str]:
     return owners
 
 
+def _workload_users(workloads: list[dict]) -> dict[int, str]:
+    """pid -> the Unix user the exporter made its holder (--holders users), from its workload records."""
+    return {pid: text(record.get("user")) for record in workloads if text(record.get("user"))
+            for pid in items(record.get("pids")) if isinstance(pid, int)}
+
+
 def _workloads_for(snapshot: dict, uuid: str) -> list[dict]:
     """The exporter's per-workload records for this GPU, where it has them (newer exporters)."""
     return [mapping(w) for w in items(snapshot.get("workloads"))
@@ -157,12 +163,12 @@ def gpu_from_json(position: int, raw: dict, snapshot: dict, local: "LocalProcess
     gpu.holders = [f"{text(p.get('namespace'))}/{text(p.get('pod'))}" for p in map(mapping, items(raw.get("pods")))]
     gpu.workloads = _workloads_for(snapshot, gpu.uuid)
     book = next((mapping(b) for b in items(snapshot.get("ledgers")) if mapping(b).get("uuid") == gpu.uuid), {})
-    gpu.ledger = {text(cell): v for cell, v in mapping(book.get("cells")).items() if ratio(v) is not None}
-    gpu.processes = _processes(tel, _process_owners(snapshot), local)
+    gpu.ledger = {text(cell): ratio(v) for cell, v in mapping(book.get("cells")).items() if ratio(v) is not None}
+    gpu.processes = _processes(tel, _process_owners(snapshot), local, _workload_users(gpu.workloads))
     return gpu
 
 
-def _processes(tel: dict, owners: dict[int, str], local) -> list[Process]:
+def _processes(tel: dict, owners: dict[int, str], local, users: dict[int, str]) -> list[Process]:
     """NVML's compute contexts (with their MPS/time-sliced kind) joined with its per-process
     utilization (the time share) by pid."""
     by_pid: dict[int, Process] = {}
@@ -179,7 +185,8 @@ def _processes(tel: dict, owners: dict[int, str], local) -> list[Process]:
             proc.memory_bytes = number(p.get("memory_used_bytes", p.get("used_memory_bytes")))
     for proc in by_pid.values():
         proc.holder = owners.get(proc.pid, "")
-        if local is not None:
+        proc.user = users.get(proc.pid)  # the exporter's own answer (its --proc-root), else this host's /proc
+        if local is not None and proc.user is None:
             proc.user = local.user(proc.pid, proc.command)
             proc.holder = proc.holder or local.slurm_job(proc.pid, proc.command)
     return list(by_pid.values())

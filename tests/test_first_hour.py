@@ -1,0 +1,294 @@
+"""The traps a new user fell into in the first hour (issue 36), each as that user met it: real exporter,
+real Prometheus, the commands as typed. Every test here failed on the code before the fix."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import urllib.error
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Exporter, Prometheus, http_get, needs, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+STEADY = FIXTURES / "h100_quarter_sms_steady_50hz.sqlite"
+# The README's account step: four time-sliced H100 processes owned by alice, bob and uid 1003.
+USERS = ("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps",
+         "--proc-root", str(FIXTURES / "proc_users"))
+
+
+def command(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def users_stack(tmp_path_factory):
+    """The users demo scraped by a Prometheus whose job is named `gpu`, as the user named it (not our
+    default job name), with the rollup group evaluated every second."""
+    with Exporter(*USERS, "--interval", "0.5") as exporter:
+        prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), {"gpu": [f"127.0.0.1:{exporter.port}"]},
+                                group_interval="1s")
+        try:
+            wait_for(lambda: prometheus.query('up{job="gpu"} == 1'), 60, 0.5, "the exporter scraped as job gpu")
+            yield exporter, prometheus
+        finally:
+            prometheus.stop()
+
+
+def report(*args: str) -> subprocess.CompletedProcess:
+    return command("-m", "gpu_spatial", "report", *args)
+
+
+# -- 2: the report says what is true about the rollups ---------------------------------------------------------
+@needs("prometheus")
+def test_trap2_report_says_too_few_evaluations_yet(users_stack):
+    _exporter, prometheus = users_stack
+    wait_for(lambda: len(prometheus.query("gpu_workload:rollup_window_seconds[1h]")[0]["values"]) >= 2
+             if prometheus.query("gpu_workload:rollup_window_seconds") else None, 60, 0.5, "two heartbeats")
+    done = report("--prometheus", prometheus.url, "--source", "rules", "--last", "1h", "--by", "user")
+    assert done.returncode == 2 and done.stdout == ""
+    # every second (the group's interval here) over a 300 s window: 2 x 300 / 1 + 1 evaluations make a run
+    assert re.fullmatch(r"gpu-spatial report: too few evaluations of the recording rules yet: \d+, need 601 "
+                        r"\(every 1 s; the first and last 300 s of a run come from the counters\); use --source "
+                        r"counters \(or auto\)\n", done.stderr), done.stderr
+
+
+def test_trap4_a_json_404_of_another_server_is_not_called_an_exporter():
+    """A gateway in front of a store that answers 404 in JSON (and 404 on /healthz too) keeps its own words."""
+    import http.server
+    import threading
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            body = b'{"status":"error","errorType":"not_found","error":"no such tenant"}'
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        done = report("--prometheus", f"http://127.0.0.1:{server.server_port}", "--last", "1h")
+    finally:
+        server.shutdown()
+    assert done.returncode == 2
+    assert done.stderr.endswith("rejected the query (HTTP 404): no such tenant\n"), done.stderr
+
+
+def test_a_report_of_only_none_says_which_by_has_data(users_stack):
+    _exporter, prometheus = users_stack
+    wait_for(lambda: prometheus.query("count_over_time(gpu_workload_held_gpu_seconds_total[1h]) >= 2"), 60, 0.5,
+             "two scrapes of the held counters")
+    done = report("--prometheus", prometheus.url, "--source", "counters", "--last", "1h", "--by", "namespace")
+    assert done.returncode == 0, done.stderr
+    assert ("note: every group is (none): no workload series of the range carries namespace; --by node (1), "
+            "--by model (1), --by user (3) have data") in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("step", [60.0, 15.0, 300.0])
+def test_trap2_the_evaluations_said_needed_are_what_the_planner_needs(step):
+    """The message's count is the planner's: one evaluation fewer than it says leaves the range to the
+    counters, the number it says gives the range a rollup span."""
+    from gpu_spatial.report.account import plan_spans, why_no_rollups
+
+    end = 1_000_000.0
+    need = int(re.search(r"need (\d+)", why_no_rollups([(end - step, 300.0), (end, 300.0)])).group(1))
+    assert need == max(3, int(2 * 300 / step) + 1)
+    for count, rules in ((need - 1, False), (need, True)):
+        evaluations = [(end - step * i, 300.0) for i in reversed(range(count))]
+        assert any(s.source == "rules" for s in plan_spans(evaluations, end - 86400, end)) is rules
+        assert why_no_rollups(evaluations).startswith("too few evaluations") is not rules
+
+
+def test_install_without_the_plots_extra_says_which_extra(tmp_path):
+    """`pip install .` leaves matplotlib out: the two commands that draw say so in one line, exit 2."""
+    hide = "import sys; sys.modules['matplotlib'] = None; sys.argv[0] = '{0}'; from {1} import main; sys.exit(main())"
+    plot = command("-c", hide.format("nsys-ingest", "nsys_ingest.__main__"), "plot", str(STEADY), "-o",
+                   str(tmp_path / "t.png"))
+    assert (plot.returncode, plot.stderr) == (2, "error: nsys-ingest plot needs matplotlib, which `pip install .` "
+                                                 "leaves out: pip install '.[plots]'\n")
+    html = command("-c", hide.format("gpu-spatial", "gpu_spatial.cli"), "report", "--prometheus",
+                   "http://127.0.0.1:9", "--format", "html")
+    assert (html.returncode, html.stderr) == (2, "gpu-spatial report: --format html needs matplotlib, which `pip "
+                                                 "install .` leaves out: pip install '.[plots]'\n")
+
+
+# -- 4: the report pointed at the exporter says so ---------------------------------------------------------------
+@pytest.mark.parametrize("api", ["on", "off"])
+def test_trap4_report_pointed_at_the_exporter_says_it_is_one(api):
+    with Exporter("--no-nvml", "--no-mps", *(["--no-api"] if api == "off" else [])) as exporter:
+        done = report("--prometheus", exporter.url, "--last", "1h")
+    assert done.returncode == 2
+    assert done.stderr == (f"gpu-spatial report: {exporter.url} is a gpu-spatial exporter, not a Prometheus query "
+                           f"API: the report reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, "
+                           f"e.g. --prometheus http://127.0.0.1:9090\n")
+
+
+# -- 3: top takes the URL people paste, and says when the API is off ---------------------------------------------
+def test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off():
+    with Exporter("--no-nvml", "--no-mps", "--replay", str(STEADY)) as exporter:
+        wait_for(lambda: "gpu_sm_active_ratio{" in exporter.metrics(), 15, 0.2, "the replay published")
+        for pasted in (f"{exporter.url}/metrics", f"{exporter.url}/", f"{exporter.url}/api/v1/gpus"):
+            done = command("-m", "gpu_spatial", "top", "--once", "--size", "100x20", "--url", pasted)
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert "SM[" in done.stdout and "25%" in done.stdout and "not answering" not in done.stdout
+    with Exporter("--no-nvml", "--no-mps", "--no-api") as exporter:
+        done = command("-m", "gpu_spatial", "top", "--once", "--size", "200x10", "--url", exporter.url + "/metrics")
+    assert done.returncode == 1
+    assert (f"the exporter at {exporter.url} answers, but its JSON API is off (--no-api): top --url reads "
+            f"/api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host") in done.stdout
+    assert "not answering" not in done.stdout
+
+
+# -- 5: plot blames the output's format ---------------------------------------------------------------------------
+def test_trap5_plot_to_an_unknown_format_names_the_formats(tmp_path):
+    done = command("-m", "nsys_ingest", "plot", str(STEADY), "-o", str(tmp_path / "x.txt"))
+    assert done.returncode == 2 and done.stdout == ""
+    line = done.stderr
+    assert line.startswith(f"error: cannot write {tmp_path / 'x.txt'}: plot writes images, no .txt files; its suffix "
+                           "chooses the format, one of ") and line.count("\n") == 1
+    assert ".png" in line and ".svg" in line and ".pdf" in line and "(e.g. -o timeline.png)" in line
+    assert not (tmp_path / "x.txt").exists()
+    assert command("-m", "nsys_ingest", "plot", str(STEADY), "-o", str(tmp_path / "x.svg")).returncode == 0
+
+
+# -- 6: an ordinary user's exporter names users from /etc/passwd --------------------------------------------------
+def test_trap6_users_named_from_etc_passwd_when_init_is_not_readable():
+    """As uid 65534 (after the imports: the interpreter lives under /root), /proc/1/root is closed to the
+    process while /etc/passwd is readable: the sampler reads the latter and says which file named the users."""
+    if os.getuid() != 0:
+        pytest.skip("needs root to become an ordinary user")
+    probe = textwrap.dedent("""
+        import logging, os, sys
+        from exporter.samplers.users import UsersSampler
+        logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+        os.setgid(65534); os.setuid(65534)
+        own = UsersSampler(None, "/proc")
+        print("root is", own._user_names().get(0))
+        other = UsersSampler(None, "/proc/self/..")  # this host's /proc by another name is still this host's
+        print("again", other._user_names().get(0))
+    """)
+    done = command("-c", probe)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("users passwd: user names from /etc/passwd (cannot read /proc/1/root/etc/passwd (")
+    assert lines[1] == "root is root"
+    assert lines[-1] == "again root"
+
+
+def test_trap6_a_foreign_proc_root_never_falls_back_to_this_hosts_users(tmp_path):
+    from exporter.samplers.users import UsersSampler
+
+    (tmp_path / "1").mkdir()
+    sampler = UsersSampler(None, str(tmp_path))
+    assert sampler._user_names() == {} and sampler.names_from is None
+    assert sampler.passwd_files == [tmp_path / "1" / "root" / "etc" / "passwd"]
+
+
+# -- 7: advice names the installed commands ----------------------------------------------------------------------
+def test_trap7_verdict_advice_names_installed_commands():
+    from nsys_ingest.commandline import SCRIPTS
+
+    with Exporter("--no-nvml", "--no-mps", "--replay", str(STEADY)) as exporter:
+        gpu = wait_for(lambda: (g := exporter.gpus()["gpus"]) and g[0].get("diagnosis", {}).get("advice") and g[0],
+                       15, 0.2, "a verdict")
+    advice = gpu["diagnosis"]["advice"]
+    assert "nsys-ingest diagnose (or gpu-spatial nsys diagnose)" in advice
+    named = set(re.findall(r"\b(nsys[-_]ingest|gpu-spatial)\b", advice))
+    assert named and named <= set(SCRIPTS), advice
+
+
+# -- 8: the small ones --------------------------------------------------------------------------------------------
+def test_trap8_the_root_page_links_what_the_exporter_serves():
+    with Exporter("--no-nvml", "--no-mps") as exporter:
+        status, body = http_get(exporter.url + "/")
+        page = body.decode()
+    assert status == 200 and all(f"href='{p}'" in page for p in ("/metrics", "/healthz", "/docs", "/api/v1/gpus"))
+    with Exporter("--no-nvml", "--no-mps", "--no-api") as exporter:
+        status, body = http_get(exporter.url + "/")
+    assert status == 200 and "href='/metrics'" in body.decode() and "/docs" not in body.decode()
+    assert "the JSON API is off (--no-api)" in body.decode()
+
+
+def test_trap8_equal_dates_are_a_day_not_swapped_timestamps():
+    done = report("--prometheus", "http://127.0.0.1:9", "--start", "2026-11-20", "--end", "2026-11-20")
+    assert done.returncode == 2
+    assert done.stderr == ("gpu-spatial report: --start and --end are the same time (2026-11-20 00:00:00 UTC): a date is "
+                           "its midnight (UTC), so a whole day is --start 2026-11-20 --end 2026-11-21; or use --last\n")
+    done = report("--prometheus", "http://127.0.0.1:9", "--start", "2026-11-21", "--end", "2026-11-20")
+    assert done.stderr == ("gpu-spatial report: --start (2026-11-21 00:00:00 UTC) is after --end (2026-11-20 00:00:00 "
+                           "UTC): swap them, or use --last\n")
+
+
+def test_trap8_bare_gpu_spatial_is_a_usage_error():
+    done = command("-m", "gpu_spatial")
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.startswith("usage: gpu-spatial SUBCOMMAND")
+    assert command("-m", "gpu_spatial", "--help").returncode == 0
+
+
+def test_trap8_nsys_help_and_errors_name_the_command_as_typed():
+    helped = command("-m", "gpu_spatial", "nsys", "--help")
+    assert helped.returncode == 0 and "python -m nsys_ingest" not in helped.stdout
+    assert helped.stdout.startswith("usage: gpu-spatial nsys ")
+    bogus = command("-m", "gpu_spatial", "nsys", "summary", str(STEADY), "--bogus")
+    assert bogus.returncode == 2
+    assert bogus.stderr.startswith("usage: gpu-spatial nsys summary ")
+    assert bogus.stderr.splitlines()[-1] == "gpu-spatial nsys summary: error: unrecognized arguments: --bogus"
+
+
+def test_trap8_top_shows_the_users_the_exporter_assigned():
+    done = command("-m", "gpu_spatial", "top", "--once", "--size", "100x30", *USERS)
+    assert done.returncode == 0, done.stderr
+    rows = {int(m.group(1)): m.group(2) for m in re.finditer(r"^\s+(41[789]|420) (\S+)", done.stdout, re.M)}
+    assert rows == {417: "alice", 418: "alice", 419: "bob", 420: "1003"}, done.stdout
+
+
+def test_trap8_top_keeps_the_sm_bar_at_30_columns():
+    done = command("-m", "gpu_spatial", "top", "--once", "--size", "30x10", "--no-nvml", "--no-mps",
+                   "--replay", str(STEADY))
+    line = done.stdout.splitlines()[1]
+    assert len(line) <= 30 and re.search(r"time\[#+\]100% SM\[#~+\] 25%", line), line
+
+
+def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():
+    """docs/exporter.md warns that `ps` shows a flag to every user: the hints name the file."""
+    import urllib.request
+
+    with Exporter(*USERS) as exporter:
+        gpu = wait_for(lambda: (g := exporter.gpus()["gpus"]) and g[0]["sources"] and g[0], 15, 0.2, "a GPU")
+        request = urllib.request.Request(exporter.url + "/api/v1/nsys", data=b"x", method="POST")
+        try:
+            urllib.request.urlopen(request, timeout=5)
+        except urllib.error.HTTPError as refused:
+            uploads = refused.read().decode()
+    nsys = next(s for s in gpu["sources"] if s["source"] == "nsys")
+    for said in (nsys["reason"], uploads):
+        assert "--nsys-upload-token-file" in said and not re.search(r"--nsys-upload-token(?!-file)", said), said
+
+
+# -- 1: a rule that holds whatever the job is called (last: it stops the exporter) -------------------------------
+@needs("prometheus")
+def test_trap1_exporter_down_holds_for_a_job_name_we_did_not_choose(users_stack):
+    exporter, prometheus = users_stack
+    target = f"127.0.0.1:{exporter.port}"
+    # HiddenIdleSMs firing proves the alert rules ran on the scraped data many times over.
+    wait_for(lambda: prometheus.query('ALERTS{alertname="HiddenIdleSMs", alertstate="firing"}'), 120, 0.5,
+             "HiddenIdleSMs firing on the users demo")
+    assert prometheus.query('ALERTS{alertname="ExporterDown"}') == []
+    exporter.__exit__(None, None, None)
+    down = wait_for(lambda: prometheus.query('ALERTS{alertname="ExporterDown", alertstate="firing"}'), 60, 0.5,
+                    "ExporterDown once the exporter stops")
+    assert [(a["metric"]["instance"], a["metric"]["job"]) for a in down] == [(target, "gpu")]

@@ -1,0 +1,150 @@
+"""`gpu-spatial report` against a hostile Prometheus API (issue 39, attack 8), over real HTTP on 127.0.0.1:
+each answer that once gave a traceback, a hang past --timeout or gigabytes of memory now gives one line and
+exit status 2, within bounds on bytes, parsed values and groups (docs/limits.md). Memory is measured from
+outside (the report's own peak, VmHWM, in a child process); time is never asserted (bench/RESULTS.md has it).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+import pytest
+
+from gpu_spatial.report import account
+from tests.helpers import ROOT
+from tests.test_report import one_line_error, run_report
+
+NOW = 1_800_000_000.0
+
+
+def vector(series: list) -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": series}}).encode()
+
+
+def sample(metric: dict, value: str = "3600") -> dict:
+    return {"metric": metric, "value": [NOW, value]}
+
+
+def distinct_groups(count: int) -> bytes:
+    """`count` namespaces, each its own group, written as bytes (json.dumps of 10^5 dicts is slow)."""
+    rows = b",".join(b'{"metric":{"namespace":"ns-%d"},"value":[1800000000,"3600"]}' % i for i in range(count))
+    return b'{"status":"success","data":{"resultType":"vector","result":[' + rows + b"]}}"
+
+
+class HostilePrometheus(BaseHTTPRequestHandler):
+    """The first path segment says what is wrong: every query under it gets that answer. The heartbeat's range
+    query gets an empty matrix, so the report goes on to the counters (the answers that attack it)."""
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        form = parse_qs(self.rfile.read(length).decode())
+        kind, _, api = self.path.lstrip("/").partition("/")
+        kind, _, count = kind.partition("=")  # /groups=N, /labelless=N: N series (bench/report_attacks.py)
+        query = form.get("query", [""])[0]
+        if api.endswith("query") and account.HEARTBEAT in query:
+            return self.answer(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}).encode())
+        if kind == "header-drip":  # one byte of the status line every 0.2 s: every read returns, the request never ends
+            with contextlib.suppress(OSError):
+                for byte in b"HTTP/1.1 200 OK\r\n" + b"X-Pad: " + b"y" * 1000:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            return
+        if kind == "nested":
+            return self.answer(b'{"status":"success","data":' + b"[" * 100_000 + b"]" * 100_000 + b"}")
+        if kind == "list-label":
+            return self.answer(vector([sample({"namespace": ["team-a"]})]))
+        if kind == "labelless":  # the same (empty) label set over and over: Prometheus never answers a series twice
+            return self.answer(b'{"status":"success","data":{"resultType":"vector","result":['
+                               + b",".join([b'{"metric":{},"value":[1800000000,"1"]}'] * int(count or 100_000)) + b"]}}")
+        if kind == "values":  # 3 bytes a value: more values than one per 16 bytes of --max-response-mib 1
+            return self.answer(b'{"status":"success","data":[' + b",".join([b"{}"] * 70_000) + b"]}")
+        if kind == "groups":
+            return self.answer(distinct_groups(int(count or account.MAX_GROUPS + 1)))
+        if kind == "timeline":  # sane instant answers, a range answer whose values are not numbers
+            if api.endswith("query_range"):
+                return self.answer(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+                    {"metric": {"namespace": "team-a"}, "values": [[NOW, "3600"], ["soon", "a lot"]]}]}}).encode())
+            return self.answer(vector([sample({"namespace": "team-a", "basis": "nvml"})]))
+        self.answer(b"{}", 404)
+
+    do_GET = do_POST  # gpu-spatial top --url asks GET /api/v1/gpus
+
+    def answer(self, body: bytes, status: int = 200):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def hostile():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), HostilePrometheus)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.mark.parametrize("kind, flags, words", [
+    ("nested", [], "not the Prometheus JSON API (JSON nested too deeply)"),  # RecursionError escaped
+    ("list-label", [], "answered label 'namespace' as a list, not a string"),  # TypeError escaped
+    ("labelless", [], "answered one series twice in one answer"),  # 951 MB, 118 s
+    ("values", ["--max-response-mib", "1"], "answered one query with JSON of more than 65536 values (--max-response-mib 1 allows 1048576 bytes and 65536"),
+    ("header-drip", ["--timeout", "1"], "took longer than 1 s to answer one query"),  # ran past 80 s with --timeout 5
+    ("timeline", ["--format", "html"], "a range sample that is not a time and a number"),  # ValueError escaped
+])
+def test_each_hostile_answer_is_one_line_and_exit_2(hostile, capsys, kind, flags, words):
+    one_line_error(capsys, "--prometheus", f"{hostile}/{kind}", "--last", "1h", *flags, contains=words)
+
+
+def test_groups_are_held_up_to_the_cap_and_refused_past_it(hostile, capsys, monkeypatch):
+    monkeypatch.setattr(account, "MAX_GROUPS", 3)
+    totals = account.Totals(("namespace",))
+    three = [sample({"namespace": f"ns-{i}"}) for i in range(3)]
+    assert totals.add("held", False, three) == 3 * 3600.0  # exactly the cap
+    with pytest.raises(account.ReportError, match="more than 3 groups by namespace: group by a coarser label"):
+        totals.add("held", False, [*three, sample({"namespace": "ns-3"})])
+    assert len(totals.groups) == 3
+
+
+PEAK = """
+import re, sys
+from gpu_spatial.report import main
+code = main(sys.argv[1:])
+peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
+print(f"{code} {peak}")
+"""
+
+
+def test_distinct_groups_past_the_cap_cost_a_bounded_heap(hostile):
+    """60 MiB of distinct groups took the report to 2.1 GB: now 100,001 groups (6 MB) are refused at the cap,
+    and the report's peak (measured: bench/RESULTS.md) stays under a ceiling with a wide margin."""
+    done = subprocess.run([sys.executable, "-c", PEAK, "--prometheus", f"{hostile}/groups", "--last", "1h"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    code, peak = done.stdout.split()
+    assert code == "2" and f"more than {account.MAX_GROUPS:,} groups by namespace" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and float(peak) < 400, (done.stderr, peak)
+
+
+def test_the_waste_chart_keeps_the_largest_wasters_and_sums_the_rest():
+    class Api:
+        def query_range(self, expr, start, end, step):
+            return [{"metric": {"namespace": f"ns-{i}"}, "values": [[NOW, str(i)], [NOW + 60, "1"]]} for i in range(5)]
+
+    collected = account.Collected({}, [account.Span(NOW - 600, NOW, "counters")], None, None, [], 0)
+    frame = account.timeline(Api(), account.Plan("namespace"), collected, ("held_idle",), 60.0, {("ns-4",), ("ns-3",)})
+    got = {(row.namespace, row.t): row.gpu_seconds for row in frame.itertuples()}
+    assert got == {("ns-4", NOW): 4.0, ("ns-4", NOW + 60): 1.0, ("ns-3", NOW): 3.0, ("ns-3", NOW + 60): 1.0,
+                   (account.OTHER, NOW): 0.0 + 1 + 2, (account.OTHER, NOW + 60): 3.0}
