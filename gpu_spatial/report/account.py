@@ -410,7 +410,7 @@ class Totals:
             else:
                 basis = "exact"
             group = _group(metric, self.labels)
-            series = (group, _label(metric, "basis"))
+            series = (group, _label(metric, KEY_LABEL.get(plan_quantity, "basis")))
             if series in seen:
                 raise ReportError("the server answered one series twice in one answer: is it a Prometheus API?")
             seen.add(series)
