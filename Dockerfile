@@ -7,6 +7,7 @@ COPY pyproject.toml README.md ./
 COPY exporter ./exporter
 COPY hostio ./hostio
 COPY nsys_ingest ./nsys_ingest
+COPY gpu_trace ./gpu_trace
 COPY dashboards ./dashboards
 RUN pip install . && useradd --system --uid 10001 --no-create-home exporter
 USER exporter

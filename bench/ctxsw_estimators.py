@@ -70,12 +70,12 @@ def main(argv=None) -> int:
                 raise IngestError("the capture does not say its GPU-metrics frequency (META_DATA_CAPTURE)")
             combine = max(1, round(hz / args.to_hz))
             started = time.perf_counter()
-            truth = attribute(export, estimator=args.truth, **window)
+            truth = attribute(export, estimator=args.truth, **window).to_json()
             timings = {"truth": round(time.perf_counter() - started, 3)}
             candidates = {}
             for estimator in ESTIMATORS:
                 started = time.perf_counter()
-                candidates[estimator] = attribute(export, estimator=estimator, combine=combine, **window)
+                candidates[estimator] = attribute(export, estimator=estimator, combine=combine, **window).to_json()
                 timings[estimator] = round(time.perf_counter() - started, 3)
     except IngestError as exc:
         print(f"error: {exc}", file=sys.stderr)

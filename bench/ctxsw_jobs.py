@@ -10,8 +10,8 @@ spin: back-to-back kernels on exactly --sms SMs (bench/workloads.py), in bursts 
 --off-ms of sleep between (0: no pause). matmul: bf16 products of two --size square matrices back
 to back (every SM, tensor cores). launch: a launch-bound loop (tiny kernels, the host in between).
 hold: a CUDA context that launches nothing. On exit prints one JSON line: the work done and its rate,
-which the slowdown runs compare with and without a capture. --progress FILE: matmul and launch also
-append "wall-time done" lines to FILE every 0.2 s, so that one long run can be cut into seconds with and
+which the slowdown runs compare with and without a capture. --progress FILE: the job also
+appends "wall-time done" lines to FILE every 0.2 s (spin: kernels finished at every synchronize), so that one long run can be cut into seconds with and
 without a capture (bench/ctxsw_live_cost.py).
 """
 from __future__ import annotations
@@ -35,16 +35,17 @@ def run(args) -> int:
         torch.zeros(1, device="cuda")  # a context, nothing launched
         time.sleep(args.seconds)
         return 0
+    step = progress_writer(args.progress, 0.0 if args.kind == "spin" else 0.2)  # spin: exact window edges
     if args.kind == "spin":
         workloads.spin(args.sms, 0.05, kernel_ms=args.kernel_ms)  # compile before the clock starts
         done = 0
         while time.time() < deadline:
             burst = args.on_ms / 1e3 if args.off_ms else deadline - time.time()
-            done += workloads.spin(args.sms, min(burst, deadline - time.time()), kernel_ms=args.kernel_ms)
+            done += workloads.spin(args.sms, min(burst, deadline - time.time()), kernel_ms=args.kernel_ms,
+                                   on_step=step, done=done)
             if args.off_ms:
                 time.sleep(args.off_ms / 1e3)
         return done
-    step = progress_writer(args.progress)
     if args.kind == "matmul":
         workloads.matmul(0.3, args.size)  # cuBLAS initialised before the clock starts
         return workloads.matmul(args.seconds, args.size, on_step=step)
@@ -52,7 +53,7 @@ def run(args) -> int:
 
 
 def progress_writer(path: str | None, every_s: float = 0.2):
-    """None, or a callback writing "time done" to `path` at most every `every_s`."""
+    """None, or a callback writing "time done" to `path` at most every `every_s` (0: at every call)."""
     if not path:
         return None
     out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the job's life
@@ -75,7 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--on-ms", type=float, default=0.0)
     p.add_argument("--off-ms", type=float, default=0.0)
     p.add_argument("--size", type=int, default=8192)
-    p.add_argument("--progress", default=None, help="append 'time done' lines here every 0.2 s (matmul, launch)")
+    p.add_argument("--progress", default=None, help="append 'time done' lines here every 0.2 s (spin: kernels "
+                   "finished, at every synchronize)")
     args = p.parse_args(argv)
     started = time.time()
     done = run(args)

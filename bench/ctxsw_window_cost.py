@@ -51,7 +51,7 @@ def one(nsys: str, window: float, hz: int, env: dict) -> dict:
     poller.join()
     own0 = time.process_time()
     with Export(work / "r.sqlite", require_metrics=False) as export:
-        result = attribute(export)
+        result = attribute(export).to_json()
     attribution = time.process_time() - own0
     shutil.rmtree(work, ignore_errors=True)
     agent = meter.stray_cpu()

@@ -2,16 +2,22 @@
 should catch it. The file is changed, the tests run, the file restored (always, also on Ctrl-C); a
 mutant is caught when the tests fail. Results: bench/RESULTS.md, "Mutation review".
 
-    python3 bench/mutations.py [--only ID ...] [--out results.json] [--list]
+    python3 bench/mutations.py [--only ID ...] [--module PATH ...] [--out results.json] [--list] [--check]
+    python3 bench/mutations.py --module exporter/holders.py --without tests/test_edge_guards.py  # "before"
+    python3 bench/mutations.py --rerun results.json   # only the mutants that survived that run
 
 Run from the repository root, on a clean tree (it refuses a mutant whose text is not found exactly
-once, so a mutant that no longer applies says so instead of passing as "survived").
+once, so a mutant that no longer applies says so instead of passing as "survived"). The tests of a
+mutant are pytest arguments (files, node ids, `-k` expressions): targeted, never the whole suite.
+`--without FILE` drops a test file from every mutant (the survival rate before the tests it holds);
+the summary gives the rate per module.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +43,11 @@ GUARDS = "tests/test_guards.py"
 REPORT_GUARDS = "tests/test_report_guards.py"
 PHASES = "tests/test_diagnose_phases.py"
 LEDGER = "tests/test_ledger.py"
+DRA, HTTP = "tests/test_dra.py", "tests/test_bounded_http.py"
+KUBELET = ("tests/test_kubelet.py::test_a_list_answer_is_read_up_to_its_bounds_and_the_rest_counted_in_one_problem",
+           "tests/test_kubelet.py::test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound",
+           "tests/test_kubelet.py::test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem")
+CLAIMS = DRA + "::test_a_kubelet_listing_too_many_containers_or_devices_costs_a_bounded_pass"
 
 MUTANTS = (
     # -- the survivors listed in issue 27 ----------------------------------------------------------------
@@ -49,8 +60,8 @@ MUTANTS = (
            'entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)',
            'entry["time_share"] = round(own * (scale if scale is not None else 1.0), 6)',
            (GUARDS + "::test_a_holders_time_share_never_exceeds_the_whole_gpu",), "a time share is at most 1", True),
-    Mutant("slurm-byte-cap-boundary", "exporter/samplers/slurm.py", "if len(data) > MAX_FILE_BYTES:",
-           "if len(data) >= MAX_FILE_BYTES:", (GUARDS + "::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
+    Mutant("slurm-byte-cap-boundary", "exporter/samplers/slurm.py", "data = read_capped(folder / name, MAX_FILE_BYTES)",
+           "data = read_capped(folder / name, MAX_FILE_BYTES - 1)", (GUARDS + "::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
            "a 4096-byte mapping file is read", True),
     Mutant("slurm-file-count-listing", "exporter/samplers/slurm.py", "zip(entries, range(MAX_FILES + 1))",
            "zip(entries, range(MAX_FILES))", (GUARDS + "::test_more_than_1024_files_is_said_exactly_then",),
@@ -72,8 +83,8 @@ MUTANTS = (
            (GUARDS + "::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
            "a MIG replica holds its device's share over the replicas", True),
     Mutant("report-rollups-fixed-60s", "gpu_spatial/report/account.py",
-           'return f"sum by ({by}) (sum_over_time({rollup(label, quantity)}{self.selector}[{window}])) * {interval:g}"',
-           'return f"sum by ({by}) (sum_over_time({rollup(label, quantity)}{self.selector}[{window}])) * 60"',
+           "for q, unknown, expr in plan.rule_queries(window, span.step * span.weight))",
+           "for q, unknown, expr in plan.rule_queries(window, 60.0 * span.weight))",
            (REPORT_GUARDS + "::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
            "rollups integrate over the rule group's interval", True),
     Mutant("report-waste-without-hidden-idle", "gpu_spatial/report/summary.py",
@@ -189,8 +200,8 @@ MUTANTS = (
     Mutant("verdict-memory-bound-boundary", "nsys_ingest/verdicts.py", "e.dram_active < MEMORY_BOUND_DRAM:",
            "e.dram_active <= MEMORY_BOUND_DRAM:", ("tests/test_verdicts.py",), "memory-bound at DRAM 60 %"),
     Mutant("verdict-rule-order", "nsys_ingest/verdicts.py",
-           '("mps_server_paging", _mps_server_paging), ("idle", _idle), ("memory_bound", _memory_bound),\n         ("saturated", _saturated),',
-           '("mps_server_paging", _mps_server_paging), ("idle", _idle), ("saturated", _saturated),\n         ("memory_bound", _memory_bound),',
+           '("memory_bound", _memory_bound),\n         ("saturated", _saturated),',
+           '("saturated", _saturated),\n         ("memory_bound", _memory_bound),',
            ("tests/test_verdicts.py",), "memory-bound before saturated"),
     Mutant("trace-mps-overlap-boundary", "nsys_ingest/diagnose.py",
            'return "mps" if summary["short_kernel_overlap"] >= CONCURRENT_KERNELS else "time_sliced"',
@@ -203,15 +214,15 @@ MUTANTS = (
     Mutant("live-hidden-idle-negative", "exporter/chain.py", "hidden = round(max(0.0, busy - spatial.sm_active), 6)",
            "hidden = round(busy - spatial.sm_active, 6)", ("tests/test_source_guards.py", "tests/test_sampling.py"),
            "hidden idle is never negative"),
-    Mutant("workload-hidden-idle-negative", "exporter/workloads.py", '"hidden_idle": (basis, max(0.0, time_share - sm))',
-           '"hidden_idle": (basis, time_share - sm)',
+    Mutant("workload-hidden-idle-negative", "exporter/workloads.py", '"hidden_idle": {basis: max(0.0, time_share - sm)}',
+           '"hidden_idle": {basis: time_share - sm}',
            ("tests/test_workloads.py", GUARDS + "::test_a_holders_hidden_idle_is_never_negative"),
            "a holder's hidden idle is never negative"),
     Mutant("workload-stalled-gap-integrated", "exporter/workloads.py",
            "min(max(now - self._last, 0.0), MAX_STEP_S)", "max(now - self._last, 0.0)", ("tests/test_workloads.py",),
            "a stalled engine's gap is not integrated"),
-    Mutant("slurm-jobs-share-evenly", "exporter/workloads.py", "out[Holder(hpc_job=job)] = round(1.0 / len(jobs), 9)",
-           "out[Holder(hpc_job=job)] = 1.0", ("tests/test_workloads.py",), "jobs of one GPU share it evenly"),
+    Mutant("slurm-jobs-share-evenly", "exporter/samplers/slurm.py",
+           "Held(round(1.0 / len(ids), 9), EVEN_SPLIT) for job in ids}", "Held(1.0, EVEN_SPLIT) for job in ids}", ("tests/test_workloads.py",), "jobs of one GPU share it evenly"),
     Mutant("dcgm-frozen-boundary", "exporter/samplers/dcgm.py", "now - seen[1] >= self.frozen_after_s",
            "now - seen[1] > self.frozen_after_s",
            ("tests/test_dcgm_chain.py", "tests/test_source_guards.py",
@@ -230,21 +241,533 @@ MUTANTS = (
            "(max by (instance, uuid) (gpu_sm_active_ratio) <= 0.5)", "(max by (instance, uuid) (gpu_sm_active_ratio) < 0.5)",
            (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
            "HiddenIdleSMs fires at SM active 0.5"),
+    # -- issue 39, attacks 4-7: answers of the API server and the kubelet -------------------------------
+    Mutant("http-read-deadline-per-call", "exporter/bounded_http.py",
+           "    while True:\n        sock.settimeout(left(deadline))\n        chunk = sock.recv(READ_BYTES)",
+           "    while True:\n        chunk = sock.recv(READ_BYTES)",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",),
+           "every read gets what is left of one deadline, not a timeout of its own"),
+    Mutant("http-body-cap-boundary", "exporter/bounded_http.py", "if len(raw) - head_end > max_bytes:",
+           "if len(raw) - head_end >= max_bytes:", (HTTP,), "an answer of exactly the cap is read"),
+    Mutant("http-length-cap-boundary", "exporter/bounded_http.py", "if int(text) > max_bytes:",
+           "if int(text) >= max_bytes:", (HTTP,), "a Content-Length of exactly the cap is read"),
+    Mutant("http-chunked-ignored", "exporter/bounded_http.py",
+           '    if "chunked" in fields.get("transfer-encoding", "").lower():\n        return',
+           '    if False:\n        return', (HTTP,), "chunk framing is no part of the body"),
+    Mutant("http-head-cap-dropped", "exporter/bounded_http.py", "if len(raw) > MAX_HEAD_BYTES:", "if False:",
+           (HTTP,), "headers are capped"),
+    Mutant("json-count-commas", "exporter/bounded_http.py", 'body.count(b",") + ', "", (HTTP,),
+           "every value after a comma is counted"),
+    Mutant("json-count-colons", "exporter/bounded_http.py", 'body.count(b":") + ', "", (HTTP,),
+           "every value after a colon is counted"),
+    Mutant("json-count-brackets", "exporter/bounded_http.py", 'body.count(b"[") + ', "", (HTTP,),
+           "an array's first value is counted"),
+    Mutant("json-count-braces", "exporter/bounded_http.py", 'body.count(b"{") + ', "", (HTTP,),
+           "an object's first key is counted"),
+    Mutant("json-value-cap-boundary", "exporter/bounded_http.py", "if values_at_most(body) > max_values:",
+           "if values_at_most(body) >= max_values:", (HTTP,), "exactly the cap of values is parsed"),
+    Mutant("json-recursion-uncaught", "exporter/bounded_http.py", "    except RecursionError:\n", "    except ZeroDivisionError:\n",
+           (HTTP,), "nested JSON is the answer's error"),
+    Mutant("json-value-cap-value", "exporter/kubernetes_api.py", "MAX_ANSWER_VALUES = 200_000",
+           "MAX_ANSWER_VALUES = 2_000_000", (DRA + "::test_a_hostile_api_server_is_one_line_a_back_off_and_an_even_split",),
+           "200,000 values per answer"),
+    Mutant("api-request-deadline-ignored", "exporter/kubernetes_api.py",
+           "min(deadline, time.monotonic() + self.timeout)", "deadline",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",), "2 s per request"),
+    Mutant("api-tick-budget-ignored", "exporter/kubernetes_api.py",
+           "min(deadline, time.monotonic() + self.timeout)", "time.monotonic() + self.timeout",
+           (DRA + "::test_a_request_ends_by_its_own_deadline_and_by_the_ticks",), "3 s per tick"),
+    Mutant("api-catches-its-own-errors-only", "exporter/kubernetes_api.py", "            except Exception as exc:  # noqa: BLE001",
+           "            except ApiError as exc:  # noqa: BLE001", (DRA + "::test_any_exception_reading_an_answer_is_the_readers_error",),
+           "any exception reading an answer is the reader's error"),
+    Mutant("quantity-exa-as-exponent", "exporter/kubernetes_api.py", "(UNITS[suffix] if suffix in UNITS else",
+           '(UNITS[suffix] if suffix[0] not in "eE" else', (DRA + "::test_quantities",), "1Ei and 2E are quantities"),
+    Mutant("engine-raising-tick-kept", "exporter/engine.py",
+           "            self._crashed[name] = CollectorHealth(False, 0.0, f\"tick failed: {exc!r}\")\n            self._withdrawn.add(name)",
+           "            self._crashed[name] = CollectorHealth(False, 0.0, f\"tick failed: {exc!r}\")",
+           ("tests/test_host_files.py::test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back",),
+           "a raising tick withdraws its sampler's values"),
+    Mutant("engine-raising-tick-restored", "exporter/engine.py",
+           "            if name not in self._crashed:  # a tick that raised leaves the values withdrawn\n                self._withdrawn",
+           "            if True:\n                self._withdrawn",
+           ("tests/test_host_files.py::test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back",),
+           "withdrawn until a tick succeeds"),
+    Mutant("kubelet-containers-read", "exporter/samplers/dra.py", "for c in pod.containers), MAX_CONTAINERS)",
+           "for c in pod.containers), MAX_CONTAINERS + 1)", (*KUBELET, CLAIMS), "1,024 containers read"),
+    Mutant("kubelet-containers-boundary", "exporter/samplers/kubelet.py", "if listed > MAX_CONTAINERS:",
+           "if listed >= MAX_CONTAINERS:", KUBELET, "exactly 1,024 containers is no problem"),
+    Mutant("kubelet-devices-read", "exporter/samplers/dra.py", "max(0, MAX_DEVICES - read)",
+           "max(0, MAX_DEVICES - read + 1)", (*KUBELET, CLAIMS), "4,096 devices read"),
+    Mutant("kubelet-ids-boundary", "exporter/samplers/kubelet.py", "    if seen > MAX_DEVICES:", "    if seen >= MAX_DEVICES:",
+           KUBELET, "exactly 4,096 device IDs is no problem"),
+    Mutant("claims-devices-boundary", "exporter/samplers/dra.py", "    if seen > MAX_DEVICES:", "    if seen >= MAX_DEVICES:",
+           (CLAIMS,), "exactly 4,096 DRA devices is no problem"),
+    Mutant("problems-named-boundary", "exporter/samplers/dra.py", "if len(problems) > MAX_PROBLEMS:",
+           "if len(problems) >= MAX_PROBLEMS:", KUBELET, "ten problems are each named"),
+    Mutant("kubelet-doubled-unbounded", "exporter/samplers/kubelet.py",
+           '    named_at_most(doubts, "device IDs listed for several pods")\n', "", KUBELET,
+           "pods listing one ID: ten named"),
+    Mutant("kubelet-pods-parsed", "exporter/samplers/kubelet.py", "if len(pods) == limit:", "if len(pods) > limit:",
+           KUBELET, "the first 1,024 pods parsed"),
+    Mutant("kubelet-pods-beyond-silent", "exporter/samplers/kubelet.py", "        if more:\n", "        if False:\n",
+           KUBELET, "pods beyond the bound are one problem"),
+    Mutant("kubelet-varint-field-unskipped", "exporter/samplers/kubelet.py", "        if tag & 7 == 0:  # an unknown varint field",
+           "        if False:", KUBELET, "an unknown varint field is skipped"),
+    Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (DecodeError, ValueError, IndexError) as exc:",
+           "except (DecodeError, IndexError) as exc:", KUBELET, "a garbled List answer is the kubelet's error"),
+    # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------
+    Mutant('exporterdown-any-job', 'rules/gpu-utilization.rules.yaml', '          or (up == 0 and on (job, instance) present_over_time(gpu_exporter_collector_success[1d]))\n', '',
+           ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), "ExporterDown for any job that published the exporter's series"),
+    Mutant('exporterdown-absent-by-job', 'rules/gpu-utilization.rules.yaml', 'or absent(up{job="gpu-spatial-exporter"} or (up and on (job, instance) present_over_time(gpu_exporter_collector_success[1d])))', 'or absent(up{job="gpu-spatial-exporter"})',
+           ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), 'no false ExporterDown for a job named otherwise'),
+    Mutant('rollups-need-formula', 'gpu_spatial/report/account.py', 'need = max(3, math.ceil(2 * window / step) + 1)', 'need = max(3, math.ceil(2 * window / step) + 2)',
+           ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'the evaluations a run needs'),
+    Mutant('rollups-need-boundary', 'gpu_spatial/report/account.py', '    if len(run) < need:', '    if len(run) <= need:',
+           ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'too few is fewer than needed'),
+    Mutant('top-url-metrics', 'gpu_spatial/top/feeds.py', 'r"/(metrics|healthz|docs', 'r"/(healthz|docs',
+           ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes .../metrics'),
+    Mutant('top-api-off', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and b"--no-api" in answer.body[:4096]:', 'if False:',
+           ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top says the API is off'),
+    Mutant('report-exporter-probe', 'gpu_spatial/report/promapi.py', 'return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health', 'return True',
+           ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter',), "only the exporter's /healthz makes a URL the exporter"),
+    Mutant('report-exporter-said', 'gpu_spatial/report/promapi.py', 'if status == 404 and self._is_our_exporter():', 'if False:',
+           ('tests/test_first_hour.py::test_trap4_report_pointed_at_the_exporter_says_it_is_one',), 'the report says a URL is the exporter'),
+    Mutant('plot-format', 'nsys_ingest/plot.py', '    if suffix not in formats:', '    if False:',
+           ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'plot refuses an unknown format'),
+    Mutant('plot-format-first', 'nsys_ingest/__main__.py', '        check_output(args.output)\n', '',
+           ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'the format is checked before the export is read'),
+    Mutant('users-passwd-own-proc', 'exporter/samplers/users.py', 'own_proc = not passwd and os.path.realpath(self.proc_root) == "/proc"', 'own_proc = not passwd',
+           ('tests/test_first_hour.py::test_trap6_users_named_from_etc_passwd_when_init_is_not_readable', 'tests/test_first_hour.py::test_trap6_a_foreign_proc_root_never_falls_back_to_this_hosts_users'), "/etc/passwd only for this host's /proc"),
+    Mutant('users-passwd-fallback', 'exporter/samplers/users.py', 'self.passwd_files = [self.passwd, *([Path("/etc/passwd")] if own_proc else [])]', 'self.passwd_files = [self.passwd]',
+           ('tests/test_first_hour.py::test_trap6_users_named_from_etc_passwd_when_init_is_not_readable', 'tests/test_first_hour.py::test_trap6_a_foreign_proc_root_never_falls_back_to_this_hosts_users'), '/etc/passwd is tried'),
+    Mutant('advice-host-bound', 'nsys_ingest/verdicts.py', '"--trace=cuda, then nsys-ingest diagnose (or gpu-spatial nsys diagnose)")', '"--trace=cuda, then nsys_ingest diagnose")',
+           ('tests/test_first_hour.py::test_trap7_verdict_advice_names_installed_commands', 'tests/test_first_hour.py::test_trap7_no_advice_names_a_command_that_is_not_installed'), 'advice names installed commands (host-bound)'),
+    Mutant('advice-small-kernels', 'nsys_ingest/verdicts.py', 'run nsys-ingest diagnose (or gpu-spatial nsys diagnose) to tell', 'run nsys_ingest diagnose to tell',
+           ('tests/test_first_hour.py::test_trap7_verdict_advice_names_installed_commands', 'tests/test_first_hour.py::test_trap7_no_advice_names_a_command_that_is_not_installed'), 'advice names installed commands (small kernels)'),
+    Mutant('root-page', 'exporter/app.py', 'elif scope["type"] == "http" and scope["path"] == "/" and', 'elif False and',
+           ('tests/test_first_hour.py::test_trap8_the_root_page_links_what_the_exporter_serves',), 'GET / is a page'),
+    Mutant('root-page-no-api', 'exporter/app.py', 'INDEX.format(api=INDEX_API if self._api_on else INDEX_NO_API)', 'INDEX.format(api=INDEX_API)',
+           ('tests/test_first_hour.py::test_trap8_the_root_page_links_what_the_exporter_serves',), 'GET / without the API links no /docs'),
+    Mutant('report-equal-dates', 'gpu_spatial/report/__init__.py', '    if start == end:', '    if False:',
+           ('tests/test_first_hour.py::test_trap8_equal_dates_are_a_day_not_swapped_timestamps',), 'equal dates said as a day'),
+    Mutant('bare-gpu-spatial', 'gpu_spatial/cli.py', '        return 2\n    if argv[0] == "--version"', '        return 0\n    if argv[0] == "--version"',
+           ('tests/test_first_hour.py::test_trap8_bare_gpu_spatial_is_a_usage_error',), 'bare gpu-spatial exits 2'),
+    Mutant('nsys-subcommand-usage', 'nsys_ingest/__main__.py', '    if unknown:', '    if False:',
+           ('tests/test_first_hour.py::test_trap8_nsys_help_and_errors_name_the_command_as_typed',), "a subcommand's bad flag: its own usage"),
+    Mutant('nsys-help-prog', 'nsys_ingest/__main__.py', 'GPUs per process from their context switches (workloads). Installed as nsys-ingest and gpu-spatial nsys.', 'GPUs per process (python -m nsys_ingest).',
+           ('tests/test_first_hour.py::test_trap8_nsys_help_and_errors_name_the_command_as_typed',), 'nsys --help names no python -m'),
+    Mutant('top-user-from-holders', 'gpu_spatial/top/state.py', '        proc.user = users.get(proc.pid)  #', '        proc.user = None  #',
+           ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), "top's USER from the exporter's holders"),
+    Mutant('top-inprocess-workloads', 'gpu_spatial/top/feeds.py', 'data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads]}', 'data = snapshot_json(snapshot)',
+           ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), 'in-process top has the workloads'),
+    Mutant('top-narrow-model', 'gpu_spatial/top/render.py', '([mark], f" hid{pct(gpu.hidden_idle)}"),\n', '',
+           ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrow top drops the model first'),
+    Mutant('top-narrow-bars', 'gpu_spatial/top/render.py', '                       ([mark], "")):', '                       ([mark, model], "")):',
+           ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrowest top keeps both bars'),
+    Mutant('nsys-reason-token-file', 'exporter/sources.py', '--nsys-live or --nsys-upload-token-file"', '--nsys-live or --nsys-upload-token"',
+           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the nsys reason names the token file'),
+    Mutant('upload-off-token-file', 'exporter/app.py', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token-file"', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"',
+           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the upload refusal names the token file'),
+    Mutant('report-only-none', 'gpu_spatial/report/__init__.py', '        collected.notes.append(account.other_groupings(api, plan, start, end))', '        pass',
+           ('tests/test_first_hour.py::test_a_report_of_only_none_says_which_by_has_data',), 'a report of only (none) names the --by with data'),
+    Mutant('report-html-extra', 'gpu_spatial/report/__init__.py', '    missing = args.format == "html" and missing_extra', '    missing = False and missing_extra',
+           ('tests/test_first_hour.py::test_install_without_the_plots_extra_says_which_extra', 'tests/test_first_hour.py::test_an_extra_is_named_only_when_its_own_package_is_missing'), 'report --format html names the extra'),
+    Mutant('extra-own-package', 'nsys_ingest/commandline.py', '        if (missing.name or "").split(".")[0] != package:\n            raise', '        if False:\n            raise',
+           ('tests/test_first_hour.py::test_install_without_the_plots_extra_says_which_extra', 'tests/test_first_hour.py::test_an_extra_is_named_only_when_its_own_package_is_missing'), "only the extra's own package is called left out"),
+    Mutant('docs-slug', 'tests/test_docs.py', '    text = re.sub(r"[^\\w\\- ]", "", text)', '    pass',
+           ('tests/test_docs.py',), "anchors are GitHub's"),
+    Mutant('docs-anchor', 'tests/test_docs.py', '        elif anchor and where.suffix == ".md" and anchor not in anchors(where):', '        elif False:',
+           ('tests/test_docs.py',), 'a broken anchor fails'),
+    Mutant('readme-flag', 'README.md', '--held-idle-after 1m', '--held-idle-afterwards 1m',
+           ('tests/test_docs.py',), 'a README flag --help lacks fails'),
+    Mutant('readme-link', 'README.md', '(docs/exporter.md#without-a-gpu)', '(docs/exporter.md#without-gpu)',
+           ('tests/test_docs.py',), 'a broken README link fails'),
+    Mutant('readme-subcommand', 'README.md', 'nsys-ingest diagnose tests/fixtures/h100_diag_time_sliced.sqlite', 'nsys-ingest diagnosis tests/fixtures/h100_diag_time_sliced.sqlite',
+           ('tests/test_docs.py',), 'a README subcommand that does not exist fails'),
+    Mutant('demo-alias', 'docker-compose.yaml', '      default:\n        aliases: [gpu-spatial-exporter]\n', '      default:\n        aliases: [gpu-spatial-exporter-x]\n',
+           ('tests/test_stack.py::test_compose_profiles_gpu_and_demo_start_what_they_need',), 'the demo exporter is reached as gpu-spatial-exporter'),
+    Mutant('demo-profile', 'docker-compose.yaml', '  gpu-spatial-exporter-demo:\n    profiles: [demo]\n', '  gpu-spatial-exporter-demo:\n    profiles: [demo, gpu]\n',
+           ('tests/test_stack.py::test_compose_profiles_gpu_and_demo_start_what_they_need',), 'the demo exporter is in the demo profile only'),
 )
 
 
-def run_mutant(mutant: Mutant) -> dict:
+# -- issue 39, "Rules no test guards": the modules the last round and this one touched ------------------
+EDGE = "tests/test_edge_guards.py"
+NOT_SLOW = ("-k", "not ten_million")  # the 10 M-row switch table: 26 s, and chunking has its own test
+CTXSW_INGEST = (EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
+CTXSW_LIVE = (EDGE, "tests/test_ctxsw_live.py")
+WORKLOADS = (EDGE, GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
+HOLDERS = (EDGE, GUARDS, "tests/test_users.py", "tests/test_workloads.py", "tests/test_dra.py")
+DRA = (EDGE, "tests/test_dra.py")
+KUBE_API = (EDGE, "tests/test_dra.py")
+VERDICTS = (EDGE, "tests/test_verdicts.py")
+USERS = (EDGE, "tests/test_users.py")
+KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
+ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
+
+
+def _m(id, path, old, new, tests, why, listed=False):
+    return Mutant(id, path, old, new, tuple(tests), why, listed)
+
+
+ROUND_39 = (
+    # -- nsys_ingest/ctxsw.py ------------------------------------------------------------------------------
+    _m("ctxsw-at-sample-at-slice-end", "nsys_ingest/ctxsw.py", "(ends[np.maximum(j, 0)] > lo)",
+       "(ends[np.maximum(j, 0)] >= lo)", CTXSW_INGEST, "a sample stamped at a slice's end is not the slice's", True),
+    _m("ctxsw-at-sample-at-slice-start", "nsys_ingest/ctxsw.py", 'j = np.searchsorted(starts, lo, side="right") - 1',
+       'j = np.searchsorted(starts, lo, side="left") - 1', CTXSW_INGEST, "a sample stamped at a slice's start is the slice's"),
+    _m("ctxsw-restore-without-pid", "nsys_ingest/ctxsw.py",
+       "owners.append(np.where(gpid[opens] >= 0, gpid[opens], gpid[opens + 1]))", "owners.append(gpid[opens])",
+       CTXSW_INGEST, "a RESTORE_START without a pid takes its SAVE_END's", True),
+    _m("ctxsw-window-ends-at-last-stamp", "nsys_ingest/ctxsw.py", "highs.append(last + _period_ns(export))",
+       "highs.append(last)", CTXSW_INGEST, "the default window ends one period after the last sample", True),
+    _m("ctxsw-pair-any-context", "nsys_ingest/ctxsw.py",
+       "pair = (kind[:-1] == 1) & (kind[1:] == 2) & (ctx[:-1] == ctx[1:])", "pair = (kind[:-1] == 1) & (kind[1:] == 2)",
+       CTXSW_INGEST, "a slice is a RESTORE_START and SAVE_END of one context"),
+    _m("ctxsw-first-save-end-dropped", "nsys_ingest/ctxsw.py", "if self._first and len(ts) and kind[0] == 2:",
+       "if False:", CTXSW_INGEST, "a SAVE_END first in the window: resident since the window opened"),
+    _m("ctxsw-last-restore-dropped", "nsys_ingest/ctxsw.py",
+       "return self._clip(np.array([ts]), np.array([self.window[1]]), np.array([gpid]))", "return None",
+       CTXSW_INGEST, "a RESTORE_START last in the window: resident until it closes"),
+    _m("ctxsw-within-boundary", "nsys_ingest/ctxsw.py", "whole = weight >= length[sample]",
+       "whole = weight > length[sample]", CTXSW_INGEST, "within: a sample wholly inside one slice counts"),
+    _m("ctxsw-last-sample-dropped", "nsys_ingest/ctxsw.py",
+       "if gpu.held is not None:  # the very last sample: one period", "if False:", CTXSW_INGEST,
+       "the last sample covers one period"),
+    _m("ctxsw-merge-one-context-only", "nsys_ingest/ctxsw.py", "share = sum(p.time_share for p in group)",
+       "share = group[0].time_share", CTXSW_INGEST, "a pid with several contexts is one process"),
+    _m("ctxsw-fit-not-clamped-above", "nsys_ingest/ctxsw.py",
+       "new = min(max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0), 1.0)",
+       "new = max(d[i] + (moment[i] - gram[i] @ d) / diagonal[i], 0.0)", CTXSW_INGEST, "a fitted ratio is at most 1"),
+    _m("ctxsw-process-cap-boundary", "nsys_ingest/ctxsw.py",
+       "if sum(len(v) for v in seen.values()) >= MAX_PROCESSES:", "if sum(len(v) for v in seen.values()) > MAX_PROCESSES:",
+       CTXSW_INGEST, "at most MAX_PROCESSES processes"),
+    # -- exporter/samplers/ctxsw.py ------------------------------------------------------------------------
+    _m("live-ctxsw-max-age", "exporter/samplers/ctxsw.py", "self.max_age = 2 * period_s + window_s",
+       "self.max_age = period_s + window_s", CTXSW_LIVE, "a window lasts two periods and a window", True),
+    _m("live-ctxsw-fresh-boundary", "exporter/samplers/ctxsw.py", "now - reading.window_end <= self.max_age",
+       "now - reading.window_end < self.max_age", CTXSW_LIVE, "a window exactly max_age old is fresh"),
+    _m("live-ctxsw-state-never-stale", "exporter/samplers/ctxsw.py",
+       "if state.state == ACTIVE and self.fresh(uuid, now) is None:", "if False:", CTXSW_LIVE,
+       "a stalled source says standby, not active", True),
+    _m("live-ctxsw-failed-keeps-window", "exporter/samplers/ctxsw.py",
+       "self.readings.pop(uuid, None)  # a window that cannot be refreshed is not kept", "pass", CTXSW_LIVE,
+       "a GPU that cannot be captured loses its window"),
+    _m("live-ctxsw-gpu-left-kept", "exporter/samplers/ctxsw.py", "for uuid in set(self.states) - {g.uuid for g in gpus}:",
+       "for uuid in set():", CTXSW_LIVE, "a GPU that left loses its state and window"),
+    _m("live-ctxsw-alone-boundary", "exporter/samplers/ctxsw.py", "SourceState(STANDBY, ALONE) if many < 2 else",
+       "SourceState(STANDBY, ALONE) if many <= 2 else", CTXSW_LIVE, "two processes without switches: unsupported"),
+    _m("live-ctxsw-mps-client-not-refused", "exporter/samplers/ctxsw.py",
+       'any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ())',
+       'any(p.kind in ("mps_server",) for p in tel.compute_processes or ())', CTXSW_LIVE, "MPS clients: no capture"),
+    _m("live-ctxsw-mig-not-refused", "exporter/samplers/ctxsw.py", "if tel is not None and tel.mig_enabled:",
+       "if False:", CTXSW_LIVE, "MIG: no capture"),
+    _m("live-ctxsw-listed-after-only", "exporter/samplers/ctxsw.py",
+       "listed = frozenset(before[gpu.uuid] | after[gpu.uuid])", "listed = frozenset(after[gpu.uuid])", CTXSW_LIVE,
+       "pids listed at the window's start or end"),
+    _m("live-ctxsw-window-from-flag", "exporter/samplers/ctxsw.py",
+       "start, end = ended - (result.window_s[1] - result.window_s[0]), ended",
+       "start, end = ended - self.window_s, ended", CTXSW_LIVE, "the window's length is the export's"),
+    # -- exporter/workloads.py -----------------------------------------------------------------------------
+    _m("workloads-ctxsw-sm-any", "exporter/workloads.py", "if all(share.sm is not None or share.time == 0 for share in own):",
+       "if any(share.sm is not None or share.time == 0 for share in own):", WORKLOADS, "ctxsw SM only where every resident pid's was sampled", True),
+    _m("workloads-ctxsw-covers-listed-only", "exporter/sampler.py",
+       "return set(pids) <= self.listed | self.shares.keys()", "return set(pids) <= self.shares.keys()",
+       WORKLOADS, "a pid listed in the window but never resident is covered"),
+    _m("workloads-ctxsw-time-not-clamped", "exporter/workloads.py",
+       'entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)',
+       'entry["time_share"] = round(sum(share.time for share in own), 6)', WORKLOADS, "a ctxsw time share is at most 1"),
+    _m("workloads-mps-server-counted", "exporter/workloads.py",
+       '[p for p in tel.compute_processes if p.kind != "mps_server"]', "list(tel.compute_processes)", WORKLOADS,
+       "the MPS server is no workload process"),
+    _m("workloads-exact-despite-strangers", "exporter/workloads.py", "elif len(running) == 1 and not strangers:",
+       "elif len(running) == 1:", WORKLOADS, "exact SM only when nobody else runs on the GPU"),
+    _m("workloads-fold-least-busy-kept", "exporter/workloads.py", "return (-(view.time_share or 0.0), -(view.held_share",
+       "return ((view.time_share or 0.0), -(view.held_share", WORKLOADS, "the busiest holders stay published"),
+    _m("workloads-held-idle-boundary", "exporter/workloads.py", "idle_seconds >= self.held_idle_after",
+       "idle_seconds > self.held_idle_after", WORKLOADS, "held idle at exactly --held-idle-after"),
+    _m("workloads-fold-loses-last-step", "exporter/workloads.py", "other.add(account.step)", "pass", WORKLOADS,
+       "a folded holder's last step goes to OTHER"),
+    _m("workloads-weakest-time-basis", "exporter/workloads.py", "CTXSW if found == {CTXSW} else NVML",
+       "CTXSW if CTXSW in found else NVML", WORKLOADS, "OTHER's time basis is ctxsw only if every part's is"),
+    _m("workloads-lost-gpu-kept", "exporter/workloads.py", "if tel is None or tel.lost:", "if tel is None:", WORKLOADS,
+       "a GPU NVML lost has no holders"),
+    _m("workloads-left-holders-kept", "exporter/workloads.py", "del self._accounts[key]", "pass", WORKLOADS,
+       "holders that left take their series with them"),
+    _m("workloads-mig-sm-not-weighted", "exporter/workloads.py",
+       "total += reading.sm_active * device.sm_count / tel.mig_sm_count", "total += reading.sm_active", WORKLOADS,
+       "a MIG instance's SM activity weighted by its share of the SMs"),
+    # -- exporter/holders.py -------------------------------------------------------------------------------
+    _m("holders-later-kind-wins", "exporter/holders.py", "owners.setdefault(pid, holder)", "owners[pid] = holder",
+       HOLDERS, "the first kind keeps a pid two kinds claim", True),
+    _m("holders-failed-owners-count", "exporter/holders.py",
+       "if not h.error:\n            for pid, holder in h.owners.items():", "if True:\n            for pid, holder in h.owners.items():",
+       HOLDERS, "a failed sampler owns no pid"),
+    _m("holders-failed-gpus-count", "exporter/holders.py", "if not h.error:\n            out.update",
+       "if True:\n            out.update", HOLDERS, "a failed sampler holds no GPU"),
+    _m("holders-strongest-basis", "exporter/holders.py", "max(bases, key=HELD_SHARE_BASES.index, default=WHOLE)",
+       "min(bases, key=HELD_SHARE_BASES.index, default=WHOLE)", HOLDERS, "the weakest basis is said"),
+    _m("holders-claim-owner-keeps-claim", "exporter/holders.py",
+       'return dataclasses.replace(self, claim="") if self.claim else self', "return self", HOLDERS,
+       "a claim's processes are its container's"),
+    _m("holders-kinds-order", "exporter/holders.py",
+       'KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",',
+       'KINDS = {"slurm": "exporter.samplers.slurm", "kubelet": "exporter.samplers.kubelet",', HOLDERS,
+       "kubelet before Slurm before users"),
+    _m("holders-auto-users-beside-scheduler", "exporter/holders.py", "if auto and kind not in SCHEDULERS and samplers:",
+       "if auto and kind not in SCHEDULERS and False:", HOLDERS, "--holders auto: no users where a scheduler is"),
+    _m("holders-none-builds", "exporter/holders.py", 'if wanted == ("none",):\n        return []', "if False:\n        pass",
+       HOLDERS, "--holders none builds none"),
+    _m("holders-basis-order", "exporter/vocabulary.py", "HELD_SHARE_BASES = (WHOLE, MIG, REPLICAS, CAPACITY, EVEN_SPLIT)",
+       "HELD_SHARE_BASES = (WHOLE, MIG, REPLICAS, EVEN_SPLIT, CAPACITY)", HOLDERS, "even split is the weakest basis"),
+    _m("holders-explicit-inverted", "exporter/holders.py", "build(args, nvml, explicit=not auto)",
+       "build(args, nvml, explicit=auto)", HOLDERS, "a kind named on the command line is explicit"),
+    # -- exporter/samplers/dra.py --------------------------------------------------------------------------
+    _m("dra-capacity-not-clamped", "exporter/samplers/dra.py", "return min(consumed[name] / capacity[name], 1.0)",
+       "return consumed[name] / capacity[name]", DRA, "consumed capacity is at most the device", True),
+    _m("dra-memory-before-shares", "exporter/samplers/dra.py", 'for name in ("shares", "memory"):',
+       'for name in ("memory", "shares"):', DRA, "shares decide before memory", True),
+    _m("dra-merge-claim-part-only", "exporter/samplers/dra.py",
+       "share = None if share is None or before.share is None else round(min(share + before.share, 1.0), 9)",
+       "share = share", DRA, "a container holding a GPU both ways holds both parts", True),
+    _m("dra-merge-claim-basis-only", "exporter/samplers/dra.py",
+       "basis, mig = weakest_basis((basis, before.basis)), tuple(sorted({*mig, *before.mig}))", "basis, mig = basis, mig",
+       DRA, "both parts' basis and MIG devices"),
+    _m("dra-single-ignores-share-id", "exporter/samplers/dra.py",
+       "single = len(allocations) == 1 and not next(iter(allocations))[2]", "single = len(allocations) == 1", DRA,
+       "one allocation with a share id is a shared device's"),
+    _m("dra-capacity-any", "exporter/samplers/dra.py", "by_capacity = bool(ratios) and all(r is not None for r in ratios.values())",
+       "by_capacity = bool(ratios) and any(r is not None for r in ratios.values())", DRA,
+       "capacity basis only where every allocation's is known"),
+    _m("dra-one-container-split", "exporter/samplers/dra.py", "if len(alloc.containers) > 1:  # one pod's",
+       "if len(alloc.containers) >= 1:  # one pod's", DRA, "one container: no even split"),
+    _m("dra-shared-mig-held-whole", "exporter/samplers/dra.py",
+       "alone = single and len(alloc.containers) == 1 and mig is not None", "alone = mig is not None", DRA,
+       "a shared MIG device's SMs are not one holder's"),
+    _m("dra-claim-cap-boundary", "exporter/samplers/dra.py", "if seen > MAX_CLAIM_DEVICES:\n                        continue",
+       "if seen >= MAX_CLAIM_DEVICES:\n                        continue", DRA, "exactly MAX_CLAIM_DEVICES are read"),
+    _m("dra-mig-size-ignored", "exporter/samplers/dra.py",
+       "if found is None or (size is not None and found[1] not in (None, size)):", "if found is None:", DRA,
+       "a MIG name's placement size must match"),
+    _m("dra-uuid-attribute-ignored", "exporter/samplers/dra.py", "if uuid is not None:  # the driver's own word",
+       "if False:", DRA, "the ResourceSlice's uuid attribute wins over the name"),
+    _m("dra-holder-not-clamped", "exporter/samplers/dra.py", "round(min(e[0], 1.0), 9)", "round(e[0], 9)", DRA,
+       "a container holds at most one GPU"),
+    # -- exporter/kubernetes_api.py ------------------------------------------------------------------------
+    _m("kube-api-never-forgets", "exporter/kubernetes_api.py", "if started - self._slices_at > FORGET_AFTER_S:",
+       "if False:", KUBE_API, "devices not confirmed for FORGET_AFTER_S are forgotten", True),
+    _m("kube-api-forget-boundary", "exporter/kubernetes_api.py", "if started - self._slices_at > FORGET_AFTER_S:",
+       "if started - self._slices_at >= FORGET_AFTER_S:", KUBE_API, "kept at exactly FORGET_AFTER_S"),
+    _m("kube-api-no-backoff", "exporter/kubernetes_api.py",
+       "if started - self._failed_at >= BACKOFF_S and (devices or shared):", "if (devices or shared):", KUBE_API,
+       "a failure backs off BACKOFF_S"),
+    _m("kube-api-gone-claims-kept", "exporter/kubernetes_api.py",
+       "self._claims = {k: v for k, v in self._claims.items() if k in wanted}", "self._claims = dict(self._claims)",
+       KUBE_API, "claims that left are forgotten"),
+    _m("kube-api-deleted-claim-fails", "exporter/kubernetes_api.py", 'if exc.kind == "404":', "if False:", KUBE_API,
+       "a claim deleted meanwhile is no failure"),
+    _m("kube-api-kibi-decimal", "exporter/kubernetes_api.py", '"Ki": 2**10,', '"Ki": 1e3,', KUBE_API,
+       "Ki is 1024"),
+    _m("kube-api-rbac-hint-403", "exporter/kubernetes_api.py", "if answer.status in (401, 403) else", "if answer.status in (401,) else",
+       KUBE_API, "403 says RBAC"),
+    _m("kube-api-other-driver-slices", "exporter/kubernetes_api.py",
+       'if spec.get("driver") != NVIDIA_DRIVER:\n                    continue', "pass", KUBE_API,
+       "only NVIDIA's ResourceSlices are read"),
+    _m("kube-api-other-driver-claims", "exporter/kubernetes_api.py",
+       'if result.get("driver") != NVIDIA_DRIVER:\n                continue', "pass", KUBE_API,
+       "only NVIDIA's claim results are read"),
+    _m("kube-api-claims-reread-at-once", "exporter/kubernetes_api.py",
+       "(not wanted[k] <= self._claims[k][1].keys() and started - self._claims[k][0] >= BACKOFF_S)",
+       "(not wanted[k] <= self._claims[k][1].keys())", KUBE_API, "a claim is read again at most every BACKOFF_S"),
+    _m("kube-api-unknown-device-waits", "exporter/kubernetes_api.py",
+       "if due or (unknown and started - self._slices_tried >= SLICES_EVERY_S / 6):", "if due:", KUBE_API,
+       "an unknown device lists the slices again early"),
+    _m("kube-api-zero-capacity-kept", "exporter/kubernetes_api.py",
+       "capacity[(pool, name)] = {k: v for k, v in caps.items() if v}", "capacity[(pool, name)] = caps", KUBE_API,
+       "an unreadable capacity is no capacity"),
+    # -- nsys_ingest/verdicts.py ---------------------------------------------------------------------------
+    _m("verdict-hw-slowdown-no-cooling", "nsys_ingest/verdicts.py",
+       'if any(r in ("sw_thermal_slowdown", "hw_thermal_slowdown", "hw_slowdown") for r in held):',
+       'if any(r in ("sw_thermal_slowdown", "hw_thermal_slowdown") for r in held):', VERDICTS,
+       "a hardware slowdown asks for cooling", True),
+    _m("verdict-hw-slowdown-no-power", "nsys_ingest/verdicts.py",
+       'if any(r in ("sw_power_cap", "hw_power_brake_slowdown", "hw_slowdown") for r in held):',
+       'if any(r in ("sw_power_cap", "hw_power_brake_slowdown") for r in held):', VERDICTS,
+       "a hardware slowdown asks for power"),
+    _m("verdict-throttled-clock-boundary", "nsys_ingest/verdicts.py", "if ratio >= THROTTLED_CLOCK:",
+       "if ratio > THROTTLED_CLOCK:", VERDICTS, "a clock at exactly 90 % is not throttled"),
+    _m("verdict-mps-paging-boundary", "nsys_ingest/verdicts.py",
+       "e.mps_server_faults_per_s >= MPS_STALL_FAULTS_PER_S:", "e.mps_server_faults_per_s > MPS_STALL_FAULTS_PER_S:",
+       VERDICTS, "paging at exactly 1 fault/s"),
+    _m("verdict-copies-boundary", "nsys_ingest/verdicts.py",
+       "if e.copy_busy_share and e.copy_busy_share >= (e.kernel_busy_share or 0.0):",
+       "if e.copy_busy_share and e.copy_busy_share > (e.kernel_busy_share or 0.0):", VERDICTS,
+       "copies as long as kernels are the work"),
+    _m("verdict-one-context-time-sliced", "nsys_ingest/verdicts.py", "if contexts > 1:\n        return \"time_sliced\"",
+       "if contexts >= 1:\n        return \"time_sliced\"", VERDICTS, "one context is exclusive"),
+    _m("verdict-mps-clients-are-contexts", "nsys_ingest/verdicts.py",
+       "contexts = time_sliced + (1 if mps_clients else 0)", "contexts = time_sliced + mps_clients", VERDICTS,
+       "MPS clients share one context"),
+    # -- exporter/samplers/users.py ------------------------------------------------------------------------
+    _m("users-mps-server-holds", "exporter/samplers/users.py",
+       'return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != "mps_server"}',
+       "return {uuid: {p.pid for p in tel.compute_processes or ()}", USERS, "the MPS server holds nothing"),
+    _m("users-lost-gpu-held", "exporter/samplers/users.py", "for uuid, tel in telemetry.items() if not tel.lost}",
+       "for uuid, tel in telemetry.items()}", USERS, "a lost GPU has no holders"),
+    _m("users-no-even-split", "exporter/samplers/users.py", "Held(round(1.0 / len(users), 9), EVEN_SPLIT)",
+       "Held(1.0, EVEN_SPLIT)", USERS, "users split their GPU evenly"),
+    _m("users-last-passwd-line-wins", "exporter/samplers/users.py", "names.setdefault(int(fields[2]), fields[0][:64])",
+       "names[int(fields[2])] = fields[0][:64]", USERS, "the first passwd line of a uid wins"),
+    _m("users-passwd-comments-read", "exporter/samplers/users.py", 'and not line.startswith(("#", "+", "-")):', ":",
+       USERS, "comment and NIS lines are no users"),
+    _m("users-effective-uid", "exporter/samplers/users.py", "return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None",
+       "return int(fields[2]) if len(fields) > 2 and fields[2].isdigit() else None", USERS, "the real uid"),
+    _m("users-unreadable-passwd-keeps-names", "exporter/samplers/users.py",
+       "self._names, self.names_from = {}, None", "self.names_from = None", USERS,
+       "an unreadable user database forgets its names"),
+    _m("users-uid-unknown-held", "exporter/samplers/users.py",
+       "for pid, uid in sorted(self._uids.lookup(everyone).items())\n                  if uid is not None}",
+       "for pid, uid in sorted(self._uids.lookup(everyone).items())}", USERS, "a process without a uid holds nothing"),
+    _m("users-replay-against-this-host", "exporter/samplers/users.py",
+       'if not explicit and args.nvml_replay and os.path.realpath(args.proc_root) == "/proc":', "if False:", USERS,
+       "a replay is not attributed to this host's users"),
+    _m("users-interval-floor", "exporter/samplers/users.py", "interval=max(args.interval, 1.0)", "interval=args.interval",
+       USERS, "users are read at most once a second"),
+    # -- exporter/samplers/kubelet.py ----------------------------------------------------------------------
+    _m("kubelet-held-not-clamped", "exporter/samplers/kubelet.py",
+       "out.setdefault(uuid, {})[holder] = None if total is None else round(min(total, 1.0), 9)",
+       "out.setdefault(uuid, {})[holder] = None if total is None else round(total, 9)", KUBELET,
+       "a container holds at most one GPU"),
+    _m("kubelet-doubled-ids-credited", "exporter/samplers/kubelet.py",
+       "doubled = {d for d, pods in holders.items() if len(pods) > 1}", "doubled = set()", KUBELET,
+       "an ID two pods list is credited to neither"),
+    _m("kubelet-replicas-basis-whole", "exporter/samplers/kubelet.py",
+       "if replicas_of(device_id, offered) != 1:\n        return REPLICAS", "if False:\n        return REPLICAS", KUBELET,
+       "a replica's basis is replicas"),
+    _m("kubelet-replica-unknown-n", "exporter/samplers/kubelet.py", "return 1 if base == device_id else None", "return 1",
+       KUBELET, "a replica without the offered count has no share"),
+    _m("kubelet-index-mig-whole", "exporter/samplers/kubelet.py",
+       'if base_id in self.by_uuid or (INDEX.match(base_id) and ":" not in base_id):',
+       "if base_id in self.by_uuid or INDEX.match(base_id):", KUBELET, "index:mig has no known share"),
+    _m("kubelet-other-resources-read", "exporter/samplers/kubelet.py",
+       "if not dev.resource_name.startswith(RESOURCE_PREFIX):\n                    continue", "pass", KUBELET,
+       "only nvidia.com/ resources"),
+    _m("kubelet-unlisted-container-owns", "exporter/samplers/kubelet.py",
+       "if ref is not None and (ref.namespace, ref.pod, ref.container) in listed:", "if ref is not None:", KUBELET,
+       "a process belongs only to a container listed as holding a GPU"),
+    _m("kubelet-api-pods-off-by-one", "exporter/samplers/kubelet.py", "for ref in refs[:API_PODS_PER_GPU]]",
+       "for ref in refs[:API_PODS_PER_GPU + 1]]", KUBELET, "the JSON API lists 256 holders per GPU"),
+    _m("kubelet-failure-keeps-holdings", "exporter/samplers/kubelet.py", "self.holdings = Holdings(error=str(exc))",
+       "pass", KUBELET, "a failed List withdraws the holders"),
+    _m("kubelet-api-view-not-reapplied", "exporter/samplers/kubelet.py", "if view != self._api_view:", "if False:",
+       KUBELET, "news from the API server resolves the claims again"),
+    _m("kubelet-offered-ids-repeated", "exporter/samplers/kubelet.py", "for i in set(dev.device_ids))",
+       "for i in dev.device_ids)", KUBELET, "an ID offered twice is one replica"),
+    _m("kubelet-first-container-id", "exporter/samplers/kubelet.py", "return found[-1] if found else None",
+       "return found[0] if found else None", KUBELET, "the innermost container ID of a cgroup path"),
+    # -- gpu_spatial/report/account.py ---------------------------------------------------------------------
+    _m("account-even-boundary", "gpu_spatial/report/account.py", "abs(gap - step) <= EVEN * step",
+       "abs(gap - step) < EVEN * step", ACCOUNT, "a spacing 25 % off is still even"),
+    _m("account-gap-equal-window", "gpu_spatial/report/account.py", "if window == last_w and gap <= window and",
+       "if window == last_w and gap < window and", ACCOUNT, "a spacing of exactly W still covers"),
+    _m("account-two-evaluations-a-run", "gpu_spatial/report/account.py", "if len(run) < 3:", "if len(run) < 2:",
+       ACCOUNT, "a run needs three evaluations"),
+    _m("account-no-lag", "gpu_spatial/report/account.py", "lag = (window - step) / 2", "lag = 0.0", ACCOUNT,
+       "a moving sum lags (W - D) / 2"),
+    _m("account-unlabelled-busy-unknown", "gpu_spatial/report/account.py",
+       'basis = _label(metric, "basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")',
+       'basis = _label(metric, "basis") or "unknown"', ACCOUNT, "busy without a basis label is nvml"),
+    _m("account-unknown-held-in-span", "gpu_spatial/report/account.py", 'if plan_quantity == "held" and not unknown:',
+       'if plan_quantity == "held":', ACCOUNT, "a span's held total excludes the unknown"),
+    _m("account-jitter-is-gap", "gpu_spatial/report/account.py", "if span.start > t + 1.0:", "if span.start > t:",
+       ACCOUNT, "a second of jitter is no gap"),
+    _m("account-heartbeat-edge", "gpu_spatial/report/account.py", "if chunk_start < t <= chunk_end and",
+       "if chunk_start <= t <= chunk_end and", ACCOUNT, "an evaluation on a day's edge counts once"),
+    _m("account-two-evaluators", "gpu_spatial/report/account.py", "if len(found) > 1:  # two evaluators",
+       "if len(found) > 2:  # two evaluators", ACCOUNT, "two evaluators: counters"),
+    _m("account-other-matchers-ignored", "gpu_spatial/report/account.py",
+       "other = sorted({label for label, _op, _value in self.matchers} - {RULE_LABEL[self.by]})", "other = []",
+       ACCOUNT, "a matcher the rollups do not keep: counters"),
+    _m("account-last-day-overlong", "gpu_spatial/report/account.py", "out.append((t, min(t + size, end)))",
+       "out.append((t, t + size))", ACCOUNT, "the last day ends at the range's end"),
+    _m("account-non-finite-kept", "gpu_spatial/report/account.py", "return value if math.isfinite(value) else 0.0",
+       "return value", ACCOUNT, "NaN and Inf read as 0"),
+)
+
+# -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
+ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
+          "test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
+SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
+ROUND_39_NEW = (
+    _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
+       "two samplers never share a collector name"),
+    _m("engine-gpm-after-nvml", "exporter/engine.py",
+       "self._loops = {nvml.name: (*(s for s in samplers if s.in_nvml_loop), nvml)}",
+       "self._loops = {nvml.name: (nvml, *(s for s in samplers if s.in_nvml_loop))}", ENGINE,
+       "in_nvml_loop samplers tick right before NVML"),
+    _m("engine-any-loop-means-nvml-ticked", "exporter/engine.py",
+       "if self.nvml in members:\n                self._nvml_ticked.set()", "if True:\n                self._nvml_ticked.set()",
+       ENGINE, "after_nvml loops wait for NVML's own tick"),
+    _m("engine-stop-leaves-work", "exporter/engine.py", "            sampler.close()\n", "            pass\n", ENGINE,
+       "stop() ends work in flight"),
+    _m("engine-deadline-ignores-sampler", "exporter/engine.py",
+       "deadline = max(self.tick_deadline, 2 * interval, *(s.max_tick_seconds for s in members))",
+       "deadline = self.tick_deadline", ENGINE, "a sampler's own max_tick_seconds and 2 intervals"),
+    _m("engine-stuck-never-returns", "exporter/engine.py", "self._withdrawn.discard(name)", "pass", ENGINE,
+       "a stuck loop's values come back when it returns"),
+    _m("engine-stuck-values-published", "exporter/engine.py",
+       "return self._loop_of[sampler.name] not in self._withdrawn", "return True", ENGINE,
+       "a stuck loop's values are withdrawn"),
+    _m("engine-crash-health-hidden", "exporter/engine.py", "health[sampler.name] = crashed", "pass", ENGINE,
+       "a raising or stuck tick is its samplers' health"),
+    _m("engine-stuck-nvml-telemetry-kept", "exporter/engine.py",
+       "telemetry = self.nvml.telemetry if self.nvml in current else {}", "telemetry = self.nvml.telemetry", ENGINE,
+       "a stuck NVML loop publishes no telemetry"),
+    _m("engine-crash-never-cleared", "exporter/engine.py", "self._crashed.pop(name, None)", "pass", ENGINE,
+       "a good tick clears the crash"),
+    _m("engine-burst-after-falling-behind", "exporter/engine.py", "if delay < 0:  # fell behind", "if False:  # fell behind",
+       ENGINE, "a loop that fell behind skips ticks instead of bursting"),
+    _m("sampler-serves-any-state", "exporter/sampler.py", "return result is not None and result.state == OK",
+       "return result is not None", SAMPLER, "a source serves a GPU only while its state is ok"),
+    _m("sampler-defaults-after-nvml", "exporter/sampler.py", "    after_nvml = False\n", "    after_nvml = True\n",
+       SAMPLER, "samplers start at once unless they map things to GPUs"),
+    _m("sampler-state-window-always", "exporter/sampler.py",
+       '"window": None if self.window_end is None else [self.window_start, self.window_end]}',
+       '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW
+
+
+def _is_test_path(arg: str) -> bool:
+    return arg.startswith("tests/")
+
+
+def tests_without(tests: tuple[str, ...], without: set[str]) -> list[str]:
+    """The mutant's pytest arguments less the test files in `without` (with their node ids); no test path
+    left: none at all (a bare `-k` would run the whole suite)."""
+    kept = [t for t in tests if not (_is_test_path(t) and t.split("::")[0] in without)]
+    return kept if any(_is_test_path(t) for t in kept) else []
+
+
+def applies(mutant: Mutant) -> int:
+    return (ROOT / mutant.path).read_text().count(mutant.old)
+
+
+def run_mutant(mutant: Mutant, without: set[str] = frozenset()) -> dict:
     path = ROOT / mutant.path
     original = path.read_text()
     found = original.count(mutant.old)
     if found != 1:
         return {**asdict(mutant), "result": "not applicable", "detail": f"text found {found} times"}
+    tests = tests_without(mutant.tests, without)
+    if not tests:
+        return {**asdict(mutant), "result": "survived", "detail": "no test left to run", "seconds": 0.0}
     started = time.monotonic()
     try:
         path.write_text(original.replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *mutant.tests],
+            done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
             result = "survived" if done.returncode == 0 else ("caught" if done.returncode == 1 else
                                                                f"error (pytest exit {done.returncode})")
@@ -256,26 +779,70 @@ def run_mutant(mutant: Mutant) -> dict:
     return {**asdict(mutant), "result": result, "detail": tail, "seconds": round(time.monotonic() - started, 1)}
 
 
+def per_module(results: list[dict]) -> dict[str, dict]:
+    """path -> counts of caught, survived and other, and the survival rate over the mutants that applied."""
+    out: dict[str, dict] = {}
+    for r in results:
+        row = out.setdefault(r["path"], {"mutants": 0, "caught": 0, "survived": 0, "other": 0})
+        row["mutants"] += 1
+        kind = "caught" if r["result"].startswith("caught") else "survived" if r["result"] == "survived" else "other"
+        row[kind] += 1
+    for row in out.values():
+        ran = row["caught"] + row["survived"]
+        row["survival"] = round(row["survived"] / ran, 3) if ran else None
+    return out
+
+
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
+    parser.add_argument("--module", nargs="+", metavar="PATH", help="run the mutants of these files only")
+    parser.add_argument("--without", nargs="+", default=[], metavar="TESTFILE",
+                        help="leave these test files out of every mutant's tests (the rate before them)")
+    parser.add_argument("--rerun", metavar="RESULTS", help="run only the mutants that survived in this results file")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--check", action="store_true", help="say which mutants no longer apply, and exit")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTANTS if not args.only or m.id in args.only]
+    chosen = [m for m in MUTANTS if (not args.only or m.id in args.only) and (not args.module or m.path in args.module)]
+    if args.rerun:
+        survived = {r["id"] for r in json.loads(Path(args.rerun).read_text()) if r["result"] == "survived"}
+        chosen = [m for m in chosen if m.id in survived]
+    if len({m.id for m in MUTANTS}) != len(MUTANTS):
+        raise SystemExit("two mutants share an id")
     if args.list:
         for m in chosen:
             print(f"{m.id:42} {m.path:36} {m.why}")
         return 0
+    if args.check:
+        stale = [(m, n) for m in chosen if (n := applies(m)) != 1]
+        for m, n in stale:
+            print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
+        print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
+        return 1 if stale else 0
+    # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run
+    # through the mutant's `finally`: its file is restored and its pytest killed.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGINT, _interrupted)
     results = []
     for mutant in chosen:
-        result = run_mutant(mutant)
+        result = run_mutant(mutant, set(args.without))
         results.append(result)
         print(f"{result['result']:18} {mutant.id:42} {result.get('seconds', '')!s:>6} s  {result['detail']}", flush=True)
+        if args.out:  # as it goes: a run cut short keeps what it found
+            Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"{len(results)} mutants, {caught} caught, "
           f"{sum(r['result'] == 'survived' for r in results)} survived, "
           f"{sum(r['result'] not in ('survived',) and not r['result'].startswith('caught') for r in results)} other")
+    for path, row in sorted(per_module(results).items()):
+        rate = "-" if row["survival"] is None else f"{row['survival']:.0%}"
+        print(f"  {path:36} {row['mutants']:3} mutants {row['caught']:3} caught {row['survived']:3} survived "
+              f"{row['other']:2} other  survival {rate}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -38,8 +38,10 @@ def sm_count() -> int:
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
-def spin(sms: int, seconds: float, threads: int = 256, kernel_ms: float = KERNEL_MS) -> int:
-    """Spin on `sms` SMs for `seconds`; returns the number of kernels launched."""
+def spin(sms: int, seconds: float, threads: int = 256, kernel_ms: float = KERNEL_MS, on_step=None,
+         done: int = 0) -> int:
+    """Spin on `sms` SMs for `seconds`; returns the number of kernels launched. `on_step(done + kernels
+    finished)` after each synchronize."""
     import cupy
 
     kernel = cupy.RawKernel(SPIN_SOURCE, "spin")
@@ -53,7 +55,11 @@ def spin(sms: int, seconds: float, threads: int = 256, kernel_ms: float = KERNEL
         launched += 1
         if launched % 4 == 0:
             cupy.cuda.Device().synchronize()
+            if on_step is not None:
+                on_step(done + launched)
     cupy.cuda.Device().synchronize()
+    if on_step is not None:
+        on_step(done + launched)
     return launched
 
 

@@ -56,7 +56,8 @@ def build() -> Dashboard:
                "idle (its kernels ran, SMs idle), time idle (no kernel ran: its part by held share); waste = hidden "
                "idle + time idle.",
                "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources socket) no pod is known."
-               " Busy, SM-active and hidden idle stay empty under MPS (no per-client time) and busy on MIG."),
+               " Busy, SM-active and hidden idle stay empty under MPS unless the clients trace themselves (basis "
+               "cupti: docs/mps-clients.md), and busy on MIG."),
         ranked("Slurm jobs: GPU-hours over the range", "hpc_job", 'hpc_job!=""', (8, 12, 12, 0),
                "Jobs from the job mapping directory (--hpc-job-mapping-dir), processes mapped through their cgroups.",
                "the exporter runs without --hpc-job-mapping-dir, or no mapping file named a job in the range."),
@@ -67,12 +68,17 @@ def build() -> Dashboard:
                    [(f"gpu_workload_time_share_ratio{{{HOST}}}",
                      "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time ({{basis}})"),
                     (f"gpu_workload_sm_active_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})")],
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})"),
+                    (f"gpu_workload_cupti_sm_estimate_ratio{{{HOST}}}",
+                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM estimate (cupti, unscaled)")],
                    (9, 12, 0, 17),
                    description="Shares of the whole GPU, each with its basis. Time: basis=nvml (NVML's per-process "
-                               "samples, an estimate) or ctxsw (the GPU's context switches, exact). SM active: "
-                               "basis=exact (alone on the GPU), ctxsw (its own slices) or time_share (the GPU's SM "
-                               "activity split by time shares, an estimate). Neither exists per client under MPS.",
+                               "samples, an estimate), ctxsw (the GPU's context switches, exact) or cupti (an MPS "
+                               "client's own kernels). SM active: basis=exact (alone on the GPU), ctxsw (its own "
+                               "slices), cupti (its kernels' grids, scaled so that the clients' sum stays within the "
+                               "GPU's SM active; the unscaled estimate beside it) or time_share (the GPU's SM "
+                               "activity split by time shares, an estimate). Under MPS only clients that trace "
+                               "themselves have either (docs/mps-clients.md).",
                    empty="no holder runs CUDA work with a time share: under MPS NVML has no per-client time (it "
                          "charges the MPS server), MIG devices have no per-process utilization, and outside "
                          "Kubernetes and Slurm no holder is known."),
@@ -121,8 +127,9 @@ def build() -> Dashboard:
               "holder ran CUDA work, or every one was under MPS (no per-client time).",
               gridPos=GridPos(h=6, w=24, x=0, y=41), unit="h",
               description="GPU-hours over the range by basis. Measured exactly: SM-active basis exact or ctxsw, busy "
-                          "basis ctxsw. Estimated: SM-active time_share, busy nvml. Held GPU-hours with no busy or SM "
-                          "series (MPS clients; busy on MIG) are unknown and appear in no row here.",
+                          "basis ctxsw or cupti (MPS clients' own kernels). Estimated: SM-active time_share or cupti "
+                          "(grids against SMs, scaled to the GPU's), busy nvml. Held GPU-hours with no busy or SM "
+                          "series (MPS clients that do not trace; busy on MIG) are unknown and appear in no row here.",
               targets=[target(f"sum by (basis) (increase(gpu_workload_sm_active_gpu_seconds_total{{{HOST}}}[$__range])) "
                               f"/ 3600", instant=True, table=True),
                        target(f"sum by (basis) (increase(gpu_workload_busy_gpu_seconds_total{{{HOST}}}[$__range])) "

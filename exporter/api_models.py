@@ -305,11 +305,16 @@ class Workload(BaseModel):
     time_share: Optional[float] = Field(None, description="GPU-equivalents of kernel time; None under MPS or MIG")
     time_share_reason: str = Field(description="how the time share was obtained, or why there is none")
     time_share_basis: Optional[Literal[TIME_SHARE_BASES]] = Field(
-        None, description="ctxsw: resident time from the GPU's context switches; nvml: NVML per-process samples")
+        None, description="ctxsw: resident time from the GPU's context switches; nvml: NVML per-process samples; "
+                          "cupti: an MPS client's own kernels (the union of their intervals)")
     ctxsw_window: Optional[list[float]] = Field(
-        None, description="[start, end] wall time of the context-switch window behind basis ctxsw values")
+        None, description="[start, end] wall time of the context-switch (or cupti) window behind basis ctxsw "
+                          "(cupti) values")
     sm_active: Optional[float] = Field(None, description="GPU-equivalents of SM activity")
     sm_active_basis: Optional[Literal[SM_ACTIVE_BASES]] = None
+    sm_estimate: Optional[float] = Field(None, description="basis cupti: its MPS clients' own SM estimate (each "
+                                         "kernel's grid against the SMs), before the scaling that keeps the clients' "
+                                         "sum within the GPU's SM active")
     idle_seconds: Optional[float] = Field(description="how long the holder has held the GPU without using it")
     held_idle: bool = Field(description="idle_seconds reached --held-idle-after")
     gpu_seconds: WorkloadGpuSeconds
@@ -343,11 +348,24 @@ class CtxswGpu(BaseModel):
     window: Optional[list[float]] = Field(None, description="[start, end] wall time of the last window captured")
 
 
+class CuptiGpu(CtxswGpu):
+    """The cupti source's state for one GPU (--workload-cupti) and, for a GPU with MPS clients and a fresh
+    window, how their SM estimates were scaled (exporter.workloads.CuptiGpu)."""
+
+    gpu_sm_active: Optional[float] = Field(None, description="the GPU's SM active over the window (spatial source)")
+    estimated: Optional[float] = Field(None, description="the traced clients' unscaled SM estimates, summed")
+    scale: Optional[float] = Field(None, description="the factor applied to them (at most 1)")
+    unattributed: Optional[float] = Field(None, description="SM active not attributed to a traced client")
+    traced: Optional[int] = Field(None, description="MPS clients on the GPU whose window was traced")
+    untraced: Optional[int] = Field(None, description="MPS clients on the GPU that do not trace")
+
+
 class Workloads(BaseModel):
     snapshot_version: int
     snapshot_time: float
     workloads: list[Workload]
     ctxsw: Optional[list[CtxswGpu]] = Field(None, description="None: --workload-ctxsw is off")
+    cupti: Optional[list[CuptiGpu]] = Field(None, description="None: --workload-cupti is off")
     ledgers: list[GpuLedger] = Field(default_factory=list, description="per GPU, its ledger: the physical view")
 
 

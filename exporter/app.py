@@ -100,11 +100,22 @@ def workload_json(record) -> dict:
 
 
 def ctxsw_json(states) -> list[dict] | None:
-    """The context-switch source's per-GPU states (WorkloadAccountant.ctxsw_states), or None when off."""
+    """A workload source's per-GPU states (WorkloadAccountant.source_states: ctxsw, cupti), or None when off."""
     if states is None:
         return None
     return [{"gpu": gpu.index, "uuid": gpu.uuid, "state": s.state, "reason": s.reason,
              "window": None if s.window_end is None else [s.window_start, s.window_end]} for gpu, s in states]
+
+
+def cupti_json(accountant) -> list[dict] | None:
+    """The cupti source's per-GPU states (WorkloadAccountant.source_states) with each MPS GPU's scaling
+    (WorkloadAccountant.cupti_gpus), or None when off."""
+    states = ctxsw_json(None if accountant is None else accountant.source_states.get("cupti"))
+    if states is None:
+        return None
+    scaling = {gpu.uuid: s.to_json() for gpu, s in accountant.cupti_gpus}
+    return [{**state, **{k: v for k, v in scaling.get(state["uuid"], {}).items() if k != "window"}}
+            for state in states]
 
 
 def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
@@ -201,6 +212,7 @@ def api(engine, upload=None):
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],
                 "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None)),
+                "cupti": cupti_json(engine.workloads),
                 "ledgers": [book.to_json() for book in getattr(engine.workloads, "gpu_ledgers", ())]}
 
     @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,

@@ -58,7 +58,7 @@ class Engine:
         self._version = 0
         self._log = LogOnce(log)
         self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised or is stuck
-        self._withdrawn: set[str] = set()  # loops whose tick is stuck: none of their values are published
+        self._withdrawn: set[str] = set()  # loops whose tick is stuck or raised: none of their values are published
         self.tick_deadline = TICK_DEADLINE_S
         self.snapshot = Snapshot(version=0, created=time.time())
 
@@ -118,7 +118,8 @@ class Engine:
                     return
                 if name not in self._withdrawn and time.monotonic() - started > deadline:
                     self._stuck(name, deadline)
-            self._withdrawn.discard(name)
+            if name not in self._crashed:  # a tick that raised leaves the values withdrawn
+                self._withdrawn.discard(name)
             self.publish()
             next_at += interval
             delay = next_at - time.monotonic()
@@ -133,8 +134,10 @@ class Engine:
             self._crashed.pop(name, None)
             self._log.clear(f"sampler {name}")
         except Exception as exc:  # noqa: BLE001 - one broken sampler must never stop the others
-            # Its own health still says how its last good tick went: a raising tick overrides it.
+            # Its own health still says how its last good tick went: a raising tick overrides it, and
+            # what that tick would have replaced is withdrawn (never frozen) until a tick succeeds.
             self._crashed[name] = CollectorHealth(False, 0.0, f"tick failed: {exc!r}")
+            self._withdrawn.add(name)
             self._log.problem(f"sampler {name}", f"tick failed: {exc!r}", logging.ERROR)
         finally:
             done.set()

@@ -5,13 +5,13 @@ resource.k8s.io/v1. The kubelet sampler asks it at most once per tick, within a 
 --kubernetes-api auto: in a pod, the in-cluster service account (token and CA under
 /var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT); off; or a URL (e.g.
 `kubectl proxy`'s http://127.0.0.1:8001). RBAC: get and list resourceclaims and resourceslices.
-Every answer is hostile until checked: a timeout per request and a budget per tick, a size cap per
-answer, an item cap per list, a back-off after a failure, one log line per problem.
+Every answer is hostile until checked (exporter/bounded_http.py): a deadline over each whole request
+and a budget per tick, a size cap per answer and a cap on the values its JSON parses into, an item
+cap per list; anything that goes wrong reading or parsing it (a quantity no number holds, JSON nested
+too deep) is this reader's error: one log line per problem, success 0, a back-off.
 """
 from __future__ import annotations
 
-import http.client
-import json
 import logging
 import os
 import re
@@ -20,6 +20,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
+from exporter import bounded_http
 from exporter.samplers.dra import NVIDIA_DRIVER, ApiView
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -29,6 +30,9 @@ GROUP = "/apis/resource.k8s.io/v1"
 TIMEOUT_S = 2.0
 BUDGET_S = 3.0  # API time one kubelet tick may spend
 MAX_ANSWER_BYTES = 8 * 1024 * 1024
+# Objects one answer's JSON may parse into (a page of 200 ResourceSlices of 8 GPUs each is about 80,000):
+# 8 MB of `[{},{},...]` would otherwise be 2.8 million dicts, some 200 MB.
+MAX_ANSWER_VALUES = 200_000
 PAGE = 200  # ResourceSlices per list page
 MAX_SLICE_PAGES = 10
 MAX_CLAIM_GETS = 32  # claims fetched per tick; the rest on the next ones
@@ -48,9 +52,7 @@ def quantity(text) -> float | None:
     if not m:
         return None
     suffix = m.group(2)
-    if suffix and suffix[0] in "eE":
-        return float(m.group(1)) * 10 ** int(suffix[1:])
-    return float(m.group(1)) * UNITS[suffix]
+    return float(m.group(1)) * (UNITS[suffix] if suffix in UNITS else 10.0 ** int(suffix[1:]))  # "E": exa; "e3": 10^3
 
 
 class ApiError(Exception):
@@ -97,7 +99,7 @@ class KubernetesApi:
         parsed = urllib.parse.urlsplit(where.url)
         self._https = parsed.scheme == "https"
         self._host, self._port = parsed.hostname or "127.0.0.1", parsed.port or (443 if self._https else 80)
-        self._ssl = None
+        self._ssl = None  # TLS, verified against the service account's CA (else the system's)
         if self._https:
             self._ssl = ssl.create_default_context(cafile=where.ca_file) if where.ca_file else \
                 ssl.create_default_context()
@@ -120,43 +122,27 @@ class KubernetesApi:
             return None
 
     def get(self, path: str, deadline: float) -> dict:
-        left = deadline - time.monotonic()
-        if left <= 0:
+        """The JSON object at `path`, read by the earlier of the tick's deadline and this request's own."""
+        if deadline <= time.monotonic():
             raise ApiError("time budget of this tick spent", "budget")
-        timeout = min(self.timeout, left)
-        conn = (http.client.HTTPSConnection(self._host, self._port, timeout=timeout, context=self._ssl)
-                if self._https else http.client.HTTPConnection(self._host, self._port, timeout=timeout))
         headers = {"Accept": "application/json"}
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            conn.request("GET", path, headers=headers)
-            answer = conn.getresponse()
-            body = bytearray()
-            while len(body) <= MAX_ANSWER_BYTES:
-                if time.monotonic() > deadline:
-                    raise ApiError(f"GET {path[:120]}: slower than the time budget", "slow")
-                chunk = answer.read(65536)
-                if not chunk:
-                    break
-                body += chunk
-        except (OSError, http.client.HTTPException) as exc:
+            answer = bounded_http.get(self._host, self._port, path, min(deadline, time.monotonic() + self.timeout),
+                                      MAX_ANSWER_BYTES, headers, self._ssl)
+            if answer.status == 404:
+                raise ApiError(f"GET {path[:120]}: 404", "404")
+            if answer.status != 200:
+                hint = " (RBAC: the exporter's service account needs get and list on resourceclaims and " \
+                       "resourceslices of resource.k8s.io)" if answer.status in (401, 403) else ""
+                raise ApiError(f"GET {path[:120]}: HTTP {answer.status}{hint}", str(answer.status))
+            data = bounded_http.parse_json(answer.body, MAX_ANSWER_VALUES)
+        except bounded_http.AnswerError as exc:
+            raise ApiError(f"GET {path[:120]}: {exc}", exc.kind) from None
+        except OSError as exc:
             raise ApiError(f"GET {path[:120]}: {type(exc).__name__}: {str(exc)[:200]}", type(exc).__name__) from None
-        finally:
-            conn.close()
-        if len(body) > MAX_ANSWER_BYTES:
-            raise ApiError(f"GET {path[:120]}: answer over {MAX_ANSWER_BYTES} bytes", "large")
-        if answer.status == 404:
-            raise ApiError(f"GET {path[:120]}: 404", "404")
-        if answer.status != 200:
-            hint = " (RBAC: the exporter's service account needs get and list on resourceclaims and " \
-                   "resourceslices of resource.k8s.io)" if answer.status in (401, 403) else ""
-            raise ApiError(f"GET {path[:120]}: HTTP {answer.status}{hint}", str(answer.status))
-        try:
-            data = json.loads(bytes(body))
-        except ValueError:
-            raise ApiError(f"GET {path[:120]}: not JSON", "json") from None
         if not isinstance(data, dict):
             raise ApiError(f"GET {path[:120]}: not a JSON object", "json")
         return data
@@ -186,10 +172,11 @@ class KubernetesApi:
                     self._read_claim(key, deadline)
                 self._log.clear("kubernetes api", "the API server answers again")
                 self.health = CollectorHealth(True, time.monotonic() - started, "")
-            except ApiError as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever an answer makes go wrong is this reader's error
                 self._failed_at = time.monotonic()
-                why = f"{exc} (shared DRA devices are split evenly; retried in {BACKOFF_S:.0f} s)"
-                self._log.problem("kubernetes api", why, kind=exc.kind)
+                what = str(exc) if isinstance(exc, ApiError) else f"reading its answer: {type(exc).__name__}: {exc}"
+                why = f"{what[:300]} (shared DRA devices are split evenly; retried in {BACKOFF_S:.0f} s)"
+                self._log.problem("kubernetes api", why, kind=getattr(exc, "kind", type(exc).__name__))
                 self.health = CollectorHealth(False, time.monotonic() - started, why)
         if started - self._slices_at > FORGET_AFTER_S:
             self._uuids, self._capacity = {}, {}

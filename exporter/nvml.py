@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t), mapped onto the metric contract's quantities.
 GPM_METRICS = {
@@ -50,6 +51,26 @@ FIELD_NVLINK_DATA_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: KiB sin
 FIELD_NVLINK_DATA_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 ALL_LINKS = 0xFFFFFFFF  # a field's scopeId for the sum over every NVLink
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the XID
+
+
+@dataclass(frozen=True)
+class PartialAnswer:
+    """Several NVML calls answered together (the health reads): the values that answered, and one line
+    per call that failed otherwise than "not supported on this GPU" (that one is no error)."""
+
+    values: dict = field(default_factory=dict)
+    errors: tuple[str, ...] = ()
+
+    RECORDED_ERRORS = "_errors"  # where a recording (exporter/nvml_replay.py) keeps the errors beside the values
+
+    def to_json(self) -> dict:
+        """Its form in a recording."""
+        return {**self.values, **({self.RECORDED_ERRORS: list(self.errors)} if self.errors else {})}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "PartialAnswer":
+        values = dict(data)
+        return cls(values, tuple(values.pop(cls.RECORDED_ERRORS, ())))
 
 
 class NvmlError(Exception):
@@ -439,9 +460,9 @@ class Nvml:
         return names, request
 
     # -- health: what dcgm-exporter's default set shows, read at the sampler's slower cadences -----
-    def _parts(self, calls: dict) -> dict:
-        """Several NVML calls answered as one dict: a call the GPU does not support leaves its key out,
-        another failure leaves it out too and is named under "_errors"; a lost GPU fails the whole read."""
+    def _parts(self, calls: dict) -> PartialAnswer:
+        """Several NVML calls answered together: a call the GPU does not support leaves its key out,
+        another failure leaves it out too and is named in the errors; a lost GPU fails the whole read."""
         out: dict = {}
         errors = []
         for key, (name, fn, *args) in calls.items():
@@ -452,19 +473,17 @@ class Nvml:
                     raise
                 if not exc.unsupported:
                     errors.append(str(exc))
-        if errors:
-            out["_errors"] = errors
-        return out
+        return PartialAnswer(out, tuple(errors))
 
     def driver_version(self) -> str:
         return self._text(self._call("nvmlSystemGetDriverVersion", self._nv.nvmlSystemGetDriverVersion))
 
-    def max_clocks(self, index: int) -> dict:
+    def max_clocks(self, index: int) -> PartialAnswer:
         """Maximum SM and memory clocks in hertz (the denominators of a throttled clock)."""
         nv, h = self._nv, self._handle(index)
         mhz = self._parts({"sm_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, SM_CLOCK),
                            "memory_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, MEM_CLOCK)})
-        return {k: (float(v) * 1e6 if k != "_errors" else v) for k, v in mhz.items()}
+        return PartialAnswer({k: float(v) * 1e6 for k, v in mhz.values.items()}, mhz.errors)
 
     def memory_clock_hz(self, index: int) -> float:
         mhz = self._call("nvmlDeviceGetClockInfo", self._nv.nvmlDeviceGetClockInfo, self._handle(index), MEM_CLOCK)
@@ -483,26 +502,26 @@ class Nvml:
                     raise
         return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", nv.nvmlDeviceGetCurrentClocksThrottleReasons, h))
 
-    def _fields(self, handle, fields: dict) -> dict:
+    def _fields(self, handle, fields: dict) -> PartialAnswer:
         """nvmlDeviceGetFieldValues: many values in one driver call. {key: value} of the fields that
-        answered; a field this GPU does not support is left out, another failure is named in "_errors"."""
+        answered; a field this GPU does not support is left out, another failure is named in the errors."""
         nv = self._nv
         answers = self._call("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, handle, list(fields.values()))
         out: dict = {}
-        for key, field in zip(fields, answers):
-            if field.nvmlReturn == nv.NVML_SUCCESS:
-                out[key] = self._field_value(field)
-            elif field.nvmlReturn != nv.NVML_ERROR_NOT_SUPPORTED:
-                out.setdefault("_errors", []).append(
-                    f"nvmlDeviceGetFieldValues field {field.fieldId}: {nv.NVMLError(field.nvmlReturn)}")
-        return out
+        errors = []
+        for key, value in zip(fields, answers):
+            if value.nvmlReturn == nv.NVML_SUCCESS:
+                out[key] = self._field_value(value)
+            elif value.nvmlReturn != nv.NVML_ERROR_NOT_SUPPORTED:
+                errors.append(f"nvmlDeviceGetFieldValues field {value.fieldId}: {nv.NVMLError(value.nvmlReturn)}")
+        return PartialAnswer(out, tuple(errors))
 
     @staticmethod
     def _field_value(field):
         kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
         return getattr(field.value, kind.get(field.valueType, "ullVal"))
 
-    def health_counters(self, index: int) -> dict:
+    def health_counters(self, index: int) -> PartialAnswer:
         """What changes slowly or only grows, read every few seconds: energy (joules since the driver
         loaded), throttle time by reason (seconds), memory temperature (one field-values call), encoder
         and decoder utilization (percent)."""
@@ -512,11 +531,9 @@ class Nvml:
         raw = self._parts({"fields": ("nvmlDeviceGetFieldValues", self._fields, h, fields),
                            "encoder": ("nvmlDeviceGetEncoderUtilization", nv.nvmlDeviceGetEncoderUtilization, h),
                            "decoder": ("nvmlDeviceGetDecoderUtilization", nv.nvmlDeviceGetDecoderUtilization, h)})
-        values = raw.get("fields", {})
+        fields_answer = raw.values.get("fields", PartialAnswer())
+        values = fields_answer.values
         out: dict = {"throttle_seconds": {}}
-        errors = raw.get("_errors", []) + values.get("_errors", [])
-        if errors:
-            out["_errors"] = errors
         if "energy_mj" in values:
             out["energy_joules"] = values["energy_mj"] / 1000.0
         if "memory_temperature_celsius" in values:
@@ -525,11 +542,11 @@ class Nvml:
             if f"violation_{reason}" in values:
                 out["throttle_seconds"][reason] = values[f"violation_{reason}"] / 1e9  # ns
         for engine in ("encoder", "decoder"):
-            if engine in raw:
-                out[f"{engine}_percent"] = float(raw[engine][0])
-        return out
+            if engine in raw.values:
+                out[f"{engine}_percent"] = float(raw.values[engine][0])
+        return PartialAnswer(out, raw.errors + fields_answer.errors)
 
-    def nvml_throughput(self, index: int) -> dict:
+    def nvml_throughput(self, index: int) -> PartialAnswer:
         """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver
         load, all links): for GPUs without GPM, which measures both over the tick's window."""
         nv, h = self._nv, self._handle(index)
@@ -538,24 +555,25 @@ class Nvml:
             "pcie_rx": ("nvmlDeviceGetPcieThroughput", nv.nvmlDeviceGetPcieThroughput, h, 1),
             "fields": ("nvmlDeviceGetFieldValues", nv.nvmlDeviceGetFieldValues, h,
                        [(FIELD_NVLINK_DATA_TX_KIB, ALL_LINKS), (FIELD_NVLINK_DATA_RX_KIB, ALL_LINKS)])})
-        out = {k: v for k, v in raw.items() if k == "_errors"}
+        out = {}
         for key in ("pcie_tx", "pcie_rx"):
-            if key in raw:
-                out[f"{key}_bytes_per_second"] = float(raw[key]) * 1024.0  # KB/s
-        for key, field in zip(("nvlink_tx_bytes", "nvlink_rx_bytes"), raw.get("fields", ())):
-            if field.nvmlReturn == nv.NVML_SUCCESS:
-                out[key] = float(self._field_value(field)) * 1024.0  # KiB
-        return out
+            if key in raw.values:
+                out[f"{key}_bytes_per_second"] = float(raw.values[key]) * 1024.0  # KB/s
+        for key, value in zip(("nvlink_tx_bytes", "nvlink_rx_bytes"), raw.values.get("fields", ())):
+            if value.nvmlReturn == nv.NVML_SUCCESS:
+                out[key] = float(self._field_value(value)) * 1024.0  # KiB
+        return PartialAnswer(out, raw.errors)
 
-    def memory_errors(self, index: int) -> dict:
+    def memory_errors(self, index: int) -> PartialAnswer:
         """ECC error counts (corrected/uncorrected, volatile since the driver loaded / aggregate over the
         GPU's life), remapped rows and the PCIe replay counter, in one field-values call: they change
         rarely and are read every minute."""
         h = self._handle(index)
         fields = {"pcie_replays": FIELD_PCIE_REPLAYS, **{f"ecc_{k}": v for k, v in ECC_FIELDS.items()},
                   **{f"rows_{k}": v for k, v in REMAPPED_ROW_FIELDS.items()}}
-        values = self._fields(h, fields)
-        out = {k: v for k, v in values.items() if k == "_errors"}
+        answer = self._fields(h, fields)
+        values = answer.values
+        out = {}
         if "pcie_replays" in values:
             out["pcie_replays"] = int(values["pcie_replays"])
         out["ecc"] = {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}
@@ -563,7 +581,7 @@ class Nvml:
             rows = {k: values[f"rows_{k}"] for k in REMAPPED_ROW_FIELDS}
             out["remapped_rows"] = {"correctable": int(rows["correctable"]), "uncorrectable": int(rows["uncorrectable"]),
                                     "pending": bool(rows["pending"]), "failure": bool(rows["failure"])}
-        return out
+        return PartialAnswer(out, answer.errors)
 
     # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
     def xid_open(self) -> dict:

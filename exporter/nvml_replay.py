@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from exporter.nvml import NvmlError
+from exporter.nvml import NvmlError, PartialAnswer
 
 # Methods answered once (identity does not change); the others are per-tick streams.
 STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices", "driver_version", "max_clocks",
@@ -45,6 +45,8 @@ STREAM_METHODS = (
 # Stream methods the sampler calls only on some ticks even while recording (see aligned_calls): per-process
 # utilization while processes run, MIG instances, the instant rate before NVML has its first samples.
 CONDITIONAL_METHODS = ("process_utilization", "gpm_mig_metrics", "utilization_rates")
+# Methods answering an exporter.nvml.PartialAnswer: recorded in its to_json() form.
+PARTIAL_METHODS = ("max_clocks", "health_counters", "nvml_throughput", "memory_errors")
 FORMAT = "gpu-exporter-nvml-recording/1"
 
 
@@ -78,7 +80,8 @@ class RecordingNvml:
 
         def call(*args):
             try:
-                answer = {"value": getattr(self._live, method)(*args)}
+                value = getattr(self._live, method)(*args)
+                answer = {"value": value.to_json() if method in PARTIAL_METHODS else value}
             except NvmlError as exc:
                 answer = exc.to_json()
             # gpm_metrics answers None on its first call only (no previous sample): nothing to replay.
@@ -87,7 +90,7 @@ class RecordingNvml:
                     self.calls.setdefault(_key(method, args), []).append(answer)
             if "error" in answer:
                 raise NvmlError.from_json(answer)
-            return answer["value"]
+            return value
 
         return call
 
@@ -187,7 +190,7 @@ class ReplayNvml:
                 raise NvmlError(method, "not in this recording", unsupported=True)
             if "error" in answer:
                 raise NvmlError.from_json(answer)
-            return answer["value"]
+            return PartialAnswer.from_json(answer["value"]) if method in PARTIAL_METHODS else answer["value"]
 
         return call
 

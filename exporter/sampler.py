@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, runtime_checkable
 
 from exporter.snapshot import CollectorHealth, GpuIdentity, SourceResult, SpatialReading
-from exporter.vocabulary import OK
+from exporter.vocabulary import ACTIVE, OK, STANDBY
 
 
 @runtime_checkable
@@ -133,3 +133,25 @@ class WorkloadSource(Sampler, Protocol):
 
     def state(self, uuid: str, now: float) -> SourceState:
         """The GPU's state, why, and the window's time."""
+
+
+class LatestWindows(SamplerDefaults):
+    """fresh() and state() of a workload source that keeps per GPU its last window (`readings`) and state
+    (`states`): a window older than `max_age` is stale, so fresh() has none and an active state reads standby.
+    `not_yet`: the standby reason before the first window; `stalled`: what a stale window means."""
+
+    not_yet = "the first window has not been taken yet"
+    stalled = ""
+
+    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
+        window = self.readings.get(uuid)
+        return window if window is not None and now - window.window_end <= self.max_age else None
+
+    def state(self, uuid: str, now: float) -> SourceState:
+        state = self.states.get(uuid)
+        if state is None:
+            return SourceState(STANDBY, self.not_yet)
+        if state.state == ACTIVE and self.fresh(uuid, now) is None:
+            return SourceState(STANDBY, f"the last window is older than {self.max_age:g} s{self.stalled}",
+                               state.window_start, state.window_end)
+        return state

@@ -33,6 +33,7 @@ import math
 import resource
 import signal
 import socket
+import warnings
 from collections import Counter
 
 import httptools
@@ -480,5 +481,9 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
                             # SIGTERM cancels requests still running after 5 s: an upload being validated
                             # stops at once (its budget) instead of holding the shutdown for a minute.
                             timeout_graceful_shutdown=5)
+    # A signal between uvicorn making its serve() coroutine and running it (a stop during the start, seen on
+    # a busy machine) leaves that coroutine unawaited: Python would print two lines of RuntimeWarning after
+    # the one line "stopped by SIGINT while starting".
+    warnings.filterwarnings("ignore", message="coroutine 'Server.serve' was never awaited", category=RuntimeWarning)
     _Server(config).run(sockets=[sock])
 

@@ -20,8 +20,8 @@ TIME_SHARE = "time_share"  # the GPU's value split by time shares: an allocation
 CTXSW = "ctxsw"            # the GPU's own context switches (exporter/samplers/ctxsw.py)
 NVML = "nvml"              # NVML per-process utilization, scaled to the GPU's time utilization
 CUPTI = "cupti"            # an MPS client's own kernel records
-TIME_SHARE_BASES = (CTXSW, NVML)  # of gpu_workload_time_share_ratio{basis}
-SM_ACTIVE_BASES = (EXACT, CTXSW, TIME_SHARE)  # of gpu_workload_sm_active_ratio{basis}
+TIME_SHARE_BASES = (CTXSW, NVML, CUPTI)  # of gpu_workload_time_share_ratio{basis}
+SM_ACTIVE_BASES = (EXACT, CTXSW, TIME_SHARE, CUPTI)  # of gpu_workload_sm_active_ratio{basis}
 
 # Why a held share is what it is (gpu_workload_held_share_basis_info, /api/v1/workloads held_share_basis).
 WHOLE = "whole"            # a whole GPU

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 # Name -> module. Order: the order in which their flags are listed and their samplers built.
-SOURCES = {"ctxsw": "exporter.samplers.ctxsw"}
+SOURCES = {"ctxsw": "exporter.samplers.ctxsw", "cupti": "exporter.samplers.cupti"}
 
 
 def _modules():

@@ -20,6 +20,7 @@ What is exact and what is not (docs/workloads.md):
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -62,7 +63,8 @@ class WorkloadView:
     held_share_basis: str = WHOLE  # exporter.holders.HELD_SHARE_BASES
     folded: int = 0  # the holder OTHER: how many holders of the GPU it sums
     time_share_basis: str | None = None  # "ctxsw" or "nvml"
-    ctxsw_window: tuple[float, float] | None = None  # wall time of the context-switch window used
+    ctxsw_window: tuple[float, float] | None = None  # wall time of the context-switch (or cupti) window used
+    sm_estimate: float | None = None  # cupti: its clients' own SM estimate before the scaling to the GPU's SM active
     ledger: dict = field(default_factory=dict)  # its ledger cells now: cell -> share of the GPU (exporter/ledger.py)
 
     def to_json(self) -> dict:
@@ -73,7 +75,7 @@ class WorkloadView:
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
                 "time_share_basis": self.time_share_basis,
                 "ctxsw_window": None if self.ctxsw_window is None else list(self.ctxsw_window),
-                "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis,
+                "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis, "sm_estimate": self.sm_estimate,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
                 "gpu_seconds": self.counters, "folded": self.folded, "ledger": self.ledger}
 
@@ -116,9 +118,9 @@ def _sum(values):
 
 
 def _weakest_time_basis(bases):
-    """Of summed time shares: ctxsw only where every part was measured so, else nvml; None: no part."""
+    """Of summed time shares: ctxsw (or cupti) only where every part was measured so, else nvml; None: no part."""
     found = set(bases)
-    return None if not found else CTXSW if found == {CTXSW} else NVML
+    return None if not found else next(iter(found)) if len(found) == 1 else NVML
 
 
 def _sum_by_basis(rates) -> dict:
@@ -158,6 +160,69 @@ def mig_sm_active(view, holders: dict[Holder, Held], instances) -> dict[Holder, 
     return out
 
 
+class SmHistory:
+    """Per GPU, the spatial source's last SM-active readings, so that a per-client window (cupti: tens of
+    seconds, read up to two periods later) is compared with the GPU's SM active over the SAME window."""
+
+    def __init__(self, keep: int = 600):
+        self.keep = keep  # readings per GPU: 10 minutes at the default 1 s interval
+        self._readings: dict[str, collections.deque] = {}
+
+    def add(self, uuid: str, reading) -> None:
+        """`reading`: the GPU's SpatialReading (None or without SM active: nothing)."""
+        if reading is None or reading.sm_active is None or reading.window_end <= reading.window_start:
+            return
+        kept = self._readings.setdefault(uuid, collections.deque(maxlen=self.keep))
+        if not kept or kept[-1][1] < reading.window_end:  # each window once
+            kept.append((reading.window_start, reading.window_end, reading.sm_active))
+
+    def mean(self, uuid: str, start: float, end: float, coverage: float = 0.5) -> float | None:
+        """SM active averaged over [start, end], weighted by overlap; None when the readings cover less
+        than `coverage` of it."""
+        covered = total = 0.0
+        for lo, hi, value in self._readings.get(uuid, ()):
+            overlap = min(hi, end) - max(lo, start)
+            if overlap > 0:
+                covered += overlap
+                total += overlap * value
+        if end <= start or covered < coverage * (end - start):
+            return None
+        return total / covered
+
+    def forget(self, keep_uuids) -> None:
+        for uuid in self._readings.keys() - set(keep_uuids):
+            del self._readings[uuid]
+
+
+@dataclass(frozen=True)
+class CuptiGpu:
+    """One MPS GPU's per-client attribution (basis cupti) over its clients' last window."""
+
+    window: tuple[float, float]
+    gpu_sm_active: float | None  # the spatial source's SM active over the same window; None: not known
+    estimated: float  # the traced clients' unscaled SM estimates, summed
+    scale: float  # what they are multiplied by: their sum never exceeds gpu_sm_active
+    unattributed: float | None  # gpu_sm_active less the scaled sum: the SM activity of untraced clients (and error)
+    traced: int  # clients NVML lists on the GPU whose window was traced
+    untraced: int  # clients NVML lists that did not trace (no tracer, no CUPTI)
+
+    def to_json(self) -> dict:
+        return {"window": list(self.window), "gpu_sm_active": self.gpu_sm_active, "estimated": self.estimated,
+                "scale": self.scale, "unattributed": self.unattributed, "traced": self.traced,
+                "untraced": self.untraced}
+
+
+def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
+    """The scaling of one GPU's client estimates (`clients`: the MPS clients NVML lists on it; only their
+    reports count, so a process that reports a GPU it does not run on changes nothing)."""
+    traced = clients & window.shares.keys()
+    estimated = round(sum(window.shares[pid].sm or 0.0 for pid in traced), 6)
+    scale = min(1.0, gpu_sm / estimated) if gpu_sm is not None and estimated > 0 else 1.0
+    unattributed = None if gpu_sm is None else round(max(0.0, gpu_sm - estimated * scale), 6)
+    return CuptiGpu((window.window_start, window.window_end), None if gpu_sm is None else round(gpu_sm, 6),
+                    estimated, round(scale, 6), unattributed, len(traced), len(clients - traced))
+
+
 @dataclass(frozen=True)
 class HolderShare:
     """What one holder did on one GPU at one update (gpu_shares)."""
@@ -170,21 +235,26 @@ class HolderShare:
     sm_active: float | None
     sm_active_basis: str | None  # exporter.vocabulary.SM_ACTIVE_BASES
     window: tuple[float, float] | None = None  # wall time of the per-process window behind the values
+    sm_estimate: float | None = None  # cupti: its MPS clients' own SM estimate, unscaled
 
 
 def _holder_share(entry: dict) -> HolderShare:
     """The record of one holder's entry as gpu_shares builds it up."""
     return HolderShare(pids=entry["pids"], processes=entry["processes"], time_share=entry["time_share"],
                        time_share_basis=entry["time_share_basis"], reason=entry["reason"],
-                       sm_active=entry["sm_active"], sm_active_basis=entry["basis"], window=entry["window"])
+                       sm_active=entry["sm_active"], sm_active_basis=entry["basis"], window=entry["window"],
+                       sm_estimate=entry.get("sm_estimate"))
 
 
 def gpu_shares(view, holders, owners: dict[int, Holder],
-               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None) -> dict[Holder, HolderShare]:
+               mig_sm: dict[Holder, float | None] | None = None, ctxsw=None, cupti=None,
+               cupti_scaling: CuptiGpu | None = None) -> dict[Holder, HolderShare]:
     """Per holder of one GPU (`holders`: any collection of Holder): its pids, time share (with its basis,
     how or why not), SM active with its basis. `owners`: pid -> the holder running it (Holder.owner()).
     `mig_sm`: the SM activity of the MIG instances each holder holds whole (mig_sm_active).
-    `ctxsw`: the GPU's fresh context-switch window (exporter.sampler.ProcessWindow), or None."""
+    `ctxsw`: the GPU's fresh context-switch window (exporter.sampler.ProcessWindow), or None.
+    `cupti`: the GPU's fresh window of MPS clients' own traces (exporter.sampler.ProcessWindow), with
+    `cupti_scaling` (cupti_gpu) the factor that keeps their SM estimates within the GPU's SM active."""
     tel = view.telemetry
     compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
     mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
@@ -213,6 +283,15 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                 entry["sm_active"], entry["basis"] = mig_sm[holder], EXACT  # its own instance's SMs
         elif mps:
             entry["reason"] = MPS_REASON
+            if cupti is not None and pids[holder] and set(pids[holder]) <= cupti.shares.keys():
+                own = [cupti.shares[pid] for pid in pids[holder]]  # every client of the holder traced its window
+                entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)
+                entry["time_share_basis"], entry["window"] = CUPTI, (cupti.window_start, cupti.window_end)
+                entry["reason"] = "its MPS clients' own kernels (CUPTI): the union of their kernel intervals"
+                entry["sm_estimate"] = round(min(sum(share.sm or 0.0 for share in own), 1.0), 6)
+            elif cupti is not None and pids[holder]:
+                entry["reason"] = (f"{MPS_REASON}; {len(set(pids[holder]) - cupti.shares.keys())} of its clients do "
+                                   "not trace their kernels (gpu-spatial trace: docs/mps-clients.md)")
         else:
             own = sum(raw.get(pid, 0.0) for pid in pids[holder])
             entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)
@@ -234,9 +313,14 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                 entry["sm_active"], entry["basis"] = 0.0, EXACT  # runs nothing on it
             elif len(running) == 1 and not strangers:
                 entry["sm_active"], entry["basis"] = sm, EXACT  # the only one running on it, MPS or not
+            elif entry.get("sm_estimate") is not None and cupti_scaling is not None and \
+                    cupti_scaling.gpu_sm_active is not None:  # its clients' estimate, the sum kept within the GPU's
+                entry["sm_active"] = round(min(entry["sm_estimate"] * cupti_scaling.scale, 1.0), 6)
+                entry["basis"] = CUPTI
             elif entry.get("ctxsw_sm") is not None:
                 entry["sm_active"], entry["basis"] = entry["ctxsw_sm"], CTXSW  # the SM activity of its own slices
-            elif entry["time_share"] is not None and gpu_time:
+            elif entry["time_share"] is not None and gpu_time and entry["time_share_basis"] != CUPTI:
+                # (MPS clients' kernels overlap: their time shares do not split the GPU's SM activity)
                 entry["sm_active"] = round(min(sm * entry["time_share"] / gpu_time, 1.0), 6)
                 entry["basis"] = TIME_SHARE
         out[holder] = _holder_share(entry)
@@ -283,6 +367,8 @@ class WorkloadAccountant:
         self.sources = {source.name: source for source in sources}
         # source name -> per GPU at the last update: (GpuIdentity, exporter.sampler.SourceState)
         self.source_states: dict[str, tuple] = {source.name: () for source in sources}
+        self.sm_history = SmHistory()
+        self.cupti_gpus: tuple = ()  # (GpuIdentity, CuptiGpu) of every MPS GPU with a fresh cupti window
         self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
         self.ledger = ledger.Ledger()  # per GPU: every GPU-second in one cell
@@ -301,16 +387,21 @@ class WorkloadAccountant:
                 account.integrate(dt)
             self.ledger.integrate(dt)
             owners = join_owners(holdings) if owners is None else owners
-            out, seen = [], set()
+            out, seen, cupti_gpus = [], set(), []
             for view in views:
                 tel = view.telemetry
+                self.sm_history.add(view.identity.uuid, view.spatial)
                 if tel is None or tel.lost:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
                 mig_sm = mig_sm_active(view, holders, mig_instances)
                 windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
+                scaling = self._cupti_scaling(view, windows.get(CUPTI))
+                if scaling is not None:
+                    cupti_gpus.append((view.identity, scaling))
                 gpu_views = []
-                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW))
+                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
+                                     windows.get(CUPTI) if scaling else None, scaling)
                 mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
                     holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 self.ledger.set(view.identity, gpu_cells, now)
@@ -325,10 +416,21 @@ class WorkloadAccountant:
                 del self._accounts[key]
             self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)
             self.gpu_ledgers = self.ledger.books()
+            self.sm_history.forget(v.identity.uuid for v in views)
+            self.cupti_gpus = tuple(cupti_gpus)
             for source in self.sources.values():
                 self.source_states[source.name] = tuple((v.identity, source.state(v.identity.uuid, now)) for v in views
                                                         if v.telemetry is not None and not v.telemetry.lost)
             return tuple(sorted(out, key=lambda w: (w.gpu.index, w.holder)))
+
+    def _cupti_scaling(self, view, window) -> CuptiGpu | None:
+        """The scaling of a GPU's MPS clients' estimates over their fresh cupti window; None: no MPS client
+        or no window."""
+        clients = {p.pid for p in view.telemetry.compute_processes or () if p.kind == "mps"}
+        if window is None or not clients:
+            return None
+        return cupti_gpu(window, clients, self.sm_history.mean(view.identity.uuid, window.window_start,
+                                                               window.window_end))
 
     def _bounded(self, gpu, views: list[WorkloadView], now: float, seen: set) -> list[WorkloadView]:
         """At most series_limit holders of one GPU, the rest summed into OTHER, whose counters integrate
@@ -403,4 +505,5 @@ class WorkloadAccountant:
                             held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
                             counters=counters, created=account.created, held_share_basis=held.basis,
                             time_share_basis=entry.time_share_basis, ctxsw_window=entry.window,
+                            sm_estimate=entry.sm_estimate,
                             ledger={cell: round(v, 6) for cell, v in cells.items()})

@@ -4,6 +4,7 @@
     gpu-spatial top [flags]        time next to space in the terminal
     gpu-spatial report [flags]     who held, used and wasted GPUs, from a Prometheus-compatible API
     gpu-spatial nsys CMD [flags]   the Nsight Systems tools (summary, diagnose, workloads, plot, openmetrics, scrub)
+    gpu-spatial trace -- CMD       CMD's Python processes trace their own kernels when the exporter asks (MPS clients)
 
 Each subcommand is imported only when asked for, so `top` costs no report dependencies and the other
 way round. Errors are one line; bad input exits 2 (docs/operations.md, "Exit codes"); `--version` works on every
@@ -22,6 +23,7 @@ SUBCOMMANDS = {
     "top": ("gpu_spatial.top", "time next to space in the terminal"),
     "report": ("gpu_spatial.report", "who held, used and wasted GPUs (from Prometheus)"),
     "nsys": ("nsys_ingest.__main__", "Nsight Systems exports: summary, diagnose, workloads, plot, openmetrics, scrub"),
+    "trace": ("gpu_trace.__main__", "run a command whose Python processes trace their kernels for the exporter (MPS)"),
 }
 
 

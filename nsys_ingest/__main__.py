@@ -157,7 +157,7 @@ def _run_on(export: Export, args) -> int:
             result = attribute(export, start_ns, end_ns, args.estimator, args.chunk_rows)
             close()
             if args.json:
-                print(json.dumps(result, indent=1))
+                print(json.dumps(result.to_json(), indent=1))
             else:
                 print_workloads(result)
         elif args.command == "plot":

@@ -25,6 +25,7 @@ the length of the capture. Time is the export's Budget.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,78 @@ NO_SWITCHES = ("this export has no GPU context switches: profile as root, system
                "(nsys profile --gpuctxsw=true --trace=none --gpu-metrics-devices=all --sample=none "
                "--cpuctxsw=none -o R sleep 10)")
 GAP = -1
+
+
+class NoSwitches(IngestError):
+    """An export without GPU context switches (NO_SWITCHES): nothing to attribute, not a broken export."""
+
+
+@dataclass(frozen=True)
+class ProcessAttribution:
+    """One process on one GPU over the window (a pid with several contexts is one)."""
+
+    pid: int | None  # host pid; None: a context nsys could not tie to a process
+    command: str
+    slices: int
+    resident_s: float
+    time_share: float  # share of the window its contexts were resident
+    while_resident: dict  # quantity -> its mean while the process was resident (None: not sampled)
+    of_gpu: dict  # quantity -> while_resident x time_share: its share of the whole GPU
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class GpuAttribution:
+    """One GPU's time slices over the window."""
+
+    gpu: int
+    name: str
+    uuid: str | None
+    slices: int
+    samples: int
+    switch_gap_s: float
+    switch_gap_share: float  # share of the window no context was resident (switch gaps and idle)
+    switch_between_share: float  # of it, the gaps between two slices: switch overhead (the ledger's), not idle edges
+    gap_means: dict  # quantity -> its mean during the gaps
+    gpu_means: dict  # quantity -> its mean over the window
+    unmatched_events: int
+    other_events: dict  # tag name -> count of switch events of other kinds
+    fit_unconverged: tuple[str, ...]  # quantities whose fit stopped at its cap before converging: approximate
+    processes: tuple[ProcessAttribution, ...]
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "processes"},
+                "fit_unconverged": list(self.fit_unconverged), "processes": [p.to_json() for p in self.processes]}
+
+
+@dataclass(frozen=True)
+class Attribution:
+    """What attribute() finds in an export: per GPU and process, over one window (`nsys-ingest workloads`)."""
+
+    file: str
+    estimator: str
+    sampling_hz: float | None
+    window_s: tuple[float, float]  # from the capture's start
+    window_utc_s: tuple[float, float] | None
+    quantities: tuple[str, ...]
+    gpus: tuple[GpuAttribution, ...]
+
+    def to_json(self) -> dict:
+        return {"file": self.file, "estimator": self.estimator, "sampling_hz": self.sampling_hz,
+                "window_s": list(self.window_s), "window_utc_s": None if self.window_utc_s is None else
+                list(self.window_utc_s), "quantities": list(self.quantities), "gpus": [g.to_json() for g in self.gpus]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Attribution":
+        """The record from its to_json() (an answer that crossed a process boundary)."""
+        gpus = tuple(GpuAttribution(**{**g, "fit_unconverged": tuple(g["fit_unconverged"]),
+                                       "processes": tuple(ProcessAttribution(**p) for p in g["processes"])})
+                     for g in data["gpus"])
+        return cls(**{**data, "window_s": tuple(data["window_s"]), "quantities": tuple(data["quantities"]),
+                      "window_utc_s": None if data["window_utc_s"] is None else tuple(data["window_utc_s"]),
+                      "gpus": gpus})
 
 
 def pid_of(global_pid: int) -> int:
@@ -389,10 +462,9 @@ class _Gpu:
         fraction = np.bincount(where, weights=fraction[keep], minlength=len(key))
         sample, code = key // size, key % size
         sampled = ~np.isnan(values)
-        y = np.nan_to_num(values)[sample]
+        y = np.nan_to_num(values)[sample]  # a sample without the quantity adds 0 to X'y (and nothing to X'X below)
         for q in range(len(self.quantities)):
-            m = sampled[sample, q]
-            self.moment[q] += np.bincount(code[m], weights=(fraction * y[:, q])[m], minlength=size)
+            self.moment[q] += np.bincount(code, weights=fraction * y[:, q], minlength=size)
         first = np.flatnonzero(np.r_[True, sample[1:] != sample[:-1]])  # each sample's first entry
         entries = np.diff(np.r_[first, len(sample)])
         pairs_before = np.cumsum(entries ** 2) - entries ** 2
@@ -498,14 +570,14 @@ def _samples(export: Export, quantities, window, chunk_rows, combine: int):
 
 
 def attribute(export: Export, start_ns=None, end_ns=None, estimator: str = DEFAULT_ESTIMATOR,
-              chunk_rows: int = DEFAULT_CHUNK_ROWS, combine: int = 1) -> dict:
+              chunk_rows: int = DEFAULT_CHUNK_ROWS, combine: int = 1) -> Attribution:
     """Per GPU and process: resident time share, the spatial quantities while resident (and as shares
-    of the whole GPU), switch-gap time, over the window. Raises IngestError (NO_SWITCHES) for an export
+    of the whole GPU), switch-gap time, over the window. Raises NoSwitches for an export
     without context switches. `combine`: average every k consecutive samples first (bench only)."""
     if estimator not in ESTIMATORS:
         raise IngestError(f"unknown estimator {estimator!r}: one of {', '.join(ESTIMATORS)}")
     if not has_switches(export):
-        raise IngestError(NO_SWITCHES)
+        raise NoSwitches(NO_SWITCHES)
     restore, save, names = tag_codes(export)
     window = default_window(export, start_ns, end_ns)
     available = {m.quantity for m in export.metrics if m.conversion == "percent"}
@@ -559,7 +631,7 @@ def _rounded(values: dict) -> dict:
     return {q: (None if v is None or np.isnan(v) else round(float(v), 6)) for q, v in values.items()}
 
 
-def _result(export, window, estimator, quantities, gpus, streams) -> dict:
+def _result(export, window, estimator, quantities, gpus, streams) -> Attribution:
     length = window[1] - window[0]
     commands = _commands(export, sorted({g for gpu in gpus.values() for g in gpu.gpids if g >= 0}))
     out = []
@@ -571,89 +643,73 @@ def _result(export, window, estimator, quantities, gpus, streams) -> dict:
         for code, gpid in enumerate(gpu.gpids):
             share = gpu.resident[code] / length
             while_resident = dict(zip(quantities, density[code]))
-            processes.append({
-                "pid": pid_of(gpid) if gpid >= 0 else None,
-                "command": commands.get(gpid, ""),
-                "slices": int(gpu.slices[code]),
-                "resident_s": round(gpu.resident[code] / 1e9, 9),
-                "time_share": round(share, 6),
-                "while_resident": _rounded(while_resident),
-                "of_gpu": _rounded({q: v * share for q, v in while_resident.items()}),
-            })
+            processes.append(ProcessAttribution(
+                pid=pid_of(gpid) if gpid >= 0 else None, command=commands.get(gpid, ""),
+                slices=int(gpu.slices[code]), resident_s=round(gpu.resident[code] / 1e9, 9),
+                time_share=round(share, 6), while_resident=_rounded(while_resident),
+                of_gpu=_rounded({q: v * share for q, v in while_resident.items()})))
         # a pid with several contexts (or GPU ids) is one process
         merged: dict = {}
         for p in processes:
-            merged.setdefault(p["pid"], []).append(p)
+            merged.setdefault(p.pid, []).append(p)
         processes = [_merge(group, quantities) for group in merged.values()]
-        processes.sort(key=lambda p: (-p["time_share"], p["pid"] if p["pid"] is not None else -1))
+        processes.sort(key=lambda p: (-p.time_share, p.pid if p.pid is not None else -1))
         gap_s = max(length - gpu.resident.sum(), 0.0)
         with np.errstate(invalid="ignore", divide="ignore"):
             gpu_means = np.where(weight > 0, gpu.weighted.sum(axis=0) / np.where(weight > 0, weight, 1), np.nan)
         stream = streams[index]
-        out.append({
-            "gpu": index,
-            "name": info.name if info else f"GPU {index}",
-            "uuid": info.uuid if info else None,
-            "slices": int(gpu.slices.sum()),
-            "samples": gpu.samples,
-            "switch_gap_s": round(gap_s / 1e9, 9),
-            "switch_gap_share": round(gap_s / length, 6),
-            "switch_between_share": round(min(gpu.between, gap_s) / length, 6),  # gaps between slices only
-            "gap_means": _rounded(dict(zip(quantities, density[-1]))),
-            "gpu_means": _rounded(dict(zip(quantities, gpu_means))),
-            "unmatched_events": stream.unmatched,
-            "other_events": dict(sorted(stream.other_events.items())),
-            # quantities whose fit stopped at its cap of updates before converging: their densities are approximate
-            "fit_unconverged": gpu.unconverged,
-            "processes": processes,
-        })
-    return {
-        "file": str(export.source_path),
-        "estimator": estimator,
-        "sampling_hz": export.sampling_hz,
-        "window_s": [round(window[0] / 1e9, 9), round(window[1] / 1e9, 9)],
-        "window_utc_s": None if export.start_ns is None else
-        [round((export.start_ns + window[0]) / 1e9, 6), round((export.start_ns + window[1]) / 1e9, 6)],
-        "quantities": list(quantities),
-        "gpus": out,
-    }
+        out.append(GpuAttribution(
+            gpu=index, name=info.name if info else f"GPU {index}", uuid=info.uuid if info else None,
+            slices=int(gpu.slices.sum()), samples=gpu.samples, switch_gap_s=round(gap_s / 1e9, 9),
+            switch_gap_share=round(gap_s / length, 6),
+            switch_between_share=round(min(gpu.between, gap_s) / length, 6), gap_means=_rounded(dict(zip(quantities, density[-1]))),
+            gpu_means=_rounded(dict(zip(quantities, gpu_means))), unmatched_events=stream.unmatched,
+            other_events=dict(sorted(stream.other_events.items())), fit_unconverged=tuple(gpu.unconverged),
+            processes=tuple(processes)))
+    return Attribution(
+        file=str(export.source_path), estimator=estimator, sampling_hz=export.sampling_hz,
+        window_s=(round(window[0] / 1e9, 9), round(window[1] / 1e9, 9)),
+        window_utc_s=None if export.start_ns is None else
+        (round((export.start_ns + window[0]) / 1e9, 6), round((export.start_ns + window[1]) / 1e9, 6)),
+        quantities=tuple(quantities), gpus=tuple(out))
 
 
-def _merge(group: list[dict], quantities) -> dict:
+def _merge(group: list[ProcessAttribution], quantities) -> ProcessAttribution:
     if len(group) == 1:
         return group[0]
-    resident = sum(p["resident_s"] for p in group)
-    share = sum(p["time_share"] for p in group)
+    resident = sum(p.resident_s for p in group)
+    share = sum(p.time_share for p in group)
     while_resident = {}
     for q in quantities:
-        parts = [(p["resident_s"], p["while_resident"][q]) for p in group if p["while_resident"][q] is not None]
+        parts = [(p.resident_s, p.while_resident[q]) for p in group if p.while_resident[q] is not None]
         total = sum(r for r, _ in parts)
         while_resident[q] = sum(r * v for r, v in parts) / total if total > 0 else None
-    return {"pid": group[0]["pid"], "command": next((p["command"] for p in group if p["command"]), ""),
-            "slices": sum(p["slices"] for p in group), "resident_s": round(resident, 9), "time_share": round(share, 6),
-            "while_resident": _rounded(while_resident),
-            "of_gpu": _rounded({q: (None if v is None else v * share) for q, v in while_resident.items()})}
+    return ProcessAttribution(
+        pid=group[0].pid, command=next((p.command for p in group if p.command), ""),
+        slices=sum(p.slices for p in group), resident_s=round(resident, 9), time_share=round(share, 6),
+        while_resident=_rounded(while_resident),
+        of_gpu=_rounded({q: (None if v is None else v * share) for q, v in while_resident.items()}))
 
 
-def print_workloads(result: dict) -> None:
+def print_workloads(result: Attribution) -> None:
     shown = [q for q in ("sm_active", "sm_occupancy", "tensor_active", "dram_active", "gr_active")
-             if q in result["quantities"]]
+             if q in result.quantities]
     heads = {"sm_active": "SM act", "sm_occupancy": "SM occ", "tensor_active": "tensor", "dram_active": "DRAM",
              "gr_active": "GR act"}
-    w0, w1 = result["window_s"]
-    print(f"{result['file']}: window {w0:.3f}-{w1:.3f} s, estimator {result['estimator']}, "
-          f"sampled at {result['sampling_hz'] or '?'} Hz; spatial values are means while the process was resident")
-    for gpu in result["gpus"]:
-        print(f"GPU {gpu['gpu']} {gpu['name']} ({gpu['uuid'] or 'no uuid'}): {gpu['slices']} slices, "
-              f"{gpu['samples']} samples, switch gaps {gpu['switch_gap_s'] * 1e3:.1f} ms ({gpu['switch_gap_share']:.1%})"
-              + (f", {gpu['unmatched_events']} unmatched switch events" if gpu["unmatched_events"] else ""))
-        if gpu["fit_unconverged"]:
+    w0, w1 = result.window_s
+    print(f"{result.file}: window {w0:.3f}-{w1:.3f} s, estimator {result.estimator}, "
+          f"sampled at {result.sampling_hz or '?'} Hz; spatial values are means while the process was resident")
+    for gpu in result.gpus:
+        print(f"GPU {gpu.gpu} {gpu.name} ({gpu.uuid or 'no uuid'}): {gpu.slices} slices, "
+              f"{gpu.samples} samples, switch gaps {gpu.switch_gap_s * 1e3:.1f} ms ({gpu.switch_gap_share:.1%})"
+              + (f", {gpu.unmatched_events} unmatched switch events" if gpu.unmatched_events else ""))
+        if gpu.fit_unconverged:
             print(f"  the fit stopped at its cap of {MAX_FIT_UPDATES:,} updates before converging "
-                  f"({', '.join(gpu['fit_unconverged'])}): those densities are approximate")
+                  f"({', '.join(gpu.fit_unconverged)}): those densities are approximate")
         print(f"  {'pid':>8} {'command':<20} {'time':>7}" + "".join(f" {heads[q]:>7}" for q in shown))
-        rows = [(str(p["pid"] if p["pid"] is not None else "?"), p["command"][:20], p["time_share"], p["while_resident"])
-                for p in gpu["processes"]]
-        rows.append(("", "(switch gaps)", gpu["switch_gap_share"], gpu["gap_means"]))
+        rows = [(str(p.pid if p.pid is not None else "?"), p.command[:20], p.time_share, p.while_resident)
+                for p in gpu.processes]
+        rows.append(("", "(switch gaps)", gpu.switch_gap_share, gpu.gap_means))
         for pid, command, share, values in rows:
             cells = "".join(f" {'n/a':>7}" if values.get(q) is None else f" {values[q]:7.3f}" for q in shown)
             print(f"  {pid:>8} {command:<20} {share:7.3f}{cells}")

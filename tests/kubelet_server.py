@@ -52,11 +52,19 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         self.pods: list[pb.PodResources] = []
         self.allocatable: list[tuple[str, list[str]]] | None = None  # None: answer UNIMPLEMENTED, like old kubelets
         self.delay = 0.0
+        self.answering = threading.Event()  # cleared: every List waits until it is set again (at most 60 s)
+        self.answering.set()
         self.calls = 0
+        # answered instead of `pods` when set: bytes protobuf reads as a List answer, its unknown fields
+        # (which gRPC passes on as they are) in the wire types the exporter's own reader refuses
+        self.raw: bytes | None = None
 
     def List(self, request, context):  # noqa: N802 - the API's name
         self.calls += 1
+        self.answering.wait(60)
         time.sleep(self.delay)
+        if self.raw is not None:
+            return pb.ListPodResourcesResponse.FromString(self.raw)
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 
     def GetAllocatableResources(self, request, context):  # noqa: N802 - the API's name

@@ -1,6 +1,7 @@
 """A small Kubernetes API server for the tests: real HTTP on 127.0.0.1 answering the two reads the
 exporter makes, in the resource.k8s.io/v1 shape (ResourceSlice, ResourceClaim), from what the test
-sets: slices, claims, a delay, a status, or a body of its choosing."""
+sets: slices, claims, a delay, a status, a body of its choosing, or a pace at which it drips the
+answer out (its body, 1-byte chunks of it, or its headers)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,17 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GROUP = "/apis/resource.k8s.io/v1"
+DRIPS = ("body", "chunks", "headers")  # what FakeApiServer.drip sends one byte at a time
+
+
+def nested(depth: int) -> bytes:
+    """Valid JSON nested `depth` arrays deep inside an object."""
+    return b'{"items":' + b"[" * depth + b"]" * depth + b"}"
+
+
+def empty_objects(size: int) -> bytes:
+    """`{"items":[{},{},...]}` of about `size` bytes: one Python dict per 3 bytes once parsed."""
+    return b'{"items":[' + b"{}," * (size // 3) + b"{}]}"
 
 
 def device(name: str, uuid: str, **capacity: str) -> dict:
@@ -46,6 +58,7 @@ class FakeApiServer:
         self.delay = 0.0
         self.status = 200
         self.body: bytes | None = None  # answered instead of the objects when set
+        self.drip: tuple[str, float] | None = None  # (one of DRIPS, seconds between two bytes)
         self.requests: list[str] = []
         self.authorizations: list[str | None] = []
         server = self
@@ -59,6 +72,9 @@ class FakeApiServer:
                 server.authorizations.append(self.headers.get("Authorization"))
                 time.sleep(server.delay)
                 body, status = server.answer(self.path, self.headers.get("Authorization"))
+                if server.drip:
+                    self._drip(body, status, *server.drip)
+                    return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -66,6 +82,26 @@ class FakeApiServer:
                 try:
                     self.wfile.write(body)
                 except OSError:
+                    pass
+
+            def _drip(self, body: bytes, status: int, what: str, every: float):
+                chunked = what == "chunks"
+                head = (f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
+                        + ("Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {len(body)}\r\n")
+                        + "X-Padding: " + "x" * 4096 + "\r\n\r\n").encode()
+                if chunked:
+                    pieces = [b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))] + [b"0\r\n\r\n"]
+                elif what == "headers":
+                    pieces = [head[i:i + 1] for i in range(len(head))] + [body]
+                else:
+                    pieces = [body[i:i + 1] for i in range(len(body))]
+                try:
+                    if what != "headers":
+                        self.wfile.write(head)
+                    for piece in pieces:
+                        self.wfile.write(piece)
+                        time.sleep(every)
+                except OSError:  # the reader gave up: what the test wants
                     pass
 
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

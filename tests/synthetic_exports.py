@@ -352,10 +352,12 @@ def switches_in_one_sample(out: Path, slices: int = 5000, slice_ns: int = 1, sam
                1000 + (k / 2) * {step} + (k % 2) * {slice_ns}, {global_pid(300)} + ((k / 2) % 2) * 16777216, 0""")
 
 
-def unknown_tags(out: Path, rows: int = 1_000_000) -> Path:
-    """`rows` switch events, each with a tag of its own that the enum does not name, over 10 ms of samples."""
+def unknown_tags(out: Path, rows: int = 1_000_000, kinds: int | None = None) -> Path:
+    """`rows` switch events with tags the enum does not name, over 10 ms of samples: each its own, or `kinds`
+    of them in turn (1000, 1001, ...)."""
     path = ctxsw_export(out, slices=[(0, 0.0, 1.0, 100, 1)], samples=[(0, ms, {"sm_active": 0.5}) for ms in range(11)])
-    return _insert_switches(path, rows, f"select 1000 + k, 0, k + 10, 1, 2000000 + k, {global_pid(300)}, 0")
+    return _insert_switches(path, rows, f"select 1000 + k % {kinds or rows}, 0, k + 10, 1, 2000000 + k, "
+                                        f"{global_pid(300)}, 0")
 
 
 def ill_conditioned(out: Path, pairs: int = 128, samples: int = 2048, seed: int = 7) -> Path:

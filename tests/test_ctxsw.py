@@ -51,7 +51,7 @@ def edited(tmp_path, script: str):
 
 def run(path, **kw):
     with Export(path, require_metrics=False) as export:
-        return attribute(export, **kw)
+        return attribute(export, **kw).to_json()
 
 
 def procs(result, gpu=0):
@@ -200,7 +200,7 @@ import json, resource, sys
 from nsys_ingest.ctxsw import attribute
 from nsys_ingest.reader import Export
 with Export(sys.argv[1], require_metrics=False) as export:
-    result = attribute(export)
+    result = attribute(export).to_json()
 print(json.dumps({"result": result, "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 
@@ -371,7 +371,7 @@ import json, re, sys
 from nsys_ingest.ctxsw import attribute
 from nsys_ingest.reader import Export
 with Export(sys.argv[1], require_metrics=False) as export:
-    result = attribute(export)
+    result = attribute(export).to_json()
 peak = int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) / 1024
 print(json.dumps({"result": result, "peak_rss_mb": peak}))
 """
@@ -399,6 +399,14 @@ def test_other_tags_are_counted_by_name_up_to_the_cap_and_together_beyond(tmp_pa
     assert other == (named if kinds <= MAX_OTHER_TAGS else {**named, OTHER_TAGS: kinds - MAX_OTHER_TAGS})
 
 
+def test_tags_counted_by_name_keep_counting_after_the_cap_is_full(tmp_path):
+    """20 kinds in turn, three rounds, 7 events a chunk: the first 16 kinds keep their own counts in every
+    round, the 4 after them go together."""
+    path = synth.unknown_tags(tmp_path / "tags.sqlite", rows=60, kinds=20)
+    other = run(path, chunk_rows=7)["gpus"][0]["other_events"]
+    assert other == {**{f"unknown tag {1000 + k}": 3 for k in range(MAX_OTHER_TAGS)}, OTHER_TAGS: 3 * 4}
+
+
 def test_the_solver_stops_at_its_cap_of_updates_and_says_so(tmp_path, monkeypatch, capsys):
     import nsys_ingest.ctxsw as ctxsw
 
@@ -410,8 +418,35 @@ def test_the_solver_stops_at_its_cap_of_updates_and_says_so(tmp_path, monkeypatc
     # the quantities sampled (GPU 0: SM, tensor, GR; GPU 1: SM and GR)
     assert [g["fit_unconverged"] for g in result["gpus"]] == [["sm_active", "tensor_active", "gr_active"],
                                                               ["sm_active", "gr_active"]]
-    ctxsw.print_workloads(result)
+    ctxsw.print_workloads(ctxsw.Attribution.from_json(result))
     assert "the fit stopped at its cap of 3 updates before converging (sm_active, " in capsys.readouterr().out
+
+
+def test_a_budget_spent_while_the_fit_solves_stops_it(tmp_path, monkeypatch):
+    """Cancelled once the tables are read: only the solver's own check can stop it (attack 3: 138 s of CPU)."""
+    import nsys_ingest.ctxsw as ctxsw
+
+    solve = ctxsw._Gpu.densities
+
+    def cancelled_first(gpu):
+        gpu.stream.export.budget.cancel.set()
+        return solve(gpu)
+
+    solver, raised = ctxsw.bounded_least_squares, []
+
+    def watched(*args, **kwargs):
+        try:
+            return solver(*args, **kwargs)
+        except IngestError as exc:
+            raised.append(str(exc))
+            raise
+
+    monkeypatch.setattr(ctxsw._Gpu, "densities", cancelled_first)
+    monkeypatch.setattr(ctxsw, "bounded_least_squares", watched)
+    with Export(synth.ill_conditioned(tmp_path / "ill.sqlite", pairs=2, samples=16), require_metrics=False) as export:
+        with pytest.raises(IngestError, match="reading was cancelled"):
+            attribute(export)
+    assert raised and raised[0].startswith("reading was cancelled")  # the solver's own check fired
 
 
 def test_the_solver_counts_sweeps_and_checks_the_budget_after_each():

@@ -96,6 +96,7 @@ class Sampler:
 
     fresh = CtxswSampler.fresh
     state = CtxswSampler.state
+    not_yet, stalled = CtxswSampler.not_yet, CtxswSampler.stalled
     states = {}
 
 
@@ -164,6 +165,39 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys, monkey
     assert calls[0].startswith("profile --gpuctxsw=true --trace=none --gpu-metrics-devices=0 --gpu-metrics-frequency=500")
     assert calls[0].endswith("sleep 0.2") and calls[1].startswith("export --type sqlite -o ")
     assert not list(fake_nsys.glob("gpu-exporter-ctxsw-*"))  # the report and the export are removed
+
+
+def ill_conditioned_capture(path: Path) -> Path:
+    """tests/synthetic_exports.ill_conditioned (4 processes whose fit creeps) on the recorded NVML's GPU."""
+    import sqlite3
+
+    synth.ill_conditioned(path, pairs=2, samples=16)
+    con = sqlite3.connect(path)
+    con.execute("update TARGET_INFO_GPU set uuid = ? where id = 0", (NVML_UUID.removeprefix("GPU-"),))
+    con.commit()
+    con.close()
+    return path
+
+
+@root_only
+def test_a_fit_stopped_at_its_cap_says_so_and_a_spent_budget_withdraws_the_window(fake_nsys, monkeypatch):
+    """Issue 39, attack 3: the solver stops at its cap and the state says which quantities; a read past its
+    budget is the source's error (success 0) and the GPU's last window is withdrawn, not kept."""
+    import exporter.samplers.ctxsw as ctxsw
+
+    monkeypatch.setenv("FAKE_NSYS_EXPORT", str(ill_conditioned_capture(fake_nsys / "ill.sqlite")))
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1, period_s=5.0)
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert state.state == ACTIVE and state.reason.endswith(
+        "estimator fit (stopped at its cap before converging: sm_active, sm_occupancy, tensor_active, dram_active, "
+        "gr_active, dram_read)"), state.reason
+    assert set(sampler.readings[NVML_UUID].shares) == {1000, 1001, 1002, 1003}
+    monkeypatch.setattr(ctxsw, "READ_BUDGET_S", 0.0)
+    sampler.tick()
+    state = sampler.states[NVML_UUID]
+    assert (state.state, sampler.health.success) == (ERROR, False)
+    assert "took longer than its budget of 0 s" in state.reason and NVML_UUID not in sampler.readings
 
 
 @pytest.mark.parametrize("nvml, others, state, reason", [
@@ -326,7 +360,7 @@ def test_the_h200_capture_replayed_gives_each_job_its_processes_shares(tmp_path)
 
     recorded = FIXTURES / "h200_ctxsw_1khz.sqlite"
     with Export(recorded) as export:
-        truth = {p["pid"]: p for p in attribute(export)["gpus"][0]["processes"]}
+        truth = {p["pid"]: p for p in attribute(export).to_json()["gpus"][0]["processes"]}
     renamed = {417: 514, 418: 518, 419: 516, 420: 515}
     args, env, _ = slurm_node(tmp_path, recorded, {514: "201", 518: "201", 516: "202", 515: "203"}, renamed,
                               uuid="GPU-915c814a-f1dc-3deb-0741-1665ee6a8727")

@@ -181,7 +181,9 @@ def test_slowloris_headers_are_closed_at_the_header_timeout():
         sock.sendall(b"GET /metrics HTTP/1.1\r\n")
         took, said = closed_after(sock, 15, trickle=b"X-Slow: " + b"s" * 60)
         sock.close()
-        assert 2.5 <= took <= 5.0, took  # header timeout 3 s from the first byte
+        # header timeout 3 s from the first byte: not before; after it, well under the 10 s default (a busy
+        # machine's sweep may be late), and the 408 and the log line say which deadline closed it
+        assert 2.5 <= took <= 8.0, took
         assert said.startswith(b"HTTP/1.1 408 "), said
         wait_for(lambda: "HTTP limits: closed 1 slow headers" in exporter.log(), 5, what="one log line")
 
@@ -218,7 +220,7 @@ def test_a_slow_body_is_closed_and_a_steady_one_is_not():
         slow.sendall(head)
         took, said = closed_after(slow, 15, trickle=b"b" * 60)
         slow.close()
-        assert 2.5 <= took <= 5.5, took
+        assert 2.5 <= took <= 8.0, took  # body timeout 3 s (+ 1 s per KB), well under the 30 s default
         assert said.startswith(b"HTTP/1.1 405 ")  # answered early; the body is still read (and dropped)
         steady = connect(exporter.port)
         steady.sendall(head.replace(b"1000000", b"12288"))
@@ -226,7 +228,7 @@ def test_a_slow_body_is_closed_and_a_steady_one_is_not():
             steady.sendall(b"b" * 1024)
             time.sleep(0.5)
         steady.sendall(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")  # the same connection, still open
-        said, deadline = b"", time.monotonic() + 5
+        said, deadline = b"", time.monotonic() + 30
         while said.count(b"HTTP/1.1 ") < 2 and time.monotonic() < deadline:
             chunk = steady.recv(65536)
             assert chunk, said

@@ -211,6 +211,35 @@ def test_trap7_verdict_advice_names_installed_commands():
     assert named and named <= set(SCRIPTS), advice
 
 
+def test_trap7_no_advice_names_a_command_that_is_not_installed():
+    """Every verdict's advice (the strings of nsys_ingest/verdicts.py) names diagnose by an installed command."""
+    import ast
+
+    from nsys_ingest import verdicts
+    from nsys_ingest.commandline import SCRIPTS
+
+    source = Path(verdicts.__file__).read_text()
+    strings = " ".join(node.value for node in ast.walk(ast.parse(source))
+                       if isinstance(node, ast.Constant) and isinstance(node.value, str))
+    named = re.findall(r"([\w-]+) diagnose\b", strings)
+    assert named and set(named) <= {*SCRIPTS, "nsys"}, named  # `gpu-spatial nsys diagnose`
+    assert strings.count("nsys-ingest diagnose (or gpu-spatial nsys diagnose)") == 2
+
+
+def test_an_extra_is_named_only_when_its_own_package_is_missing(tmp_path, monkeypatch):
+    """A package that is there but lacks one of its own dependencies is not 'left out by pip install .'."""
+    from nsys_ingest.commandline import missing_extra
+
+    (tmp_path / "broken_pkg").mkdir()
+    (tmp_path / "broken_pkg" / "__init__.py").write_text("import no_such_dependency_of_it\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert missing_extra("cmd", "no_such_pkg_here", "x") == ("cmd needs no_such_pkg_here, which `pip install .` leaves "
+                                                            "out: pip install '.[x]'")
+    assert missing_extra("cmd", "json", "x") is None
+    with pytest.raises(ModuleNotFoundError):
+        missing_extra("cmd", "broken_pkg", "x")
+
+
 # -- 8: the small ones --------------------------------------------------------------------------------------------
 def test_trap8_the_root_page_links_what_the_exporter_serves():
     with Exporter("--no-nvml", "--no-mps") as exporter:
@@ -257,10 +286,20 @@ def test_trap8_top_shows_the_users_the_exporter_assigned():
 
 
 def test_trap8_top_keeps_the_sm_bar_at_30_columns():
+    """Narrower, the model goes first, then the hidden-idle figure; both bars stay."""
+    from gpu_spatial.top.render import gpu_line
+    from gpu_spatial.top.state import Gpu
+
     done = command("-m", "gpu_spatial", "top", "--once", "--size", "30x10", "--no-nvml", "--no-mps",
                    "--replay", str(STEADY))
     line = done.stdout.splitlines()[1]
     assert len(line) <= 30 and re.search(r"time\[#+\]100% SM\[#~+\] 25%", line), line
+    gpu = Gpu(position=0, index=0, uuid="GPU-x", model="NVIDIA H100 80GB HBM3")
+    gpu.time_utilization, gpu.sm_active, gpu.hidden_idle = 1.0, 0.25, 0.75
+    lines = {width: "".join(text for text, _style in gpu_line(gpu, width, True)) for width in (50, 45, 30)}
+    assert lines == {50: "> 0 H100 80GB  time[####]100% SM[#~~~] 25% hid 75%",
+                     45: "> 0 time[#######]100% SM[##~~~~~] 25% hid 75%",
+                     30: "> 0 time[###]100% SM[#~~] 25%"}
 
 
 def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():

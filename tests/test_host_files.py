@@ -109,10 +109,13 @@ def peak_rss_mb(pid: int) -> float:
 
 
 # -- the tick deadline: a sampler stuck in the kernel (a FIFO, a hung NFS mount) ---------------------------
-def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplog):
+@pytest.mark.parametrize("failure", ["stuck", "raising"])
+def test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplog, failure):
     """The Slurm sampler on a mapping directory whose mount hangs (a FIFO opened blocking stands in for
-    it): after the deadline its jobs are gone from the published snapshot, its success is 0 and one
-    line says so; when the open returns, a fresh tick publishes them again."""
+    it), or whose tick raises (a RecursionError once escaped the kubelet's claim view): its jobs are
+    gone from the published snapshot (past the deadline, or at once), never left standing for holders
+    that may have left; its success is 0 and one line says so; when the tick returns or stops raising,
+    a fresh tick publishes them again."""
     from exporter.engine import Engine
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.gpm import GpmSource
@@ -124,18 +127,20 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
     hang = tmp_path / "hang"
     os.mkfifo(hang)
 
-    class HangingMount(SlurmSampler):
-        hanging = False
+    class FailingMount(SlurmSampler):
+        failing = False
 
         def tick(self):
-            if self.hanging:
+            if self.failing and failure == "raising":
+                raise RecursionError("maximum recursion depth exceeded")
+            if self.failing:
                 with open(hang, "rb") as f:  # blocks until a writer opens the FIFO
                     f.read()
-                self.hanging = False
+                self.failing = False
             super().tick()
 
     nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"), interval=0.1)
-    slurm = HangingMount(str(mapping), nvml, proc_root=str(proc), interval=0.1)
+    slurm = FailingMount(str(mapping), nvml, proc_root=str(proc), interval=0.1)
     engine = Engine(nvml, [GpmSource(nvml), slurm], interval=0.1, workloads=WorkloadAccountant())
     engine.tick_deadline = 1.0
     jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}  # noqa: E731
@@ -143,18 +148,20 @@ def test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back(tmp_path, caplo
     engine.start()
     try:
         wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job held")
-        slurm.hanging = True
+        slurm.failing = True
         wait_for(lambda: "slurm" not in engine.snapshot.published, 15, 0.05, "values withdrawn")
         assert jobs() == set() and not engine.snapshot.health["slurm"].success
-        assert "tick stuck for more than 1 s" in engine.snapshot.health["slurm"].error
+        why = {"stuck": "tick stuck for more than 1 s", "raising": "tick failed: RecursionError"}[failure]
+        assert why in engine.snapshot.health["slurm"].error
         assert engine.snapshot.health["nvml"].success  # the other loops go on
         version = engine.snapshot.version
         wait_for(lambda: engine.snapshot.version > version + 10, 15, 0.05, "snapshots still published")
-        assert jobs() == set()
-        stuck = [r for r in caplog.records if "sampler slurm: tick stuck" in r.getMessage()]
-        assert len(stuck) == 1
-        with open(hang, "wb"):  # the mount answers again
-            pass
+        assert jobs() == set() and "slurm" not in engine.snapshot.published
+        assert len([r for r in caplog.records if f"sampler slurm: {why}" in r.getMessage()]) == 1
+        if failure == "stuck":
+            with open(hang, "wb"):  # the mount answers again
+                pass
+        slurm.failing = False
         wait_for(lambda: jobs() == {"4242"} and engine.snapshot.health["slurm"].success, 15, 0.05, "job back")
         assert [r.getMessage() for r in caplog.records if r.getMessage() == "sampler slurm: recovered"]
     finally:

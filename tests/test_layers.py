@@ -10,7 +10,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # package -> the project packages it must not import
 FORBIDDEN = {"hostio": ("exporter", "nsys_ingest", "gpu_spatial", "dashboards"),
              "nsys_ingest": ("exporter", "gpu_spatial", "dashboards"),
-             "exporter": ("gpu_spatial",)}
+             "exporter": ("gpu_spatial",),
+             "gpu_trace": ("exporter", "nsys_ingest", "gpu_spatial", "dashboards", "hostio")}  # runs inside the app
 
 
 def imported(path: Path) -> set[str]:

@@ -55,7 +55,7 @@ def test_a_hung_control_daemon_times_out_without_blocking():
     s = sampler(control_binary=str(FIXTURES / "hung-mps-control"), timeout=0.5)
     started = time.monotonic()
     s.tick()
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 15  # the 0.5 s timeout, not the daemon's 30 s silence (generous: CI is busy)
     assert "did not answer" in s.snapshot.control_error
     assert s.snapshot.clients == {} and not s.snapshot.control_reachable
     assert s.snapshot.up("server")  # the /proc side still works

@@ -72,6 +72,16 @@ class HostilePrometheus(BaseHTTPRequestHandler):
                 return self.answer(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
                     {"metric": {"namespace": "team-a"}, "values": [[NOW, "3600"], ["soon", "a lot"]]}]}}).encode())
             return self.answer(vector([sample({"namespace": "team-a", "basis": "nvml"})]))
+        if kind == "waste":  # not hostile: ten namespaces, ns-i wasting i x 100 GPU-seconds
+            if api.endswith("query_range"):
+                return self.answer(json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+                    {"metric": {"namespace": f"ns-{i}"}, "values": [[NOW, str(i)]]} for i in range(10)]}}).encode())
+            return self.answer(vector([sample({"namespace": f"ns-{i}", "basis": "exact"}, str(i * 100 + 100))
+                                       for i in range(10)]))
+        if kind == "echo":  # the label values API answers the names its match[] asked for
+            names = parse_qs(self.path.partition("?")[2]).get("match[]", [""])[0]
+            return self.answer(json.dumps({"status": "success", "data": names[names.find('"') + 1:-2].split("|")})
+                               .encode())
         self.answer(b"{}", 404)
 
     do_GET = do_POST  # gpu-spatial top --url asks GET /api/v1/gpus
@@ -117,6 +127,18 @@ def test_groups_are_held_up_to_the_cap_and_refused_past_it(hostile, capsys, monk
     with pytest.raises(account.ReportError, match="more than 3 groups by namespace: group by a coarser label"):
         totals.add("held", False, [*three, sample({"namespace": "ns-3"})])
     assert len(totals.groups) == 3
+    more = account.Totals(("namespace",))  # within the cap on its own, over it once merged
+    more.add("held", False, [sample({"namespace": "ns-0"}), sample({"namespace": "ns-9"})])
+    with pytest.raises(account.ReportError, match="more than 3 groups"):
+        totals.merge(more)
+
+
+def test_a_series_without_basis_beside_one_with_it_is_two_series_not_a_repeat():
+    """Exporters from before the basis label next to newer ones: {namespace="a"} and {namespace="a",
+    basis="nvml"} are two series of one answer, both NVML time shares, summed."""
+    totals = account.Totals(("namespace",))
+    totals.add("busy", False, [sample({"namespace": "a"}, "10"), sample({"namespace": "a", "basis": "nvml"}, "5")])
+    assert totals.groups == {("a",): {("busy", "nvml"): 15.0}}
 
 
 PEAK = """
@@ -141,10 +163,30 @@ def test_distinct_groups_past_the_cap_cost_a_bounded_heap(hostile):
 def test_the_waste_chart_keeps_the_largest_wasters_and_sums_the_rest():
     class Api:
         def query_range(self, expr, start, end, step):
-            return [{"metric": {"namespace": f"ns-{i}"}, "values": [[NOW, str(i)], [NOW + 60, "1"]]} for i in range(5)]
+            return [{"metric": {"namespace": f"ns-{i}"}, "values": [[NOW, str(i)], [NOW + 60, "1"], [NOW + 120, "NaN"],
+                                                                   [NOW + 180, "+Inf"]]} for i in range(5)]
 
     collected = account.Collected({}, [account.Span(NOW - 600, NOW, "counters")], None, None, [], 0)
     frame = account.timeline(Api(), account.Plan("namespace"), collected, ("held_idle",), 60.0, {("ns-4",), ("ns-3",)})
     got = {(row.namespace, row.t): row.gpu_seconds for row in frame.itertuples()}
     assert got == {("ns-4", NOW): 4.0, ("ns-4", NOW + 60): 1.0, ("ns-3", NOW): 3.0, ("ns-3", NOW + 60): 1.0,
                    (account.OTHER, NOW): 0.0 + 1 + 2, (account.OTHER, NOW + 60): 3.0}
+
+
+def test_the_html_chart_draws_the_largest_wasters_and_sums_the_rest_as_read(hostile, capsys, monkeypatch, tmp_path):
+    from gpu_spatial.report import charts
+
+    drawn = []
+    monkeypatch.setattr(charts, "waste_over_time", lambda waste, labels, step: drawn.append(waste) or b"")
+    code, _out, err = run_report(capsys, "--prometheus", f"{hostile}/waste", "--last", "1h", "--format", "html",
+                                 "-o", str(tmp_path / "r.html"))
+    assert code == 0, err
+    got = drawn[0].groupby("namespace")["gpu_seconds"].sum().to_dict()
+    assert got == {**{f"ns-{i}": 2.0 * i for i in range(2, 10)}, account.OTHER: 2.0 * (0 + 1)}  # two quantities
+
+
+def test_a_get_carries_its_query_string(hostile):
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    api = PrometheusAPI(f"{hostile}/echo", timeout=5)
+    assert api.metric_names(["gpu_a", "gpu_b"], NOW - 60, NOW) == {"gpu_a", "gpu_b"}

@@ -197,3 +197,64 @@ def test_a_new_holder_kind_is_one_module_and_reaches_metrics_and_api(tmp_path):
     assert listed["error"] == "" and {h["hpc_job"] for held in listed["gpus"].values() for h in held} == {"lsf-77",
                                                                                                           "lsf-88"}
     assert listed["process_owners"]["419"]["hpc_job"] == "lsf-88"
+
+
+def test_nvml_partial_failures_are_typed_and_survive_a_recording(tmp_path):
+    """A health read of several NVML calls (exporter.nvml.PartialAnswer): values that answered, one line per
+    call that failed otherwise than "not supported", through pynvml's own types and error codes (the
+    driver's answers stand in: no GPU here), recorded and replayed unchanged."""
+    import types
+
+    import pynvml
+
+    from exporter.nvml import FIELD_MEMORY_TEMP, FIELD_TOTAL_ENERGY_MJ, VIOLATION_FIELDS, Nvml, PartialAnswer
+    from exporter.nvml_replay import RecordingNvml
+
+    def field_values(handle, ids):
+        out = (pynvml.c_nvmlFieldValue_t * len(ids))()
+        for value, field_id in zip(out, ids):
+            value.fieldId, value.valueType = field_id, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            value.nvmlReturn = {FIELD_TOTAL_ENERGY_MJ: pynvml.NVML_SUCCESS, FIELD_MEMORY_TEMP: pynvml.NVML_ERROR_UNKNOWN,
+                                VIOLATION_FIELDS["power"]: pynvml.NVML_SUCCESS}.get(field_id, pynvml.NVML_ERROR_NOT_SUPPORTED)
+            value.value.ullVal = {FIELD_TOTAL_ENERGY_MJ: 5000, VIOLATION_FIELDS["power"]: 2_000_000_000}.get(field_id, 0)
+        return out
+
+    def fails(code):
+        def call(*_):
+            raise pynvml.NVMLError(code)
+        return call
+
+    driver = types.SimpleNamespace(**{k: getattr(pynvml, k) for k in dir(pynvml) if k.startswith(("NVML", "c_"))})
+    driver.nvmlDeviceGetHandleByIndex = lambda index: f"handle {index}"
+    driver.nvmlDeviceGetFieldValues = field_values
+    driver.nvmlDeviceGetEncoderUtilization = fails(pynvml.NVML_ERROR_UNKNOWN)
+    driver.nvmlDeviceGetDecoderUtilization = fails(pynvml.NVML_ERROR_NOT_SUPPORTED)  # no error: left out
+    nvml = Nvml.__new__(Nvml)
+    nvml._nv, nvml._handles = driver, {}
+    answer = nvml.health_counters(0)
+    assert answer.values == {"throttle_seconds": {"power": 2.0}, "energy_joules": 5.0}
+    assert [line.split(":")[0] for line in answer.errors] == ["nvmlDeviceGetEncoderUtilization",
+                                                              f"nvmlDeviceGetFieldValues field {FIELD_MEMORY_TEMP}"]
+    recorder = RecordingNvml(nvml)
+    assert recorder.health_counters(0) == answer
+    recorder.save(tmp_path / "rec.json")
+    replayed = ReplayNvml(tmp_path / "rec.json").health_counters(0)
+    assert isinstance(replayed, PartialAnswer) and replayed == answer
+    assert PartialAnswer.from_json(answer.to_json()) == answer and PartialAnswer({"a": 1}).to_json() == {"a": 1}
+
+
+def test_holdings_json_lists_the_first_holders_and_counts_the_rest():
+    from exporter.holders import API_HOLDERS_PER_GPU, EVEN_SPLIT, Held, Holder, Holdings
+
+    def listed(n):
+        holders = {Holder(user=f"u{i:04d}"): Held(round(1 / n, 9), EVEN_SPLIT) for i in range(n)}
+        return Holdings(gpus={"GPU-a": holders}, owners={7: Holder(user="u0000")}).to_json()
+
+    full = listed(API_HOLDERS_PER_GPU)
+    assert len(full["gpus"]["GPU-a"]) == API_HOLDERS_PER_GPU and full["omitted"] == {}
+    over = listed(API_HOLDERS_PER_GPU + 1)
+    assert len(over["gpus"]["GPU-a"]) == API_HOLDERS_PER_GPU and over["omitted"] == {"GPU-a": 1}
+    assert over["gpus"]["GPU-a"][0] == {"namespace": "", "pod": "", "container": "", "hpc_job": "", "claim": "",
+                                        "user": "u0000", "held_share": round(1 / 257, 9),
+                                        "held_share_basis": "even_split", "mig": []}
+    assert over["process_owners"] == {"7": Holder(user="u0000").to_json()}

@@ -222,6 +222,23 @@ def test_http_feed_refuses_what_is_not_an_exporter(body, reason):
         server.shutdown()
 
 
+def test_http_feed_refuses_an_error_status_whatever_its_body():
+    class Failing(_Garbage):
+        def do_GET(self):
+            self.send_response(503)
+            self.end_headers()
+            self.wfile.write(b'{"gpus": []}')
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        feed = HttpFeed(f"http://127.0.0.1:{server.server_port}", 1.0)
+        feed.poll_once()
+        assert feed.state().problem.endswith("retrying (HTTP 503)"), feed.state().problem
+    finally:
+        server.shutdown()
+
+
 def test_http_feed_gives_up_on_dripping_headers_at_its_deadline():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _DrippingHeaders)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -375,7 +392,7 @@ def shown_version(text: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def match_api(pane, recorder, selected: int, tries: int = 10):
+def match_api(pane, recorder, selected: int, tries: int = 40):
     """Captures until the version on screen is one the recorder saw (it polls, so it may miss one),
     then compares the figures; returns the pane text."""
     for _ in range(tries):

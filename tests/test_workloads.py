@@ -362,7 +362,11 @@ def test_slurm_jobs_from_the_mapping_directory_and_cgroups_over_http(tmp_path):
 
 
 def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_path):
-    """Constant rates from one recorded frame: increase() over a window is rate x window."""
+    """Constant rates from one recorded frame: increase() over a window is rate x window. Every counter of
+    an update integrates the same interval of the exporter's clock, so through Prometheus their ratios
+    are exact whatever the machine's pace; the held rate itself is checked against the exporter's own
+    clock (the snapshot time of two answers), not against the wall time between scrapes (a busy
+    machine's late update moved it 1.4 %)."""
     server, args = node
     server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(4)])]
     server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0", f"{UUID}::1"])]}),
@@ -386,15 +390,24 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
             def covered():  # scraped over the whole window, so increase() needs no extrapolation from a start
                 counts = prom.query(f"min(count_over_time(gpu_workload_held_gpu_seconds_total[{window + 2}s]))")
                 return counts and float(counts[0]["value"][1]) >= window + 1
-            wait_for(covered, 40, 1.0, "a window of scrapes")
-            found = wait_for(lambda: set(expected) <= set(increases()) and increases(), 20, 1.0, "counters scraped")
+            wait_for(covered, 60, 1.0, "a window of scrapes")
+            found = wait_for(lambda: set(expected) <= set(increases()) and increases(), 60, 1.0, "counters scraped")
+            held = found[("train-0", "held")]
             for key, rate in expected.items():
-                assert found[key] == pytest.approx(rate, rel=0.01, abs=1e-4), key
-            # the GPU's ledger: its cells add up to the wall clock it was observed (1 GPU-second per second)
+                assert found[key] / held == pytest.approx(rate / 0.5, rel=1e-3, abs=1e-4), key
+
+            def answer():
+                status, body = http_get(exporter.url + "/api/v1/workloads")
+                data = json.loads(body)
+                trainer = next(w for w in data["workloads"] if w["pod"] == "train-0")
+                return data["snapshot_time"], trainer["gpu_seconds"]["held"]
+            first = answer()
+            last = wait_for(lambda: (a := answer())[0] >= first[0] + 2 and a, 60, 0.2, "two seconds of updates")
+            assert (last[1] - first[1]) / (last[0] - first[0]) == pytest.approx(0.5, rel=1e-4)
+            # the GPU's ledger: its cells add up to the wall clock it was observed (1 GPU-second per second of it)
             cells = prom.query(f"sum(increase(gpu_ledger_gpu_seconds_total[{window}s]))")
             observed = prom.query(f"sum(increase(gpu_ledger_observed_seconds_total[{window}s]))")
             assert float(cells[0]["value"][1]) == pytest.approx(float(observed[0]["value"][1]), rel=1e-3)
-            assert float(observed[0]["value"][1]) / window == pytest.approx(1.0, rel=0.01)
         finally:
             prom.stop()
 
@@ -440,9 +453,11 @@ def test_holders_beyond_the_limit_fold_into_other_and_every_second_counts_once()
     assert OTHER not in {w.holder for w in acc.update(131.0, (busy,), holdings())}
 
 
-def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+def test_a_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_folded(node):
+    """As many pods as the kubelet sampler reads (MAX_CONTAINERS; beyond it they are counted, not held:
+    tests/test_kubelet.py) on one GPU: 21 holders published, the rest summed, the accounts adding up."""
     server, args = node
-    count = 10_000
+    count = 1000
     server.service.allocatable = [(GPU, [f"{UUID}::{n}" for n in range(count)])]
     server.service.pods = [pod("team-a", "train-0", {"trainer": [(GPU, [f"{UUID}::0"])]})] + [
         pod(f"ns-{n % 50}", f"replica-{n}", {"c": [(GPU, [f"{UUID}::{n}"])]}) for n in range(1, count)]
@@ -462,14 +477,14 @@ def test_ten_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_fo
         assert len(pod_info) == 21 and {l["pod"]: v for l, v in pod_info}["other"] == count - 20
         assert samples["gpu_pods"][0][1] == count
         body = exporter.metrics()
-        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound; ~96 KB with 21 holders
+        assert len(body) < 256 * 1024, len(body)  # 32 MB before the bound with 10,000; ~96 KB with 21 holders
         started = time.monotonic()
         for _ in range(20):
             exporter.metrics()
-        print(f"10,000 pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
+        print(f"{count} pods: /metrics body {len(body)} bytes, {1000 * (time.monotonic() - started) / 20:.1f} ms a scrape")
         assert exporter.log().count("more than --holder-series-limit 20") == 1
         assert "Traceback" not in exporter.log()
-        # the JSON API lists 256 holders per GPU and says how many it left out, instead of all 10,000
+        # the JSON API lists 256 holders per GPU and says how many it left out, instead of all of them
         answer = exporter.gpus()
         gpu, kubelet = answer["gpus"][0], answer["kubelet"]
         assert len(gpu["pods"]) == 256 and gpu["pods_omitted"] == count - 256

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from exporter.config import duration
 from exporter.nsys_exports import CaptureError, NsysRunner, read_export
-from exporter.sampler import ProcessShare, ProcessWindow, SamplerDefaults, SourceState, serves
+from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
 
@@ -99,12 +99,14 @@ def profile_command(binary: str, devices: str, frequency: int, out: Path, second
             "sleep", f"{seconds:g}"]
 
 
-class CtxswSampler(SamplerDefaults):
+class CtxswSampler(LatestWindows):
     """An exporter.sampler.WorkloadSource of basis ctxsw."""
 
     name = "ctxsw"
     basis = CTXSW
     description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
+    not_yet = "the first window has not been captured yet"
+    stalled = " (captures stalled)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
@@ -125,20 +127,6 @@ class CtxswSampler(SamplerDefaults):
         self._stopping = threading.Event()
         self._runner = NsysRunner(self._stopping)
         self._work: Path | None = None  # the capture's directory while one runs
-
-    # -- what the accountant reads ------------------------------------------------------------------
-    def fresh(self, uuid: str, now: float) -> ProcessWindow | None:
-        reading = self.readings.get(uuid)
-        return reading if reading is not None and now - reading.window_end <= self.max_age else None
-
-    def state(self, uuid: str, now: float) -> SourceState:
-        state = self.states.get(uuid)
-        if state is None:
-            return SourceState(STANDBY, "the first window has not been captured yet")
-        if state.state == ACTIVE and self.fresh(uuid, now) is None:
-            return SourceState(STANDBY, f"the last window is older than {self.max_age:g} s (captures stalled)",
-                              state.window_start, state.window_end)
-        return state
 
     # -- one tick: one window -----------------------------------------------------------------------
     def tick(self) -> None:
@@ -204,9 +192,9 @@ class CtxswSampler(SamplerDefaults):
         if result is None:  # stopping
             return
         after = self._listed(targets)
-        found = {g["uuid"]: g for g in result["gpus"] if g.get("uuid")}
-        by_index = {g["gpu"]: g for g in result["gpus"]}
-        start, end = ended - (result["window_s"][1] - result["window_s"][0]), ended
+        found = {g.uuid: g for g in result.gpus if g.uuid}
+        by_index = {g.gpu: g for g in result.gpus}
+        start, end = ended - (result.window_s[1] - result.window_s[0]), ended
         for gpu in targets:
             entry = found.get(gpu.uuid) or (by_index.get(gpu.index) if not found else None)
             listed = frozenset(before[gpu.uuid] | after[gpu.uuid])
@@ -215,14 +203,14 @@ class CtxswSampler(SamplerDefaults):
                 self._set(gpu.uuid, SourceState(STANDBY, ALONE) if many < 2 else
                           SourceState(UNSUPPORTED, NO_SWITCHES.format(n=many)))
                 continue
-            shares = {p["pid"]: ProcessShare(time=p["time_share"], sm=p["of_gpu"].get("sm_active"))
-                      for p in entry["processes"] if p["pid"] is not None}
+            shares = {p.pid: ProcessShare(time=p.time_share, sm=p.of_gpu.get("sm_active"))
+                      for p in entry.processes if p.pid is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
-                                                    shares=shares, switch_overhead=entry["switch_between_share"])
-            stopped = entry.get("fit_unconverged")
+                                                    shares=shares, switch_overhead=entry.switch_between_share)
+            stopped = entry.fit_unconverged
             self._set(gpu.uuid, SourceState(
-                ACTIVE, f"{entry['slices']} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry['switch_gap_share']:.1%}, estimator {self.estimator}"
+                ACTIVE, f"{entry.slices} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
+                        f"{entry.switch_gap_share:.1%}, estimator {self.estimator}"
                         + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else ""),
                 start, end))
 
@@ -244,9 +232,10 @@ class CtxswSampler(SamplerDefaults):
             out[gpu.uuid] = {p.pid for p in (tel.compute_processes or ())} if tel is not None else set()
         return out
 
-    def _capture(self, binary: str, targets) -> tuple[dict | None, float]:
+    def _capture(self, binary: str, targets) -> tuple[Attribution | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
-        from nsys_ingest.ctxsw import EVENTS, attribute
+        # pandas comes with these: loaded by the first capture, not by an exporter that never captures
+        from nsys_ingest.ctxsw import EVENTS, Attribution, NoSwitches, attribute
         from nsys_ingest.reader import Budget, IngestError
 
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
@@ -266,10 +255,12 @@ class CtxswSampler(SamplerDefaults):
             if self._stopping.is_set():
                 return None, ended
 
+            # no switch at all: every target says why (nothing to split, or a GPU that records none)
+            nothing = Attribution(file="", estimator=self.estimator, sampling_hz=None, window_s=(0.0, self.window_s),
+                                  window_utc_s=None, quantities=(), gpus=())
+
             def work_on(export):
-                if EVENTS not in export.tables:  # no switch at all: every target says why below
-                    return {"gpus": [], "window_s": [0.0, self.window_s]}
-                return attribute(export, estimator=self.estimator)
+                return attribute(export, estimator=self.estimator) if EVENTS in export.tables else nothing
 
             try:
                 result = read_export(work / "ctxsw.sqlite", work_on, binary, require_metrics=False,
@@ -277,8 +268,8 @@ class CtxswSampler(SamplerDefaults):
             except IngestError as exc:
                 if self._stopping.is_set():
                     return None, ended
-                if "no GPU context switches" in str(exc):
-                    return {"gpus": [], "window_s": [0.0, self.window_s]}, ended
+                if isinstance(exc, NoSwitches):
+                    return nothing, ended
                 raise CaptureError(f"the capture's export is unreadable: {exc}") from None
             return result, ended
         finally:

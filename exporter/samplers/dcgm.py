@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
-import urllib.error
-import urllib.request
 
+from exporter import bounded_http
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading, as_ratio
 
@@ -134,19 +133,18 @@ class DcgmExporterSource(_DcgmSource):
 
     @property
     def max_tick_seconds(self) -> float:
-        """The engine's deadline for a tick (exporter/engine.py): `timeout` bounds each socket operation,
-        not a dcgm-exporter that trickles its answer; past this the tick is stuck and its values go."""
+        """The engine's deadline for a tick (exporter/engine.py): `timeout` bounds the whole request, so a
+        dcgm-exporter that trickles its answer is cut off at it; the engine's deadline is the last resort."""
         return 2 * self.timeout + 5
 
     def _fetch(self) -> str:
-        request = urllib.request.Request(self.url, headers={"Accept": "text/plain"})
-        with urllib.request.urlopen(request, timeout=self.timeout) as response:
-            body = response.read(MAX_BODY_BYTES + 1)
-            if len(body) > MAX_BODY_BYTES:
-                raise ValueError(f"more than {MAX_BODY_BYTES // 2**20} MB: not dcgm-exporter's /metrics?")
-            if NOT_LOADED.encode() in body:
-                raise LookupError("DCGM's profiling module is not loaded: " + body.decode(errors="replace")[:200])
-            return body.decode("utf-8", errors="replace")
+        answer = bounded_http.fetch(self.url, time.monotonic() + self.timeout, MAX_BODY_BYTES,
+                                    headers={"Accept": "text/plain"})
+        if answer.status != 200:
+            raise bounded_http.AnswerError(f"HTTP {answer.status}", "status")
+        if NOT_LOADED.encode() in answer.body:
+            raise LookupError("DCGM's profiling module is not loaded: " + answer.body.decode(errors="replace")[:200])
+        return answer.body.decode("utf-8", errors="replace")
 
     def tick(self) -> None:
         started = time.perf_counter()
@@ -158,7 +156,7 @@ class DcgmExporterSource(_DcgmSource):
             self.health = CollectorHealth(True, time.perf_counter() - started)
             self._log.problem("dcgm", str(exc), logging.INFO)
             return
-        except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        except (bounded_http.AnswerError, OSError, ValueError) as exc:
             reason = _reason(exc, self.url, self.timeout)
             self._unchanged_since.clear()  # values after an outage are judged afresh
             self.results = {uuid: SourceResult(ERROR, reason) for uuid in known}
@@ -171,14 +169,16 @@ class DcgmExporterSource(_DcgmSource):
 
 
 def _reason(exc: Exception, url: str, timeout: float) -> str:
-    if isinstance(exc, ValueError):
-        return f"dcgm-exporter at {url} answered something that is not Prometheus text ({exc})"
-    inner = getattr(exc, "reason", exc)
-    if isinstance(inner, TimeoutError) or "timed out" in str(inner):
+    kind = getattr(exc, "kind", None)  # bounded_http.AnswerError
+    if kind == "slow" or isinstance(exc, TimeoutError):
         return f"dcgm-exporter at {url} did not answer within {timeout} s"
-    if isinstance(exc, urllib.error.HTTPError):
-        return f"dcgm-exporter at {url} answered HTTP {exc.code}"
-    return f"dcgm-exporter at {url} unreachable: {inner}"
+    if kind == "status":
+        return f"dcgm-exporter at {url} answered {exc}"
+    if kind == "large":
+        return f"dcgm-exporter at {url} answered more than {MAX_BODY_BYTES // 2**20} MB: not dcgm-exporter's /metrics?"
+    if kind is not None or isinstance(exc, ValueError):
+        return f"dcgm-exporter at {url} answered something that is not Prometheus text ({exc})"
+    return f"dcgm-exporter at {url} unreachable: {getattr(exc, 'strerror', None) or exc}"
 
 
 class DcgmBindingsSource(_DcgmSource):

@@ -14,6 +14,7 @@ allocation several containers of a pod list is split evenly among them.
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -21,7 +22,10 @@ from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, WHOLE, Held, Holder, wea
 
 NVIDIA_DRIVER = "gpu.nvidia.com"
 MAX_DEVICE_NAME = 128  # DRA device names are DNS labels (63): longer is no device name
-MAX_CLAIM_DEVICES = 20_000  # allocated devices read per List answer; a node has a few dozen
+# What one PodResources List answer may cost, whatever the kubelet lists: every container read is a
+# holder each update weighs (10,000 made scrapes wait 418 ms), every device a step of each tick.
+MAX_CONTAINERS = 1024  # containers read per List answer; a node runs a few hundred pods
+MAX_DEVICES = 4096  # device-plugin IDs and claim devices read per List answer; a node has a few dozen
 MAX_PROBLEMS = 10  # named in the log line; the rest are counted
 
 
@@ -112,6 +116,25 @@ class DraDevices:
         return 1.0 if mig is None else self.mig_share.get(mig)
 
 
+def listed_containers(pod_resources) -> tuple[list, int]:
+    """The (pod, container) pairs of a List answer that are read (the first MAX_CONTAINERS), and how
+    many containers it lists."""
+    listed = sum(len(pod.containers) for pod in pod_resources)
+    read = itertools.islice(((pod, c) for pod in pod_resources for c in pod.containers), MAX_CONTAINERS)
+    return list(read), listed
+
+
+def named_at_most(problems: list[str], what: str) -> None:
+    """MAX_PROBLEMS named, the rest counted: the log line stays short whatever the kubelet lists."""
+    if len(problems) > MAX_PROBLEMS:
+        problems[MAX_PROBLEMS:] = [f"and {len(problems) - MAX_PROBLEMS} more {what}"]
+
+
+def within(items, read: int) -> tuple[list, int]:
+    """Of a repeated field, the part that fits in MAX_DEVICES once `read` were read, and the new count."""
+    return list(items[:max(0, MAX_DEVICES - read)]), read + len(items)
+
+
 @dataclass
 class _Allocation:
     containers: set = field(default_factory=set)  # (namespace, pod, container)
@@ -144,36 +167,32 @@ def attribute_claims(pod_resources, devices: DraDevices) -> ClaimAttribution:
     per_device: dict[tuple[str, str], dict[tuple[str, str, str], _Allocation]] = {}
     where: dict[tuple[str, str], tuple[str, str | None]] = {}
     problems, other, seen = [], set(), 0
-    for pod in pod_resources:
-        for container in pod.containers:
-            for claim in container.dynamic_resources:
-                for res in claim.claim_resources:
-                    seen += 1
-                    if seen > MAX_CLAIM_DEVICES:
+    for pod, container in listed_containers(pod_resources)[0]:
+        for claim in container.dynamic_resources:
+            resources, seen = within(claim.claim_resources, seen)
+            for res in resources:
+                if res.driver_name != NVIDIA_DRIVER:
+                    other.add(res.driver_name[:64])
+                    continue
+                key = (res.pool_name, res.device_name)
+                if key not in where:
+                    found = devices.resolve(*key)
+                    if isinstance(found, str):
+                        problems.append(f"DRA device {res.device_name[:80]!r} (pool {res.pool_name[:60]!r}) of "
+                                        f"claim {claim.claim_namespace}/{claim.claim_name} held by "
+                                        f"{pod.namespace}/{pod.name}/{container.name}: {found}")
+                        where[key] = None
                         continue
-                    if res.driver_name != NVIDIA_DRIVER:
-                        other.add(res.driver_name[:64])
-                        continue
-                    key = (res.pool_name, res.device_name)
-                    if key not in where:
-                        found = devices.resolve(*key)
-                        if isinstance(found, str):
-                            problems.append(f"DRA device {res.device_name[:80]!r} (pool {res.pool_name[:60]!r}) of "
-                                            f"claim {claim.claim_namespace}/{claim.claim_name} held by "
-                                            f"{pod.namespace}/{pod.name}/{container.name}: {found}")
-                            where[key] = None
-                            continue
-                        where[key] = found
-                    if where[key] is None:
-                        continue
-                    share_id = res.share_id if res.HasField("share_id") else ""
-                    alloc = per_device.setdefault(key, {}).setdefault(
-                        (claim.claim_namespace, claim.claim_name, share_id), _Allocation())
-                    alloc.containers.add((pod.namespace, pod.name, container.name))
-    if len(problems) > MAX_PROBLEMS:
-        problems[MAX_PROBLEMS:] = [f"and {len(problems) - MAX_PROBLEMS} more DRA devices that are no GPU here"]
-    if seen > MAX_CLAIM_DEVICES:
-        problems.append(f"the kubelet lists {seen} DRA devices: only the first {MAX_CLAIM_DEVICES} are read")
+                    where[key] = found
+                if where[key] is None:
+                    continue
+                share_id = res.share_id if res.HasField("share_id") else ""
+                alloc = per_device.setdefault(key, {}).setdefault(
+                    (claim.claim_namespace, claim.claim_name, share_id), _Allocation())
+                alloc.containers.add((pod.namespace, pod.name, container.name))
+    named_at_most(problems, "DRA devices that are no GPU here")
+    if seen > MAX_DEVICES:
+        problems.append(f"the kubelet lists {seen} DRA devices: only the first {MAX_DEVICES} are read")
     held: dict[str, dict[tuple, list]] = {}
     shared: set[tuple[str, str, str, str, str]] = set()
     for key, allocations in per_device.items():

@@ -24,7 +24,8 @@ from pathlib import Path
 from exporter.config import api_server, duration
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
-from exporter.samplers.dra import NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims, merge
+from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, MAX_PROBLEMS, NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims,
+                                   listed_containers, merge, named_at_most, within)
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -189,26 +190,36 @@ def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
     holders: dict[str, set[tuple[str, str]]] = {}  # device ID -> pods listing it
     claims: list[tuple[str, str, PodRef]] = []
     problems = []
-    for pod in pod_resources:
-        for container in pod.containers:
-            for dev in container.devices:
-                if not dev.resource_name.startswith(RESOURCE_PREFIX):
+    containers, listed = listed_containers(pod_resources)
+    if listed > MAX_CONTAINERS:
+        problems.append(f"the kubelet lists {listed} containers: only the first {MAX_CONTAINERS} are read")
+    seen = 0
+    for pod, container in containers:
+        for dev in container.devices:
+            if not dev.resource_name.startswith(RESOURCE_PREFIX):
+                continue
+            ref = PodRef(pod.namespace, pod.name, container.name, dev.resource_name)
+            device_ids, seen = within(dev.device_ids, seen)
+            for device_id in device_ids:
+                uuid = devices.resolve(device_id)
+                if uuid is None:
+                    problems.append(f"device ID {device_id!r} of {dev.resource_name} held by "
+                                    f"{pod.namespace}/{pod.name}/{container.name} is no GPU on this node")
                     continue
-                ref = PodRef(pod.namespace, pod.name, container.name, dev.resource_name)
-                for device_id in dev.device_ids:
-                    uuid = devices.resolve(device_id)
-                    if uuid is None:
-                        problems.append(f"device ID {device_id!r} of {dev.resource_name} held by "
-                                        f"{pod.namespace}/{pod.name}/{container.name} is no GPU on this node")
-                        continue
-                    holders.setdefault(device_id, set()).add((pod.namespace, pod.name))
-                    claims.append((device_id, uuid, ref))
+                holders.setdefault(device_id, set()).add((pod.namespace, pod.name))
+                claims.append((device_id, uuid, ref))
+    named_at_most(problems, "device IDs that are no GPU here")
+    if seen > MAX_DEVICES:
+        problems.append(f"the kubelet lists {seen} device IDs: only the first {MAX_DEVICES} are read")
     # An ID is one device: several containers of one pod may share it (the kubelet hands an init
     # container's devices on), two pods never. Then neither is credited.
     doubled = {d for d, pods in holders.items() if len(pods) > 1}
+    doubts = []
     for device_id in sorted(doubled):
-        names = ", ".join(f"{ns}/{name}" for ns, name in sorted(holders[device_id]))
-        problems.append(f"device ID {device_id!r} is listed for several pods ({names}): not attributed")
+        names = ", ".join(f"{ns}/{name}" for ns, name in sorted(holders[device_id])[:MAX_PROBLEMS])
+        doubts.append(f"device ID {device_id!r} is listed for several pods ({names}): not attributed")
+    named_at_most(doubts, "device IDs listed for several pods")
+    problems.extend(doubts)
     pods: dict[str, set[PodRef]] = {uuid: set() for uuid in set(devices.by_index.values())}
     for device_id, uuid, ref in claims:
         if device_id not in doubled:
@@ -216,6 +227,43 @@ def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
             if claimed is not None:
                 claimed.append((device_id, uuid, ref))
     return {uuid: tuple(sorted(refs)) for uuid, refs in pods.items()}, problems
+
+
+def read_pods(answer: bytes, limit: int = MAX_CONTAINERS) -> tuple[list, bool]:
+    """The first `limit` pods of a ListPodResourcesResponse's bytes, parsed one at a time (a pod holds
+    a container at least: no more are read), and whether it lists more: 10^5 listed pods cost as much
+    as `limit`, never 10^5 parsed messages."""
+    from exporter.kubelet.podresources_pb2 import PodResources
+
+    pods, at = [], 0
+    while at < len(answer):
+        tag, at = _varint(answer, at)
+        if tag & 7 == 0:  # an unknown varint field
+            _, at = _varint(answer, at)
+            continue
+        if tag & 7 != 2:
+            raise ValueError(f"wire type {tag & 7} at byte {at}")
+        size, at = _varint(answer, at)
+        if tag >> 3 == 1:  # pod_resources
+            if len(pods) == limit:
+                return pods, True
+            pods.append(PodResources.FromString(answer[at:at + size]))
+        at += size
+    if at > len(answer):
+        raise ValueError("a field runs past the end")
+    return pods, False
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while shift < 64:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+    raise ValueError("a varint of more than 10 bytes")
 
 
 def container_links(folder: Path) -> dict[str, PodRef]:
@@ -264,10 +312,9 @@ class KubeletSampler(HolderSampler):
 
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-            self._list = self._channel.unary_unary(
+            self._list = self._channel.unary_unary(  # the answer's bytes: read_pods parses what is read
                 "/v1.PodResourcesLister/List",
-                request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=podresources_pb2.ListPodResourcesResponse.FromString)
+                request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString)
             self._request = podresources_pb2.ListPodResourcesRequest()
             self._allocatable = self._channel.unary_unary(
                 "/v1.PodResourcesLister/GetAllocatableResources",
@@ -306,10 +353,11 @@ class KubeletSampler(HolderSampler):
         problems.extend(found.problems)
         return found
 
-    def list_pods(self):
+    def list_pods(self) -> tuple[list, bool]:
+        """The pods of a List answer that are read, and whether it lists more (read_pods)."""
         grpc = import_grpc()
         try:
-            return self._connect()(self._request, timeout=self.timeout).pod_resources
+            answer = self._connect()(self._request, timeout=self.timeout)
         except grpc.RpcError as exc:
             self._disconnect()
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
@@ -318,6 +366,12 @@ class KubeletSampler(HolderSampler):
                 raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
+        from google.protobuf.message import DecodeError
+
+        try:
+            return read_pods(answer)
+        except (DecodeError, ValueError, IndexError) as exc:
+            raise KubeletError(f"PodResources List on {self.socket_path}: not a List answer ({exc})", "garbled") from None
 
     def allocatable_devices(self):
         """Every device the kubelet can hand out (GetAllocatableResources, GA since Kubernetes 1.28),
@@ -356,7 +410,7 @@ class KubeletSampler(HolderSampler):
     def tick(self) -> None:
         started = time.perf_counter()
         try:
-            pod_resources = self.list_pods()
+            pod_resources, more = self.list_pods()
         except KubeletError as exc:
             self._log.problem("kubelet", str(exc), kind=exc.kind)  # details vary from call to call
             # Gone, not frozen: pods that may have left are never shown as still there.
@@ -376,6 +430,8 @@ class KubeletSampler(HolderSampler):
         devices = DeviceMap(gpus, self.nvml.telemetry)
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
+        if more:
+            problems.append(f"the kubelet lists more than {len(pod_resources)} pods: only those are read")
         offered = offered_replicas(self.allocatable_devices())
         found = self._claims(pod_resources, problems)
         held = merge(device_plugin_holdings(claims, devices, offered), found)

@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from exporter.nvml import NvmlError
+from exporter.nvml import NvmlError, PartialAnswer
 from exporter.sampler import SamplerDefaults
 from exporter.samplers.xid import XidWatcher
 from exporter.snapshot import (
@@ -317,11 +317,12 @@ class NvmlSampler(SamplerDefaults):
         return True
 
     def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
-        """A dict-valued read (several NVML calls): its errors are kept until its next read."""
+        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its values, and its errors
+        kept until its next read."""
         answer, error = self._call(gpu, fn)
-        answer = dict(answer or {})  # a replayed answer is shared between loops: never edit it
-        slow.errors[name] = ([error] if error else []) + answer.pop("_errors", [])
-        return answer
+        answer = answer or PartialAnswer()
+        slow.errors[name] = ([error] if error else []) + list(answer.errors)
+        return answer.values
 
     def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
         slow = self._slow.setdefault(gpu.uuid, _SlowReads())

@@ -134,7 +134,7 @@ def _ledger(cells: dict) -> str:
 
 def _workload(record: dict) -> str:
     """A workload record of the exporter, whatever its exact fields: the holder, then its figures, each with
-    its basis where the record names one (`time_share_basis` nvml|ctxsw, `sm_active_basis` exact|ctxsw|time_share)."""
+    its basis where the record names one (`time_share_basis` nvml|ctxsw|cupti, `sm_active_basis` exact|ctxsw|time_share|cupti)."""
     holder = (record.get("pod") or record.get("hpc_job") or (record.get("claim") and f"claim {record['claim']}")
               or (record.get("user") and f"user {record['user']}") or record.get("namespace") or record.get("holder")
               or "?")

@@ -1,0 +1,201 @@
+"""A hostile Kubernetes API server and a hostile kubelet against the real exporter (issue 39, attacks 4-7),
+measured from outside on 127.0.0.1.
+
+    python3 bench/kube_attacks.py --out bench/results/kube_attacks_after.json
+    python3 bench/kube_attacks.py --code /tmp/before --out bench/results/kube_attacks_before.json
+
+Each case: a kubelet (tests/kubelet_server.py, real gRPC on a unix socket) lists a time-sliced GPU's
+pods, a small API server (tests/kubernetes_api_server.py) answers well until the exporter has read it
+once, then as the case says (and a third shared claim makes the exporter ask), and the exporter
+(`python -m exporter` from --code, default intervals: 1 s, kubelet 5 s) runs for --seconds. A
+separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
+the run the pod `leaver` leaves the kubelet's list. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
+attack, its peak VmHWM), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
+kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
+intervals of grace), the log's lines about the API server and its tracebacks. Reports, never asserts
+on time (tests/test_dra.py asserts what holds on any machine).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.http_attacks import Every, Scraper  # noqa: E402
+from tests.helpers import Exporter, http_get, parse_metrics, wait_for  # noqa: E402
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, kubernetes_node, pod  # noqa: E402
+from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,  # noqa: E402
+                                         resource_slice)
+
+KUBELET_INTERVAL = 5.0
+
+
+def shared_claims(n: int) -> list:
+    return [claim_pod("team", f"p{i}", {"c": [(f"c{i}", [("gpu-0", f"s{i}")])]}) for i in range(n)]
+
+
+def set_api(api: FakeApiServer, case: str) -> None:
+    """An API server knowing the two shared claims, answering as the case says."""
+    api.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4", memory="80Gi")])]
+    api.claims = {("team", f"c{i}"): claim("team", f"c{i}", [("node-a", "gpu-0", f"s{i}", {"shares": "1"})])
+                  for i in range(3)}
+    if case == "nested_json":
+        api.body = nested(100_000)
+    elif case == "huge_quantity":  # valid quantities: an exbibyte and two exa
+        api.claims[("team", "c2")] = claim("team", "c2", [("node-a", "gpu-0", "s2", {"shares": "1Ei", "memory": "2E"})])
+    elif case.startswith("drip_"):
+        api.drip = (case.removeprefix("drip_"), 0.5)
+    elif case == "empty_objects":
+        api.body = empty_objects(8 * 1024 * 1024 - 64)
+
+
+CASES = {  # name -> (kubelet pods, API server on)
+    "baseline": ("api", True),
+    "nested_json": ("api", True),
+    "huge_quantity": ("api", True),
+    "drip_body": ("api", True),
+    "drip_chunks": ("api", True),
+    "drip_headers": ("api", True),
+    "empty_objects": ("api", True),
+    "claims_100k": (100_000, False),
+    "claims_10k": (10_000, False),
+    "device_plugin_10k": ("dp10k", False),
+}
+
+
+def kubelet_pods(kind) -> list:
+    leaver = pod("team", "leaver", {"c": [(GPU, [f"{UUID}::7"])]})
+    if kind == "api":
+        return [leaver, *shared_claims(2)]
+    if kind == "dp10k":
+        return [leaver, *(pod("team", f"d{i}", {"c": [(GPU, [f"{UUID}::{i + 10}"])]}) for i in range(10_000))]
+    return [leaver, *shared_claims(kind)]
+
+
+DURATION = re.compile(rb'gpu_exporter_collector_duration_seconds\{collector="(kubelet|kubernetes_api)"\} (\S+)')
+
+
+class Presence(Scraper):
+    """The scraper (a fresh connection each time), also counting the scrapes that show `leaver` after
+    `since` (time.monotonic(), one clock for every process), and keeping the longest tick the kubelet
+    and API reader reported."""
+
+    def __init__(self, port: int, since: float):
+        super().__init__(port, every=0.1, timeout=30)
+        self.since, self.stale, self.longest = since, 0, {}
+
+    def step(self):
+        started = time.perf_counter()
+        try:
+            status, body = http_get(f"http://127.0.0.1:{self.port}/metrics", self.timeout)
+        except OSError as exc:
+            status, body = repr(exc)[:120], b""
+        self.latencies.append(time.perf_counter() - started)
+        if status != 200:
+            self.failures.append(f"status {status}")
+        if time.monotonic() > self.since:
+            self.stale += b'pod="leaver"' in body
+        for name, value in DURATION.findall(body):
+            self.longest[name.decode()] = max(self.longest.get(name.decode(), 0.0), float(value))
+
+
+class ApiGets(Every):
+    def __init__(self, url: str):
+        super().__init__(1.0)
+        self.url, self.latencies = url, []
+
+    def step(self):
+        started = time.perf_counter()
+        http_get(self.url + "/api/v1/gpus", 60)
+        self.latencies.append(time.perf_counter() - started)
+
+
+def measure(port: int, seconds: float, since: float, results) -> None:
+    """The scraper and the /api/v1/gpus client for `seconds`, in a process of their own: in the bench's,
+    the test kubelet serialising 10^5 pods would hold their GIL and count its own time as the exporter's."""
+    scraper, gets = Presence(port, since), ApiGets(f"http://127.0.0.1:{port}")
+    with scraper, gets:
+        time.sleep(seconds)
+    results.put({**scraper.figures(), "api_gpus_max_ms": round(max(gets.latencies, default=float("nan")) * 1000, 1),
+                 "longest_tick_s": {k: round(v, 2) for k, v in scraper.longest.items()},
+                 "leaver_scrapes_after_it_left": scraper.stale})
+
+
+def status_kb(pid: int, key: str) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in text.splitlines() if line.startswith(key + ":")).split()[1])
+
+
+def run_case(case: str, code: Path, seconds: float) -> dict:
+    kind, with_api = CASES[case]
+    with tempfile.TemporaryDirectory() as tmp:
+        server, args = kubernetes_node(Path(tmp))
+        args = [a for a in args]
+        for flag, value in (("--interval", "1"), ("--kubelet-interval", str(KUBELET_INTERVAL))):
+            args[args.index(flag) + 1] = value
+        api = FakeApiServer().start()
+        set_api(api, "baseline")
+        server.service.pods = kubelet_pods(kind)
+        server.start()
+        exporter = Exporter(*args, "--kubernetes-api", api.url if with_api else "off", env={"NODE_NAME": "node-a"})
+        exporter.cwd = code
+        exporter.env["PYTHONPATH"] = str(code)
+        try:
+            with exporter:
+                if with_api:  # read well once; then the attack, and a new claim that makes the API asked
+                    wait_for(lambda: b'collector="kubernetes_api"} 1' in http_get(exporter.url + "/metrics")[1],
+                             30, 0.2, "a good API server read")
+                    wait_for(lambda: b'pod="leaver"' in http_get(exporter.url + "/metrics")[1], 30, 0.2, "leaver")
+                start = status_kb(exporter.proc.pid, "VmRSS")
+                asked_before = len(api.requests)
+                set_api(api, case)
+                if with_api:
+                    server.service.pods = [*server.service.pods, *shared_claims(3)[2:]]
+                spawn = multiprocessing.get_context("spawn")  # no fork of the gRPC server's threads
+                results = spawn.Queue()
+                since = time.monotonic() + seconds / 3 + 2 * KUBELET_INTERVAL
+                child = spawn.Process(target=measure, args=(exporter.port, seconds, since, results))
+                child.start()
+                time.sleep(seconds / 3)
+                server.service.pods = [p for p in server.service.pods if p.name != "leaver"]
+                figures = results.get(timeout=seconds + 120)
+                child.join(30)
+                samples = parse_metrics(exporter.metrics())
+                success = {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}
+                log = exporter.log()
+                peak = status_kb(exporter.proc.pid, "VmHWM")
+        finally:
+            api.stop()
+            server.stop()
+    return {"case": case, "seconds": seconds, "rss_before_mb": round(start / 1024, 1),
+            "rss_peak_mb": round(peak / 1024, 1), **figures, "api_requests": len(api.requests) - asked_before,
+            "kubernetes_api_success": success.get("kubernetes_api"), "kubelet_success": success.get("kubelet"),
+            "api_log_lines": log.count("kubernetes api"), "tracebacks": log.count("Traceback")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--code", type=Path, default=ROOT, help="the source tree to run (default: this one)")
+    parser.add_argument("--seconds", type=float, default=36.0)
+    parser.add_argument("--only", nargs="*", choices=sorted(CASES))
+    args = parser.parse_args()
+    results = []
+    for case in args.only or CASES:
+        result = run_case(case, args.code.resolve(), args.seconds)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.out:
+        args.out.write_text(json.dumps({"code": str(args.code), "results": results}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

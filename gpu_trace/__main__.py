@@ -1,0 +1,48 @@
+"""gpu-spatial trace [--socket PATH] -- COMMAND ...: run COMMAND with per-client tracing on.
+
+Sets GPU_SPATIAL_TRACE=1 and puts gpu_trace/autostart first on PYTHONPATH, then replaces itself with
+COMMAND: every Python process it starts (and their children) connects to the exporter's socket and
+traces its own kernels when the exporter asks (docs/mps-clients.md). A program that is not Python is
+not traced (not yet supported: CUPTI's CUDA_INJECTION64_PATH route needs a native library).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from gpu_trace import protocol
+
+AUTOSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart")
+
+
+def environment(env: dict, socket_path: str | None) -> dict:
+    out = dict(env)
+    out[protocol.ENABLE_ENV] = "1"
+    out["PYTHONPATH"] = os.pathsep.join([AUTOSTART, os.path.dirname(os.path.dirname(AUTOSTART))]
+                                        + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    if socket_path:
+        out[protocol.SOCKET_ENV] = socket_path
+    return out
+
+
+def main(argv=None, prog: str = "gpu-spatial trace") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--socket", default=None, help=f"the exporter's socket (default ${protocol.SOCKET_ENV} "
+                        f"or {protocol.DEFAULT_SOCKET})")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print(f"{prog}: give the command to run after --", file=sys.stderr)
+        return 2
+    try:
+        os.execvpe(command[0], command, environment(dict(os.environ), args.socket))
+    except OSError as exc:
+        print(f"{prog}: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""The exporter's cupti source (exporter/samplers/cupti.py): what it accepts from a traced MPS client, the
+channel over a real Unix socket with the real client (gpu_trace.client) replaying recorded CUPTI records,
+and attacks from other processes (another pid, oversized, garbage, dripping, 1,000 connections)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from exporter import vocabulary as V
+from exporter.samplers import cupti as source_module
+from exporter.samplers.cupti import BadReport, ClientReport, CuptiSource, DeviceReport, gpu_windows, parse_report
+from gpu_trace.client import Client
+from gpu_trace.tracer import Tracer
+from tests.test_gpu_trace import FIXTURE, UUID, ReplayCupti, window
+
+ROOT = Path(__file__).resolve().parent.parent
+OTHER_GPU = "GPU-00000000-0000-0000-0000-000000000001"
+GPUS = frozenset({UUID, OTHER_GPU})
+NVML = SimpleNamespace(gpus=[SimpleNamespace(uuid=UUID, index=0), SimpleNamespace(uuid=OTHER_GPU, index=1)])
+
+
+def report(**overrides) -> bytes:
+    body = {"window": 3, "pid": 100, "start": 1000.5, "end": 1010.5,
+            "devices": [{"uuid": UUID, "kernels": 5, "kernel_busy_s": 4.0, "sm_seconds": 2.0, "copy_busy_s": 0.5}]}
+    body.update(overrides)
+    return json.dumps(body).encode()
+
+
+def parse(line: bytes, pid: int = 100) -> ClientReport:
+    return parse_report(line, pid, 3, asked_at=1000.0, asked_s=10.0, now=1011.0, gpus=GPUS)
+
+
+# -- what is accepted ----------------------------------------------------------------------------------
+def test_a_good_report_becomes_the_clients_unscaled_shares_of_its_window():
+    got = parse(report())
+    assert got == ClientReport(100, 1000.5, 1010.5, {UUID: DeviceReport(4.0, 2.0, 0.5, 5)})
+    [(uuid, win)] = gpu_windows([got]).items()
+    assert uuid == UUID and win.basis == V.CUPTI and (win.window_start, win.window_end) == (1000.5, 1010.5)
+    assert win.listed == frozenset({100}) and win.shares[100].time == 0.4 and win.shares[100].sm == 0.2
+
+
+def test_a_report_claiming_someone_elses_pid_is_refused():
+    with pytest.raises(BadReport, match="speaks for pid 1, but the socket's peer is pid 100"):
+        parse(report(pid=1))
+
+
+@pytest.mark.parametrize("overrides, why", [
+    ({"window": 2}, "not the window asked"),
+    ({"start": 997.9}, "start 997.9 outside"),  # more than START_SLACK_S before it was asked
+    ({"end": 1012.1}, "end 1012.1 outside"),  # after now + 1 s
+    ({"end": 1000.5}, "an empty window"),
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 10.02, "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernel_busy_s 10.02 outside"),  # busier than the window is long
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 1.0, "sm_seconds": 1.01, "copy_busy_s": 0}]},
+     "sm_seconds 1.01 outside"),  # more SM-seconds than busy seconds: more than the whole GPU
+    ({"devices": [{"uuid": UUID, "kernels": True, "kernel_busy_s": 1.0, "sm_seconds": 1, "copy_busy_s": 0}]},
+     "kernels is not a number"),
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": float("nan"), "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernel_busy_s is not a number"),
+    ({"devices": [{"uuid": "GPU-ffffffff-0000-0000-0000-000000000000", "kernels": 0, "kernel_busy_s": 0,
+                   "sm_seconds": 0, "copy_busy_s": 0}]}, "not a GPU of this host"),
+    ({"devices": [{"uuid": "../../etc", "kernels": 0}]}, "without a GPU UUID"),
+    ({"devices": [{}] * 17}, "at most 16"),
+])
+def test_a_report_out_of_bounds_is_refused(overrides, why):
+    with pytest.raises(BadReport, match=why.replace("(", r"\(").replace(".", r"\.")):
+        parse(report(**overrides))
+
+
+def test_the_bounds_themselves_are_accepted():
+    # start 2 s before the ask; end at start + the window + 2 s; busy, SM and copies the whole window
+    edge = report(start=998.0, end=1010.0, devices=[{"uuid": UUID, "kernels": 0, "kernel_busy_s": 12.0,
+                                                      "sm_seconds": 12.0, "copy_busy_s": 12.0}])
+    assert parse(edge).devices[UUID].sm_seconds == 12.0
+    late = report(start=1002.0, end=1011.0)  # the end bound is now + 1 s here, not start + 12 s
+    assert parse(late).end == 1011.0
+
+
+def test_garbage_and_deep_nesting_are_refused_not_raised():
+    for line in (b"\xff\xfe", b"[" * 20000, b"42", b'{"pid": 100, "window": 3, "devices": "x", "start": 1000.5, '
+                 b'"end": 1001}'):
+        with pytest.raises(BadReport):
+            parse(line)
+
+
+def test_a_client_that_cannot_trace_says_why_and_shares_nothing():
+    got = parse(json.dumps({"window": 3, "pid": 100, "error": "no CUDA in this process yet"}).encode())
+    assert got.error == "no CUDA in this process yet" and gpu_windows([got]) == {}
+
+
+def test_two_clients_on_one_gpu_and_one_on_two():
+    a = ClientReport(1, 0.0, 10.0, {UUID: DeviceReport(10.0, 5.0, 0, 9)})
+    b = ClientReport(2, 0.1, 10.1, {UUID: DeviceReport(5.0, 4.0, 0, 9), OTHER_GPU: DeviceReport(0, 0, 0, 0)})
+    windows = gpu_windows([a, b])
+    assert windows[UUID].shares[1].time == 1.0 and windows[UUID].shares[1].sm == 0.5
+    assert windows[UUID].shares[2].time == 0.5 and windows[UUID].shares[2].sm == 0.4
+    assert (windows[UUID].window_start, windows[UUID].window_end) == (0.0, 10.1)
+    assert windows[OTHER_GPU].listed == frozenset({2}) and windows[OTHER_GPU].shares[2].time == 0.0
+
+
+# -- the channel, over a real socket --------------------------------------------------------------------
+@pytest.fixture
+def source(tmp_path, monkeypatch):
+    monkeypatch.setattr(source_module, "REPLY_GRACE_S", 3.0)
+    path = str(tmp_path / "run" / "cupti.sock")
+    s = CuptiSource(NVML, path, window_s=0.0, period_s=60.0, max_clients=8)
+    s.open()
+    yield s
+    s.close()
+
+
+def connected(source, n: int = 1, timeout: float = 10.0):
+    """Waits (by polling the listener, not by the clock of the code under test) for n connections."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while len(source._clients) < n and time.monotonic() < deadline:
+        source._accept()
+        time.sleep(0.01)
+    assert len(source._clients) >= n
+
+
+def test_no_client_is_standby_and_the_socket_is_open_to_every_local_user(source):
+    source.tick()
+    assert source.health.success and source.state(UUID, 0).state == V.STANDBY
+    assert "no tracing client" in source.state(UUID, 0).reason and source.fresh(UUID, 0) is None
+    assert os.stat(source.path).st_mode & 0o777 == 0o666
+
+
+def test_the_real_client_replaying_recorded_cupti_records_gives_its_window(source):
+    """gpu_trace's client thread with the tracer on recorded H200 records, against the source: the pid
+    the source keeps is the socket peer's (this process), the shares are the recorded window's."""
+    w = window("spin66")
+    source.window_s = 2.0  # the recorded window's length: the client waits it out, as a real one does
+    tracer = Tracer(ReplayCupti(w), settle_s=0)
+    client = Client(source.path, tracer_factory=lambda: tracer, cuda_check=lambda: True)
+    client.start()
+    try:
+        connected(source)
+        source.tick()
+    finally:
+        client.stop.set()
+    win = source.fresh(UUID, now=win_end(source))
+    assert win is not None and set(win.shares) == {os.getpid()}
+    share = win.shares[os.getpid()]
+    lo, hi = w["stamps"]
+    expected = Tracer(ReplayCupti(w), settle_s=0).trace(0)["devices"][0]
+    length = client_window_length(source)
+    assert share.time == round(expected["kernel_busy_s"] / length, 6)
+    assert share.sm == round(expected["sm_seconds"] / length, 6) and share.sm == pytest.approx(share.time / 2, abs=2e-6)
+    state = source.state(UUID, win.window_end)
+    assert state.state == V.ACTIVE and state.reason.startswith("1 client(s) traced")
+    assert source.state(OTHER_GPU, win.window_end).state == V.STANDBY
+
+
+def win_end(source):
+    return source.readings[UUID].window_end
+
+
+def client_window_length(source):
+    win = source.readings[UUID]
+    return win.window_end - win.window_start
+
+
+def attacker(path: str, script: str, *args) -> subprocess.Popen:
+    """Another process on the host talking to the socket (its pid is not ours)."""
+    return subprocess.Popen([sys.executable, "-c", script, path, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+ANSWER_AS = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True)
+command = json.loads(s.makefile().readline())
+body = sys.argv[2].replace("WINDOW", str(command["window"]))
+s.sendall(body.encode()); s.recv(1)
+"""
+
+
+def run_attack(source, script_body: str, caplog) -> list[str]:
+    proc = attacker(source.path, ANSWER_AS, script_body)
+    try:
+        assert proc.stdout.readline() == "connected\n"
+        connected(source)
+        with caplog.at_level(logging.WARNING, logger=source_module.__name__):
+            source.tick()
+    finally:
+        proc.kill()
+        proc.wait()
+    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+
+
+def test_another_process_claiming_our_pid_is_refused_with_one_line(source, caplog):
+    body = json.dumps({"window": 0, "pid": os.getpid(), "start": 0, "end": 1, "devices": []})
+    lines = run_attack(source, body.replace('"window": 0', '"window": WINDOW') + "\n", caplog)
+    assert len(lines) == 1 and f"speaks for pid {os.getpid()}, but the socket's peer is pid" in lines[0]
+    assert source.readings == {} and source._clients == {} and source.refused == {"bad report": 1}
+
+
+def test_an_oversized_report_is_cut_off_at_the_cap(source, caplog):
+    lines = run_attack(source, "x" * 20000, caplog)
+    assert lines == [f"cupti refused (oversized): pid {lines[0].split('pid ')[1].split(':')[0]}: a report over "
+                     "16384 bytes: disconnected"]
+    assert source._clients == {}
+
+
+def test_garbage_is_one_line_and_the_connection_goes(source, caplog):
+    lines = run_attack(source, "\x7f\x01 not json\n", caplog)
+    assert len(lines) == 1 and "not JSON" in lines[0] and source._clients == {}
+
+
+def test_a_silent_or_dripping_client_is_disconnected_at_the_windows_deadline(source, caplog):
+    drip = r"""
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True)
+s.makefile().readline()
+for _ in range(1000):
+    s.send(b"{"); time.sleep(0.05)
+"""
+    proc = attacker(source.path, drip)
+    try:
+        assert proc.stdout.readline() == "connected\n"
+        connected(source)
+        with caplog.at_level(logging.WARNING, logger=source_module.__name__):
+            source.tick()  # returns at the window's deadline (0 s + the grace), not when the drip ends
+    finally:
+        proc.kill()
+        proc.wait()
+    lines = [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+    assert len(lines) == 1 and "did not answer within the window" in lines[0] and source._clients == {}
+
+
+def test_a_thousand_connections_keep_at_most_the_cap_and_log_once(source, caplog):
+    flood = r"""
+import socket, sys
+held = []
+for _ in range(1000):
+    s = socket.socket(socket.AF_UNIX); s.setblocking(False)
+    try:
+        s.connect(sys.argv[1]); held.append(s)
+    except OSError:
+        s.close()  # the listener's backlog is full: the kernel refuses
+print(len(held), flush=True); sys.stdin.read()
+"""
+    proc = subprocess.Popen([sys.executable, "-c", flood, source.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        held = int(proc.stdout.readline())
+        with caplog.at_level(logging.WARNING, logger=source_module.__name__):
+            source._accept()
+        assert 8 < held <= 1000
+        assert len(source._clients) == 8 and source.refused["connections"] == held - 8
+        lines = [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+        assert lines == ["cupti refused (connections): more than --cupti-max-clients 8 connections: the rest are closed"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_something_else_at_the_socket_path_is_an_error_not_removed(tmp_path):
+    path = tmp_path / "cupti.sock"
+    path.write_text("keep me")
+    s = CuptiSource(NVML, str(path), window_s=0.0)
+    s.states = {UUID: None}
+    s.tick()
+    assert not s.health.success and "exists and is not a socket" in s.health.error and path.read_text() == "keep me"
+    assert s.state(UUID, 0).state == V.ERROR
+    s.close()
+
+
+def test_flags_refuse_a_window_over_half_the_period(capsys):
+    from argparse import ArgumentParser
+
+    parser = ArgumentParser()
+    source_module.add_arguments(parser)
+    args = parser.parse_args(["--workload-cupti", "--cupti-window", "31", "--cupti-period", "60"])
+    assert "at most half of --cupti-period" in source_module.check_arguments(args)
+    args = parser.parse_args(["--workload-cupti", "--cupti-window", "30", "--cupti-period", "60"])
+    assert source_module.check_arguments(args) is None
+    assert isinstance(source_module.build(args, NVML), CuptiSource)
+    assert source_module.build(parser.parse_args([]), NVML) is None
+
+
+# -- the join: per-client shares of an MPS GPU, exact figures ---------------------------------------------
+from exporter.holders import Held, Holdings  # noqa: E402
+from exporter.sampler import ProcessShare, ProcessWindow  # noqa: E402
+from exporter.snapshot import SpatialReading  # noqa: E402
+from exporter.workloads import (CUPTI, EXACT, MPS_REASON, SmHistory, WorkloadAccountant, cupti_gpu,  # noqa: E402
+                                gpu_shares)
+from tests.test_workloads import GPU0, IDLE, NOTEBOOK, TRAINER, view  # noqa: E402
+
+MPS = dict(processes={99: 1.0}, compute={99: "mps_server", 501: "mps", 502: "mps", 503: "mps"}, mode="mps")
+MPS_OWNERS = {501: TRAINER, 502: TRAINER, 503: NOTEBOOK}
+HOLDERS = {TRAINER: 0.5, NOTEBOOK: 0.25, IDLE: 0.25}
+
+
+def clients(shares: dict, start=990.0, end=1000.0) -> ProcessWindow:
+    return ProcessWindow(V.CUPTI, start, end, frozenset(shares),
+                         {pid: ProcessShare(time=t, sm=sm) for pid, (t, sm) in shares.items()})
+
+
+def test_clients_whose_estimates_exceed_the_gpus_sm_active_are_scaled_to_it():
+    # estimates 0.5 + 0.3 + 0.4 = 1.2 against a measured 0.6 over the same window: each halved
+    win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)})
+    scaling = cupti_gpu(win, {501, 502, 503}, 0.6)
+    assert (scaling.estimated, scaling.scale, scaling.unattributed, scaling.traced, scaling.untraced) == \
+        (1.2, 0.5, 0.0, 3, 0)
+    shares = gpu_shares(view(**MPS, sm_active=0.6), HOLDERS, MPS_OWNERS, None, None, win, scaling)
+    trainer, notebook = shares[TRAINER], shares[NOTEBOOK]
+    assert (trainer.time_share, trainer.time_share_basis, trainer.window) == (1.0, CUPTI, (990.0, 1000.0))
+    assert (trainer.sm_estimate, trainer.sm_active, trainer.sm_active_basis) == (0.8, 0.4, CUPTI)
+    assert (notebook.time_share, notebook.sm_estimate, notebook.sm_active) == (0.8, 0.4, 0.2)
+    assert trainer.sm_active + notebook.sm_active == pytest.approx(0.6)  # never past the GPU's
+    assert (shares[IDLE].sm_active, shares[IDLE].sm_active_basis) == (0.0, EXACT)
+
+
+def test_estimates_under_the_gpus_sm_active_are_not_scaled_up():
+    win = clients({501: (0.5, 0.2), 502: (0.5, 0.1), 503: (0.5, 0.1)})
+    scaling = cupti_gpu(win, {501, 502, 503}, 0.5)
+    assert (scaling.scale, scaling.unattributed) == (1.0, 0.1)
+    shares = gpu_shares(view(**MPS, sm_active=0.5), HOLDERS, MPS_OWNERS, None, None, win, scaling)
+    assert (shares[TRAINER].sm_active, shares[NOTEBOOK].sm_active) == (0.3, 0.1)
+
+
+def test_a_holder_with_an_untraced_client_keeps_the_mps_reason_and_the_gpu_says_what_is_unattributed():
+    win = clients({501: (0.6, 0.3), 503: (0.5, 0.25)})  # 502 (the trainer's second client) does not trace
+    scaling = cupti_gpu(win, {501, 502, 503}, 0.75)
+    assert (scaling.traced, scaling.untraced, scaling.estimated, scaling.unattributed) == (2, 1, 0.55, 0.2)
+    shares = gpu_shares(view(**MPS, sm_active=0.75), HOLDERS, MPS_OWNERS, None, None, win, scaling)
+    trainer, notebook = shares[TRAINER], shares[NOTEBOOK]
+    assert trainer.time_share is None and trainer.sm_active is None and trainer.sm_estimate is None
+    assert trainer.reason == (f"{MPS_REASON}; 1 of its clients do not trace their kernels (gpu-spatial trace: "
+                                 "docs/mps-clients.md)")
+    assert (notebook.time_share, notebook.sm_active, notebook.sm_active_basis) == (0.5, 0.25, CUPTI)
+
+
+def test_a_report_for_a_gpu_the_process_is_not_on_changes_nothing():
+    win = clients({501: (1.0, 0.5), 777: (1.0, 1.0)})  # 777: not an MPS client NVML lists on the GPU
+    assert cupti_gpu(win, {501}, 0.5) == cupti_gpu(clients({501: (1.0, 0.5)}), {501}, 0.5)
+
+
+def test_without_the_gpus_sm_active_over_the_window_no_scaled_value_is_published():
+    win = clients({501: (1.0, 0.5), 503: (0.8, 0.4)})
+    scaling = cupti_gpu(win, {501, 503}, None)
+    shares = gpu_shares(view(**MPS, sm_active=0.6), HOLDERS, MPS_OWNERS, None, None, win, scaling)
+    assert shares[NOTEBOOK].time_share == 0.8 and shares[NOTEBOOK].sm_estimate == 0.4
+    assert shares[NOTEBOOK].sm_active is None and scaling.unattributed is None
+
+
+def test_the_gpus_sm_active_is_averaged_over_the_clients_window_not_read_now():
+    history = SmHistory(keep=3)
+    for start, value in ((980, 0.9), (990, 0.2), (995, 0.6), (1000, 0.1)):  # 5 s readings; keep=3 drops 980
+        history.add("GPU-a", SpatialReading("gpm", start, start + 5, sm_active=value))
+    assert history.mean("GPU-a", 990, 1000) == pytest.approx(0.4)  # (0.2 + 0.6) / 2, not the latest 0.1
+    assert history.mean("GPU-a", 992, 1002) == pytest.approx((3 * 0.2 + 5 * 0.6 + 2 * 0.1) / 10)
+    assert history.mean("GPU-a", 970, 990) is None  # the kept readings cover none of it
+    assert history.mean("GPU-a", 985, 995) == pytest.approx(0.2)  # exactly half covered: enough
+    assert history.mean("GPU-a", 984, 995) is None  # under half
+    history.add("GPU-a", SpatialReading("gpm", 1000, 1005, sm_active=0.7))  # the same window again: kept once
+    assert history.mean("GPU-a", 1000, 1005) == pytest.approx(0.1)
+
+
+class StubSource:
+    """The cupti source as the accountant reads it (fresh windows), without a socket."""
+
+    name, basis = "cupti", V.CUPTI
+
+    def __init__(self, window):
+        self.window = window
+
+    def fresh(self, uuid, now):
+        return self.window
+
+    def state(self, uuid, now):
+        from exporter.sampler import SourceState
+
+        return SourceState(V.ACTIVE, "3 client(s) traced", self.window.window_start, self.window.window_end)
+
+
+def test_the_accountant_counts_cupti_busy_and_sm_seconds_and_reports_the_gpu():
+    win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)
+    accountant = WorkloadAccountant(sources=[StubSource(win)])
+    holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
+    accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)  # GPM's [0, 1] reading: 0.6
+    views = {w.holder: w for w in accountant.update(11.0, [view(**MPS, sm_active=0.6)], holdings)}
+    trainer = views[TRAINER]
+    assert (trainer.time_share, trainer.time_share_basis, trainer.sm_active, trainer.sm_active_basis,
+            trainer.sm_estimate) == (1.0, CUPTI, 0.4, CUPTI, 0.8)
+    assert trainer.counters["busy_basis"] == {CUPTI: 10.0} and trainer.counters["sm_active"] == {CUPTI: 4.0}
+    [(gpu, scaling)] = accountant.cupti_gpus
+    assert gpu == GPU0 and (scaling.gpu_sm_active, scaling.scale, scaling.window) == (0.6, 0.5, (0.0, 1.0))
+
+
+def test_holders_folded_beyond_the_series_limit_keep_the_cupti_basis():
+    win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)
+    accountant = WorkloadAccountant(series_limit=1, sources=[StubSource(win)])
+    holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
+    views = {w.holder.pod: w for w in accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)}
+    assert views["other"].time_share == 0.8 and views["other"].time_share_basis == CUPTI
