@@ -20,7 +20,8 @@ class WorkloadCollector:
         if self._engine.workloads is None:
             return []
         sources = self._engine.workloads.sources
-        return [*_families().values(), *(f for name, source in sources.items() for f in _state_families(name, source))]
+        return [*_families().values(), *_gpu_ledger_families(),
+                *(f for name, source in sources.items() for f in _state_families(name, source))]
 
     def collect(self):
         if self._engine.workloads is None:  # no holder kind configured (--holders none): no families
@@ -66,12 +67,7 @@ class WorkloadCollector:
 
     def _gpu_ledgers(self):
         """Per GPU, every cell of its ledger and the wall-clock seconds they sum to."""
-        cells = CounterMetricFamily("gpu_ledger_gpu_seconds", "Every GPU-second of the GPU in exactly one cell "
-                                    "(docs/ledger.md): the holders' cells summed, the unattributed ones, "
-                                    "switch_overhead, unheld, unmeasured. Sums over cell to "
-                                    "gpu_ledger_observed_seconds_total.", labels=GPU_LABELS + ["cell"])
-        observed = CounterMetricFamily("gpu_ledger_observed_seconds", "Wall-clock seconds the exporter accounted the "
-                                       "GPU for: the GPU-hours that existed.", labels=GPU_LABELS)
+        cells, observed = _gpu_ledger_families()
         for book in self._engine.workloads.gpu_ledgers:
             labels = [str(book.gpu.index), book.gpu.uuid, book.gpu.model]
             for cell, value in sorted(book.counters.items()):
@@ -139,6 +135,16 @@ def _families() -> dict:
                              "(docs/ledger.md), GPU-seconds: sm_active_work, hidden_idle, busy_unsplit, time_idle. "
                              "Physical: never add held GPU-seconds (the allocation view) to these.", ["cell"]),
     }
+
+
+def _gpu_ledger_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    """Per GPU: every cell of its ledger, and the wall-clock seconds they sum to."""
+    return (CounterMetricFamily("gpu_ledger_gpu_seconds", "Every GPU-second of the GPU in exactly one cell "
+                                "(docs/ledger.md): the holders' cells summed, the unattributed ones, switch_overhead, "
+                                "unheld, unmeasured. Sums over cell to gpu_ledger_observed_seconds_total.",
+                                labels=GPU_LABELS + ["cell"]),
+            CounterMetricFamily("gpu_ledger_observed_seconds", "Wall-clock seconds the exporter accounted the GPU for: "
+                                "the GPU-hours that existed.", labels=GPU_LABELS))
 
 
 def _state_families(name: str, source) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
