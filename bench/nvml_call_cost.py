@@ -12,6 +12,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.nvml import Nvml, NvmlError  # noqa: E402
 
 
+_SAMPLE = []
+
+
+def gpm_sample_get(nvml) -> None:
+    """nvmlGpmSampleGet into one buffer kept between calls (no metrics computed)."""
+    if not _SAMPLE:
+        _SAMPLE.append(nvml._nv.nvmlGpmSampleAlloc())
+    nvml._nv.nvmlGpmSampleGet(nvml._handle(0), _SAMPLE[0])
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=200)
@@ -21,6 +31,7 @@ def main() -> int:
     calls = {
         "utilization_samples(gpu only)": lambda: nvml.utilization_samples(0, 2.0, False),
         "utilization_samples(gpu+memory)": lambda: nvml.utilization_samples(0, 2.0, True),
+        "utilization_samples(memory only)": lambda: nvml.utilization_samples(0, 2.0, True, False),  # issue 37: with GPM
         "utilization_rates": lambda: nvml.utilization_rates(0),
         "memory": lambda: nvml.memory(0),
         "power_watts": lambda: nvml.power_watts(0),
@@ -30,6 +41,7 @@ def main() -> int:
         "process_utilization(pynvml, two calls)": lambda: nvml._nv.nvmlDeviceGetProcessUtilization(nvml._handle(0), 0),
         "compute_processes": lambda: nvml.compute_processes(0),
         "gpm_metrics": lambda: nvml.gpm_metrics(0),
+        "gpm_sample_get(alone)": lambda: gpm_sample_get(nvml),  # where GPM's time goes: the sample or the metrics
         # issue 30: per tick the first two, every 10 s health_counters, every 60 s memory_errors, once the rest;
         # nvml_throughput only on GPUs without GPM
         "memory_clock_hz": lambda: nvml.memory_clock_hz(0),
@@ -52,7 +64,7 @@ def main() -> int:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for _ in range(args.calls):
             call()
-            if name == "gpm_metrics":
+            if name.startswith("gpm_"):
                 time.sleep(0.002)
         out[name] = {"cpu_ms": round(1000 * (time.process_time() - cpu0) / args.calls, 3),
                      "wall_ms": round(1000 * (time.perf_counter() - wall0) / args.calls, 3)}

@@ -48,15 +48,17 @@ def start(kind: str, interval: float, source_dir: Path = ROOT, extra=()) -> tupl
     return proc, port
 
 
-def _scraper(port: int, seconds: float) -> tuple[list[float], int, int]:
-    """One scraper: a keep-alive connection scraping back to back (its own process: no shared GIL)."""
+def _scraper(port: int, seconds: float, gzipped: bool = False) -> tuple[list[float], int, int]:
+    """One scraper: a keep-alive connection scraping back to back (its own process: no shared GIL); gzipped:
+    asking for gzip, as Prometheus does."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     latencies, failures, size = [], 0, 0
+    headers = {"Accept-Encoding": "gzip"} if gzipped else {}
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         t0 = time.perf_counter()
         try:
-            conn.request("GET", "/metrics")
+            conn.request("GET", "/metrics", headers=headers)
             size = len(conn.getresponse().read())
         except (OSError, http.client.HTTPException):  # a timed-out scrape counts, then reconnect
             failures += 1
@@ -67,7 +69,7 @@ def _scraper(port: int, seconds: float) -> tuple[list[float], int, int]:
     return latencies, failures, size
 
 
-def scrape_latencies(port: int, clients: int, seconds: float, pid: int | None = None) -> dict:
+def scrape_latencies(port: int, clients: int, seconds: float, pid: int | None = None, gzipped: bool = False) -> dict:
     """Latencies, and the exporter's CPU time per scrape (less sensitive than latency to other load
     on the machine)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -75,14 +77,14 @@ def scrape_latencies(port: int, clients: int, seconds: float, pid: int | None = 
     with ProcessPoolExecutor(max_workers=clients) as pool:
         list(pool.map(abs, range(clients)))  # the workers started before the clock and CPU count do
         cpu0 = cpu_seconds(pid) if pid else 0.0
-        results = list(pool.map(_scraper, [port] * clients, [seconds] * clients))
+        results = list(pool.map(_scraper, [port] * clients, [seconds] * clients, [gzipped] * clients))
         cpu = cpu_seconds(pid) - cpu0 if pid else None
     latencies = [x for r in results for x in r[0]]
     failures = sum(r[1] for r in results)
     if len(latencies) < 2:
         return {"clients": clients, "scrapes": len(latencies), "failed_scrapes": failures}
     q = statistics.quantiles(latencies, n=100)
-    return {"clients": clients, "scrapes": len(latencies), "failed_scrapes": failures,
+    return {"clients": clients, "gzip": gzipped, "scrapes": len(latencies), "failed_scrapes": failures,
             "p50_ms": round(q[49] * 1e3, 3), "p99_ms": round(q[98] * 1e3, 3),
             "scrapes_per_s": round(len(latencies) / seconds, 1), "body_bytes": max(r[2] for r in results),
             **({"server_cpu_us_per_scrape": round(1e6 * cpu / len(latencies), 1)} if cpu is not None else {})}

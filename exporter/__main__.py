@@ -38,6 +38,7 @@ def build_engine(args):
     spatial, disabled, upload = build_spatial_sources(args, nvml, gpm)
     if gpm is None and "gpm" in args.spatial_sources:
         disabled["gpm"] = "NVML switched off (--no-nvml)"
+    nvml.spatial = {**spatial, **({"gpm": gpm} if gpm is not None else {})}  # GPM's busy time saves NVML's samples
     samplers = [s for s in (gpm, *spatial.values()) if s is not None]
     if not args.no_mps:
         samplers.append(MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from exporter.nvml import CLOCK_EVENT_REASONS
+from exporter.samplers.gpm import engine_busy
 from exporter.samplers.nvml import window_mean
 from nsys_ingest.verdicts import Evidence, judge, sharing_mode
 from exporter.snapshot import (
@@ -70,13 +71,18 @@ def build_view(
     spatial = active.reading if active else None
     live = telemetry is not None and not telemetry.lost
 
-    # Time utilization always describes the latest tick when NVML knows the GPU.
+    # Time utilization always describes the latest tick when NVML knows the GPU: NVML's samples of
+    # the tick, or, where the NVML sampler left them unread, GPM's busy time over its window (the tick).
     time_window = None
     time_util = memory_util = None
     if live:
         time_window = (telemetry.taken_at - interval, telemetry.taken_at)
-        time_util = window_mean(telemetry.gpu_samples, *time_window)
         memory_util = window_mean(telemetry.memory_samples, *time_window)
+        gpm = engine_busy(results.get("gpm"))
+        if telemetry.gpu_samples or gpm is None:
+            time_util = window_mean(telemetry.gpu_samples, *time_window)
+        else:
+            time_util, time_window = gpm.time_utilization, (gpm.window_start, gpm.window_end)
 
     # Hidden idle compares time and SM activity over the spatial window, never across two windows.
     hidden = busy = None
@@ -103,12 +109,13 @@ def links(gpm: SourceResult | None, telemetry: DeviceTelemetry):
 
 
 def time_utilization_source(view: GpuView) -> str | None:
-    """Where a view's time utilization comes from: NVML while NVML knows the GPU, else the spatial
-    source's own busy time (an export's GR Active, for a GPU only an export knows)."""
+    """Where a view's time utilization comes from: NVML's samples while NVML knows the GPU, or GPM's
+    busy time where it stood in for them; else the spatial source's own busy time (an export's GR
+    Active, for a GPU only an export knows)."""
     if view.time_utilization is None:
         return None
     if view.telemetry is not None and not view.telemetry.lost:
-        return "nvml"
+        return "nvml" if view.telemetry.gpu_samples else "gpm"
     return view.spatial.source if view.spatial is not None else None
 
 

@@ -102,11 +102,12 @@ class HolderSampler(SamplerDefaults):
         raise NotImplementedError
 
 
-# Kind -> the module whose build(args, nvml) returns its sampler or None (not configured). Order: the
-# first kinds' process owners win where two kinds claim one pid.
+# Kind -> its module: add_arguments(parser), build(args, nvml, explicit) -> its sampler or None (not
+# configured), and SCHEDULER (True: a scheduler's allocations; under --holders auto the kinds that are no
+# scheduler, Unix users, hold GPUs only where no scheduler is configured). Order: the first kinds'
+# process owners win where two kinds claim one pid.
 KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",
          "users": "exporter.samplers.users"}
-SCHEDULERS = ("kubelet", "slurm")  # where one is configured, users are no holders under --holders auto
 
 
 def add_arguments(parser) -> None:
@@ -122,12 +123,13 @@ def build_holders(args, nvml) -> list:
         return []
     auto = wanted == ("auto",)
     samplers = []
-    for kind, module in KINDS.items():
+    for kind, path in KINDS.items():
+        module = importlib.import_module(path)
         if not auto and kind not in wanted:
             continue
-        if auto and kind not in SCHEDULERS and samplers:
+        if auto and not module.SCHEDULER and samplers:
             continue
-        sampler = importlib.import_module(module).build(args, nvml, explicit=not auto)
+        sampler = module.build(args, nvml, explicit=not auto)
         if sampler is not None:
             samplers.append(sampler)
     return samplers

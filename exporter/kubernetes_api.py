@@ -5,7 +5,7 @@ resource.k8s.io/v1. The kubelet sampler asks it at most once per tick, within a 
 --kubernetes-api auto: in a pod, the in-cluster service account (token and CA under
 /var/run/secrets/kubernetes.io/serviceaccount, KUBERNETES_SERVICE_HOST/PORT); off; or a URL (e.g.
 `kubectl proxy`'s http://127.0.0.1:8001). RBAC: get and list resourceclaims and resourceslices.
-Every answer is hostile until checked (exporter/bounded_http.py): a deadline over each whole request
+Every answer is hostile until checked (hostio/answers.py): a deadline over each whole request
 and a budget per tick, a size cap per answer and a cap on the values its JSON parses into, an item
 cap per list; anything that goes wrong reading or parsing it (a quantity no number holds, JSON nested
 too deep) is this reader's error: one log line per problem, success 0, a back-off.
@@ -20,7 +20,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from exporter import bounded_http
+from hostio import answers
 from exporter.samplers.dra import NVIDIA_DRIVER, ApiView
 from exporter.snapshot import CollectorHealth, LogOnce
 
@@ -130,7 +130,7 @@ class KubernetesApi:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:
-            answer = bounded_http.get(self._host, self._port, path, min(deadline, time.monotonic() + self.timeout),
+            answer = answers.get(self._host, self._port, path, min(deadline, time.monotonic() + self.timeout),
                                       MAX_ANSWER_BYTES, headers, self._ssl)
             if answer.status == 404:
                 raise ApiError(f"GET {path[:120]}: 404", "404")
@@ -138,8 +138,8 @@ class KubernetesApi:
                 hint = " (RBAC: the exporter's service account needs get and list on resourceclaims and " \
                        "resourceslices of resource.k8s.io)" if answer.status in (401, 403) else ""
                 raise ApiError(f"GET {path[:120]}: HTTP {answer.status}{hint}", str(answer.status))
-            data = bounded_http.parse_json(answer.body, MAX_ANSWER_VALUES)
-        except bounded_http.AnswerError as exc:
+            data = answers.parse_json(answer.body, MAX_ANSWER_VALUES)
+        except answers.AnswerError as exc:
             raise ApiError(f"GET {path[:120]}: {exc}", exc.kind) from None
         except OSError as exc:
             raise ApiError(f"GET {path[:120]}: {type(exc).__name__}: {str(exc)[:200]}", type(exc).__name__) from None

@@ -109,9 +109,10 @@ class NsysRunner:
         self.stopping = stopping  # set: no new step starts, and a failing step is no error
         self._running: subprocess.Popen | None = None
 
-    def run(self, cmd: list[str], timeout: float, what: str) -> None:
+    def run(self, cmd: list[str], timeout: float, what: str) -> str:
+        """The step's output (stdout and stderr together); "" when stopping."""
         if self.stopping.is_set():
-            return
+            return ""
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, errors="replace", start_new_session=True)
         self._running = proc
@@ -125,6 +126,7 @@ class NsysRunner:
         if proc.returncode != 0 and not self.stopping.is_set():
             tail = [line.strip() for line in (out or "").splitlines() if line.strip()][-1:] or ["no output"]
             raise CaptureError(f"{what} failed (exit {proc.returncode}): {tail[0][:300]}")
+        return out or ""
 
     def stop(self) -> None:
         self.stopping.set()

@@ -105,6 +105,7 @@ class Nvml:
         self._gpm_previous: dict[int, tuple[object, float]] = {}
         self._gpm_spare: dict[int, object] = {}
         self._last_sample_us: dict[tuple[int, int], int] = {}
+        self._names: dict[int, dict[int, str]] = {}  # index -> {pid: name} of its last process lists
         self._xid_lock = threading.Lock()  # held while waiting: the set is never freed under a waiter
         self._xid_set = None
         self._gpm_wanted = tuple(GPM_METRICS)  # SPATIAL_GPM_METRICS once a driver refused the others
@@ -140,6 +141,7 @@ class Nvml:
         """Drops what is kept of a device (handle, GPM sample): after a reset it is a new device."""
         with self._lock:
             self._handles.pop(index, None)
+            self._names.pop(index, None)
             mine = lambda key: key == index or (isinstance(key, tuple) and key[0] == index)  # noqa: E731
             previous = [self._gpm_previous.pop(k)[0] for k in [k for k in self._gpm_previous if mine(k)]]
             spare = [self._gpm_spare.pop(k) for k in [k for k in self._gpm_spare if mine(k)]]
@@ -238,16 +240,16 @@ class Nvml:
             raise self._error("nvmlDeviceGetProcessUtilization", nv.NVMLError(ret))
         return buffer[: count.value]
 
-    def utilization_samples(self, index: int, window_s: float, memory: bool = True) -> dict:
+    def utilization_samples(self, index: int, window_s: float, memory: bool = True, gpu: bool = True) -> dict:
         """NVML's utilization samples of the last window_s not returned before, as [age_s, percent]
-        (age from this call). memory=False leaves the memory samples for a later call: NVML keeps
-        them, and each kind costs a few milliseconds of driver time on an H100."""
+        (age from this call). memory=False (gpu=False) leaves that kind for a later call: NVML keeps
+        the samples, and each kind costs a few milliseconds of driver time on an H100."""
         h = self._handle(index)
         now_us = time.time() * 1e6
         oldest_us = int(now_us - window_s * 1e6)
         out = {"gpu": [], "memory": []}
-        kinds = (("gpu", GPU_UTILIZATION_SAMPLES), ("memory", MEMORY_UTILIZATION_SAMPLES))
-        for key, kind in kinds if memory else kinds[:1]:
+        kinds = (("gpu", GPU_UTILIZATION_SAMPLES),) * gpu + (("memory", MEMORY_UTILIZATION_SAMPLES),) * memory
+        for key, kind in kinds:
             since_us = max(oldest_us, self._last_sample_us.get((index, kind), 0))
             samples = [s for s in self._samples(h, kind, since_us) if s.timeStamp > since_us]
             if samples:
@@ -304,10 +306,9 @@ class Nvml:
         for s in samples:
             if now_us - s.timeStamp <= window_s * 1e6 and (s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp):
                 newest[s.pid] = s
-        return [
-            {"pid": int(pid), "command": self._process_name(pid), "sm": float(s.smUtil), "memory": float(s.memUtil)}
-            for pid, s in sorted(newest.items())
-        ]
+        names = self._names.get(index, {})
+        return [{"pid": int(pid), "command": names.get(pid) or self._process_name(pid), "sm": float(s.smUtil),
+                 "memory": float(s.memUtil)} for pid, s in sorted(newest.items())]
 
     def compute_processes(self, index: int) -> dict:
         """Processes with a compute context on the GPU, {"compute": [...], "mps": [...]} of
@@ -326,8 +327,10 @@ class Nvml:
                 else:
                     raise
             pids[key] = sorted({int(info.pid) for info in infos})
-        # MPS clients stand in both lists: one driver call per process for its name, not two.
+        # MPS clients stand in both lists: one driver call per process for its name, not two. Per-process
+        # utilization, read every tick, names its processes from here (a name cannot change under its pid).
         names = {pid: self._process_name(pid) for pid in {*pids["compute"], *pids["mps"]}}
+        self._names[index] = names
         return {key: [{"pid": pid, "command": names[pid]} for pid in listed] for key, listed in pids.items()}
 
     def mig_devices(self, index: int) -> dict:

@@ -30,6 +30,9 @@ class LsfJobs(HolderSampler):
         self.health = CollectorHealth(True, time.perf_counter() - started)
 
 
+SCHEDULER = True  # LSF allocates GPUs to jobs, as Slurm does
+
+
 def add_arguments(parser) -> None:
     parser.add_argument_group("lsf").add_argument("--lsf-job-file", default=None, help="lines of 'pid job'")
 

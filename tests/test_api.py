@@ -61,7 +61,7 @@ def test_every_endpoint_answers_what_the_schema_says(exporter):
     assert health["status"] == "ok" and health["gpus"] == 1 and "reason" not in health
     body = get(exporter, "/api/v1/gpus")
     gpu = body["gpus"][0]
-    assert gpu["time_utilization"] == pytest.approx(0.99) and gpu["time_utilization_source"] == "nvml"
+    assert gpu["time_utilization"] == pytest.approx(0.997904) and gpu["time_utilization_source"] == "gpm"
     assert gpu["spatial"]["source"] == "gpm" and gpu["diagnosis"]["verdict"]
     assert body["mps"]["daemons"] and body["collectors"]["nvml"]["success"] is True
     by_index = get(exporter, "/api/v1/gpus/0", "/api/v1/gpus/{gpu}")
@@ -160,9 +160,16 @@ def test_without_a_token_the_post_routes_say_how_to_enable_them():
 
 # -- issue 20, newcomer items -----------------------------------------------------------------------
 def test_item3_time_utilization_says_where_it_comes_from(exporter):
-    """Replayed without NVML, the time utilization is the export's GR Active, and says so."""
+    """GPM's busy time where GPM serves the GPU, NVML's samples where it does not; replayed without NVML,
+    the time utilization is the export's GR Active; each says so."""
     nvml = parse_metrics(exporter.metrics())["gpu_time_utilization_source_info"]
-    assert [(labels["source"], value) for labels, value in nvml] == [("nvml", 1.0)]
+    assert [(labels["source"], value) for labels, value in nvml] == [("gpm", 1.0)]
+    with Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_quarter_sms_frame.json"), "--no-mps", "--spatial-sources", "nsys",
+                  "--interval", "0.5") as running:
+        wait_for(lambda: "gpu_time_utilization_ratio{" in running.metrics(), 10, what="NVML's samples")
+        samples = parse_metrics(running.metrics())
+        assert [(l["source"], v) for l, v in samples["gpu_time_utilization_source_info"]] == [("nvml", 1.0)]
+        assert samples["gpu_time_utilization_ratio"][0][1] == pytest.approx(0.99)
     with Exporter("--no-nvml", "--no-mps", "--replay", str(QUARTER), "--interval", "0.5") as running:
         wait_for(lambda: "gpu_time_utilization_ratio{" in running.metrics(), 10, what="replayed values")
         samples = parse_metrics(running.metrics())
@@ -241,7 +248,8 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
              (snapshot.ComputeProcess, api_models.ComputeProcess), (snapshot.MigDevice, api_models.MigDevice),
              (snapshot.CollectorHealth, api_models.CollectorHealth), (mps.DaemonStats, api_models.MpsDaemon),
              (mps.MpsSnapshot, api_models.Mps), (kubelet.PodRef, api_models.PodRef),
-             (SpoolStats, api_models.SpoolStats), (verdicts.Evidence, api_models.Evidence)]
+             (SpoolStats, api_models.SpoolStats), (verdicts.Evidence, api_models.Evidence),
+             (Holder, api_models.HolderRef)]
     for record, model in pairs:
         assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
     assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
@@ -251,3 +259,8 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
                           idle_seconds=0.0, held_idle=False, counters=counters, created=0.0)
     assert set(record.to_json()) == set(api_models.Workload.model_fields)
     assert set(counters) == set(api_models.WorkloadGpuSeconds.model_fields)
+    from exporter.holders import Held, Holdings
+
+    held = Holdings(gpus={"GPU-a": {Holder(user="u"): Held(1.0)}}, owners={7: Holder(user="u")}).to_json()
+    assert set(held) == set(api_models.HolderKind.model_fields)
+    assert set(held["gpus"]["GPU-a"][0]) == set(api_models.HeldShare.model_fields)

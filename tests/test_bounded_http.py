@@ -1,12 +1,12 @@
-"""exporter/bounded_http.py against a real HTTP server on 127.0.0.1 (tests/kubernetes_api_server.py):
+"""hostio/answers.py against a real HTTP server on 127.0.0.1 (tests/kubernetes_api_server.py):
 the byte caps at their boundaries, chunked answers, answers cut short, and the JSON value bound's exact
 count. The deadline against dripping servers: tests/test_dra.py."""
 import time
 
 import pytest
 
-from exporter import bounded_http
-from exporter.bounded_http import AnswerError, parse_json, values_at_most
+from hostio import answers
+from hostio.answers import AnswerError, parse_json, values_at_most
 from tests.kubernetes_api_server import FakeApiServer
 
 
@@ -19,7 +19,7 @@ def server():
 
 def get(server, max_bytes: int, seconds: float = 30.0):
     host, port = "127.0.0.1", server.port
-    return bounded_http.get(host, port, "/x", time.monotonic() + seconds, max_bytes, {"Accept": "application/json"})
+    return answers.get(host, port, "/x", time.monotonic() + seconds, max_bytes, {"Accept": "application/json"})
 
 
 @pytest.mark.parametrize("drip", [None, ("chunks", 0.0)])  # Content-Length, then 1-byte chunks
@@ -34,7 +34,7 @@ def test_an_answer_of_exactly_the_cap_is_read_one_byte_more_is_refused(server, d
 
 def test_headers_over_their_cap_and_answers_cut_short_are_errors(server, monkeypatch):
     server.body, server.drip = b"{}", ("headers", 0.0)  # 4 KB of padding in the headers
-    monkeypatch.setattr(bounded_http, "MAX_HEAD_BYTES", 1024)
+    monkeypatch.setattr(answers, "MAX_HEAD_BYTES", 1024)
     with pytest.raises(AnswerError, match="headers over 1024 bytes"):
         get(server, 1000)
     monkeypatch.undo()

@@ -19,8 +19,20 @@ COMMANDS = {
     "gpu-spatial": [sys.executable, "-m", "gpu_spatial"],
     "nsys-ingest": [sys.executable, "-m", "nsys_ingest"],
 }
-SUBCOMMANDS = {"gpu-spatial": {"exporter", "top", "report", "nsys"},
-               "nsys-ingest": {"summary", "diagnose", "workloads", "plot", "openmetrics", "scrub"}}
+
+def _nsys_commands() -> set[str]:
+    from nsys_ingest.__main__ import build_parser
+
+    return set(re.search(r"\{([\w,-]+)\}", build_parser().format_usage()).group(1).split(","))  # {summary,plot,...}
+
+
+def _gpu_spatial_commands() -> set[str]:
+    from gpu_spatial.cli import SUBCOMMANDS as GPU_SPATIAL
+
+    return set(GPU_SPATIAL)
+
+
+SUBCOMMANDS = {"gpu-spatial": _gpu_spatial_commands(), "nsys-ingest": _nsys_commands()}
 
 
 def outside_code(text: str) -> str:

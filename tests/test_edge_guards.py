@@ -211,7 +211,7 @@ def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
 
 # -- exporter/samplers/users.py ------------------------------------------------------------------------
 def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tmp_path, monkeypatch):
-    """Mutants: the effective uid instead of the real one; the MPS server holding its GPU; a lost GPU
+    """Mutants: the effective uid instead of the real one; passwd comments and NIS lines read; the MPS server holding its GPU; a lost GPU
     keeping holders; a process without a uid holding as user "None"; no even split; names kept after the
     user database became unreadable; the interval floor of 1 s."""
     import exporter.samplers.users as users
@@ -219,6 +219,8 @@ def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tm
     from exporter.samplers.users import UsersSampler, context_pids, status_uid
 
     assert status_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n") == 1000  # real 1000, effective root (setuid)
+    # commented-out and NIS (+/-) entries with a uid of their own are no users
+    assert users.parse_passwd("#old:x:7:7::/:/bin/sh\n+nis:x:8:8::/:\n-ex:x:9:9::/:\nroot:x:0:0::/:/bin/sh\n") == {0: "root"}
     gpu, lost = GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-lost", "H100")
     kinds = {417: "time_sliced", 418: "mps", 419: "time_sliced", 420: "mps_server"}
     telemetry = {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=tuple(ComputeProcess(p, "x", k) for p, k in kinds.items())),
@@ -403,8 +405,9 @@ def test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out(ap
     ignores the field selector); capacities of 0 or that are no quantity kept."""
     server, reader, _ = api_at
     server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="0", memory="lots")])]
-    other = resource_slice("node-a", "node-a", [device("gpu-0", "GPU-not-nvidia", shares="2")], driver="x.example.com")
-    server.body = json.dumps({"kind": "ResourceSliceList", "metadata": {}, "items": [other, *server.slices]}).encode()
+    other = resource_slice("node-a", "node-a", [device("gpu-0", "GPU-not-nvidia", shares="2"),
+                                                device("gpu-9", "GPU-not-nvidia-either")], driver="x.example.com")
+    server.body = json.dumps({"kind": "ResourceSliceList", "metadata": {}, "items": [*server.slices, other]}).encode()
     view = reader.view({("node-a", "gpu-0")}, set())
     assert view.uuids == {("node-a", "gpu-0"): UUID} and view.capacity == {("node-a", "gpu-0"): {}}
     server.body = None
@@ -530,3 +533,106 @@ def test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_n
     assert (SamplerDefaults.after_nvml, SamplerDefaults.in_nvml_loop, SamplerDefaults.max_tick_seconds) == (False, False, 0.0)
     assert SourceState(STANDBY, "not yet").to_json() == {"state": STANDBY, "reason": "not yet", "window": None}
     assert SourceState(ACTIVE, "ok", 990.0, 1000.0).to_json()["window"] == [990.0, 1000.0]
+
+
+def test_a_stuck_nvml_loop_publishes_no_telemetry():
+    """Mutant: the views keep NVML's last telemetry while its loop is stuck (frozen values)."""
+    import threading
+
+    from exporter.engine import Engine
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.nvml import NvmlSampler
+    from tests.helpers import wait_for
+    from tests.test_sampler_contract import RECORDING
+
+    class Stalling(ReplayNvml):
+        def __init__(self, path):
+            super().__init__(path)
+            self.go, self.stalled = threading.Event(), threading.Event()
+            self.go.set()
+
+        def __getattr__(self, method):
+            call = super().__getattr__(method)
+            if method != "memory":
+                return call
+
+            def stalling(*args):
+                if not self.go.is_set():
+                    self.stalled.set()
+                    self.go.wait(60)
+                return call(*args)
+            return stalling
+
+    backend = Stalling(RECORDING)
+    engine = Engine(NvmlSampler(backend, interval=0.05), [], interval=0.05)
+    engine.tick_deadline = 0.3
+    engine.start()
+    try:
+        wait_for(lambda: engine.snapshot.gpus and engine.snapshot.gpus[0].telemetry is not None, 30, 0.05, "telemetry")
+        backend.go.clear()
+        assert backend.stalled.wait(30)
+        wait_for(lambda: "tick stuck" in engine.snapshot.health["nvml"].error, 30, 0.05, "NVML's loop stuck")
+        assert engine.publish().gpus[0].telemetry is None
+    finally:
+        backend.go.set()
+        engine.stop()
+
+
+# -- exporter/samplers/cupti.py ------------------------------------------------------------------------
+def test_cupti_windows_at_their_edges():
+    """Mutants: a window may start 20 s after it was asked (not 2); a client's time share above 1 kept (busy
+    may exceed the window by float rounding); a window lasting one period and a window, not two; the last
+    windows kept when no client is connected any more."""
+    from exporter.samplers.cupti import CuptiSource
+    from tests.test_cupti import NVML, UUID, parse, report
+
+    with pytest.raises(Exception, match="start 1002.1 outside"):
+        parse(report(start=1002.1, end=1011.0))
+    assert parse(report(start=1002.0, end=1011.0)).start == 1002.0
+    from exporter.samplers.cupti import ClientReport, DeviceReport, gpu_windows
+
+    over = gpu_windows([ClientReport(1, 0.0, 10.0, {UUID: DeviceReport(10.009, 10.0, 0.0, 3)})])
+    assert (over[UUID].shares[1].time, over[UUID].shares[1].sm) == (1.0, 1.0)
+    source = CuptiSource(NVML, "/nonexistent/cupti.sock", window_s=5.0, period_s=600.0)
+    assert source.max_age == 1205.0
+    source.readings[UUID] = over[UUID]
+    assert source.fresh(UUID, 10.0 + 1205.0) is over[UUID] and source.fresh(UUID, 10.0 + 1205.001) is None
+
+
+def test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends(tmp_path, monkeypatch,
+                                                                                             caplog):
+    """Mutants: tick() with no client keeps the last windows; a report whose newline comes after 16 KiB
+    (in the read that crosses the cap) parsed instead of refused."""
+    import logging
+
+    from exporter.samplers import cupti
+    from tests.test_cupti import NVML, UUID, attacker, connected
+
+    monkeypatch.setattr(cupti, "REPLY_GRACE_S", 3.0)
+    source = cupti.CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, period_s=60.0, max_clients=8)
+    source.open()
+    try:
+        source.readings[UUID] = cupti.gpu_windows([cupti.ClientReport(1, 0.0, 10.0, {UUID: cupti.DeviceReport(
+            1.0, 1.0, 0.0, 1)})])[UUID]
+        source.tick()  # nobody connected
+        assert source.readings == {} and source.fresh(UUID, 10.0) is None
+        padded = r"""
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True)
+command = json.loads(s.makefile().readline())
+now = time.time()
+body = json.dumps({"window": command["window"], "pid": os.getpid(), "start": now, "end": now + 0.001, "devices": []})
+s.sendall((body + " " * (16500 - len(body)) + "\n").encode()); s.recv(1)
+"""
+        proc = attacker(source.path, padded)
+        try:
+            assert proc.stdout.readline() == "connected\n"
+            connected(source)
+            with caplog.at_level(logging.WARNING, logger=cupti.__name__):
+                source.tick()
+        finally:
+            proc.kill()
+            proc.wait()
+        assert source.refused == {"oversized": 1} and source._clients == {}
+    finally:
+        source.close()

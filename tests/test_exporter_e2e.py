@@ -55,10 +55,11 @@ def test_metrics_match_the_golden_file(exporter):
 
 def test_quarter_of_the_sms_reads_busy_in_time_and_a_quarter_in_space(exporter):
     samples = parse_metrics(exporter.metrics())
-    assert samples["gpu_time_utilization_ratio"][0][1] == pytest.approx(0.99)
+    assert samples["gpu_time_utilization_ratio"][0][1] == pytest.approx(0.997904)  # GPM GRAPHICS_UTIL of the frame
     (labels, sm_active), = samples["gpu_sm_active_ratio"]
     assert labels["source"] == "gpm" and sm_active == pytest.approx(0.2495, abs=1e-3)
-    assert samples["gpu_hidden_idle_sm_ratio"][0][1] == pytest.approx(0.99 - sm_active, abs=1e-6)
+    busy = samples["gpu_time_utilization_ratio"][0][1]  # the same GPM window as the SM activity
+    assert samples["gpu_hidden_idle_sm_ratio"][0][1] == pytest.approx(busy - sm_active, abs=1e-6)
     states = {(l["source"], l["state"]): v for l, v in samples["gpu_spatial_source_state"]}
     assert states[("gpm", "active")] == 1 and states[("dcgm", "disabled")] == 1  # not configured
     assert states[("nsys", "disabled")] == 1
@@ -75,7 +76,7 @@ def test_no_nan_and_contract_labels(exporter):
 def test_api_serves_the_same_snapshot_with_reasons(exporter):
     body = exporter.gpus()
     gpu = body["gpus"][0]
-    assert gpu["uuid"].startswith("GPU-") and gpu["time_utilization"] == pytest.approx(0.99)
+    assert gpu["uuid"].startswith("GPU-") and gpu["time_utilization"] == pytest.approx(0.997904)
     reasons = {s["source"]: s["reason"] for s in gpu["sources"]}
     assert "--dcgm-exporter-url" in reasons["dcgm"]
     assert body["collectors"]["nvml"]["success"] is True

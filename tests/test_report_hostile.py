@@ -190,3 +190,36 @@ def test_a_get_carries_its_query_string(hostile):
 
     api = PrometheusAPI(f"{hostile}/echo", timeout=5)
     assert api.metric_names(["gpu_a", "gpu_b"], NOW - 60, NOW) == {"gpu_a", "gpu_b"}
+
+
+class Heartbeats:
+    """query_matrix answers: `series` heartbeat series, each with `times` evaluations every 60 s in the day."""
+
+    def __init__(self, series: int, times: int):
+        self.series, self.times = series, times
+
+    def query_matrix(self, expr, at):
+        return [{"metric": {"replica": f"r{i}"}, "values": [[at - 60 * k, "600"] for k in range(self.times)]}
+                for i in range(self.series)]
+
+
+def test_heartbeat_evaluators_are_named_up_to_the_cap_and_only_counted_beyond():
+    notes = []
+    assert account.heartbeat(Heartbeats(account.MAX_EVALUATORS + 4, 3), account.Plan("namespace"), NOW - 3600, NOW,
+                             notes) == ([], set())
+    assert notes[0].startswith(f"more than {account.MAX_EVALUATORS} rule evaluators write")
+    assert notes[0].count("replica=") == account.MAX_EVALUATORS and "; and more)" in notes[0]
+    notes = []
+    account.heartbeat(Heartbeats(account.MAX_EVALUATORS, 3), account.Plan("namespace"), NOW - 3600, NOW, notes)
+    assert notes[0].startswith(f"{account.MAX_EVALUATORS} rule evaluators write") and "and more" not in notes[0]
+
+
+def test_heartbeat_evaluations_are_held_up_to_the_cap(monkeypatch):
+    monkeypatch.setattr(account, "MAX_EVALUATIONS", 3)
+    found, _twice = account.heartbeat(Heartbeats(1, 3), account.Plan("namespace"), NOW - 3600, NOW, [])
+    assert [t for t, _w in found] == [NOW - 120, NOW - 60, NOW]
+    with pytest.raises(account.ReportError, match="more than 3 evaluations of gpu_workload:rollup_window_seconds"):
+        account.heartbeat(Heartbeats(1, 4), account.Plan("namespace"), NOW - 3600, NOW, [])
+    notes = []  # a second evaluator's times are not held: the counters answer
+    assert account.heartbeat(Heartbeats(2, 3), account.Plan("namespace"), NOW - 3600, NOW, notes) == ([], set())
+    assert notes[0].startswith("2 rule evaluators write")

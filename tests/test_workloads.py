@@ -255,7 +255,7 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         trainer, notebook, idle = (found[k] for k in (("team-a", "train-0", "trainer", ""),
                                                       ("team-b", "notebook", "nb", ""), ("team-c", "idle", "c", "")))
         assert (trainer["held_share"], notebook["held_share"], idle["held_share"]) == (0.5, 0.25, 0.25)
-        assert trainer["time_share"] == pytest.approx(0.396) and notebook["time_share"] == pytest.approx(0.396)
+        assert trainer["time_share"] == pytest.approx(0.399622) and notebook["time_share"] == pytest.approx(0.399622)
         sm = 0.05656524648847919
         assert trainer["sm_active"] == pytest.approx(sm * 0.4, abs=1e-6) and trainer["sm_active_basis"] == "time_share"
         assert (idle["processes"], idle["time_share"], idle["sm_active"], idle["sm_active_basis"]) == (0, 0.0, 0.0, "exact")
@@ -347,8 +347,8 @@ def test_slurm_jobs_from_the_mapping_directory_and_cgroups_over_http(tmp_path):
         found = wait_for(lambda: len(workloads(exporter)) == 2 and workloads(exporter)[("", "", "", "4242")]["processes"] == 2
                          and workloads(exporter), 15, 0.2, "two jobs")
         job, other = found[("", "", "", "4242")], found[("", "", "", "5151")]
-        assert (job["held_share"], job["pids"], job["time_share"]) == (0.5, [417, 418], pytest.approx(0.396))
-        assert (other["held_share"], other["pids"], other["time_share"]) == (0.5, [419], pytest.approx(0.396))
+        assert (job["held_share"], job["pids"], job["time_share"]) == (0.5, [417, 418], pytest.approx(0.399622))
+        assert (other["held_share"], other["pids"], other["time_share"]) == (0.5, [419], pytest.approx(0.399622))
         samples = parse_metrics(exporter.metrics())
         assert {l["hpc_job"] for l, _ in samples["gpu_workload_held_share_ratio"]} == {"4242", "5151"}
         assert samples["gpu_workload_held_share_ratio"][0][0]["namespace"] == ""
@@ -377,8 +377,9 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
         prom = Prometheus(tmp_path, {"gpu": [exporter.url.removeprefix("http://")]})
         try:
             window = 8
-            expected = {("train-0", "held"): 0.5, ("train-0", "busy"): 0.396, ("train-0", "sm_active"): 0.05656524648847919 * 0.4,
-                        ("train-0", "hidden_idle"): 0.396 - 0.05656524648847919 * 0.4,
+            busy = 0.9990552358092995 * 0.4  # GPM's GRAPHICS_UTIL of the frame x the trainer's NVML time share
+            expected = {("train-0", "held"): 0.5, ("train-0", "busy"): busy, ("train-0", "sm_active"): 0.05656524648847919 * 0.4,
+                        ("train-0", "hidden_idle"): busy - 0.05656524648847919 * 0.4,
                         ("idle", "held"): 0.25, ("idle", "held_idle"): 0.25, ("train-0", "held_idle"): 0.0}
 
             def increases():

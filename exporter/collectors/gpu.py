@@ -191,10 +191,10 @@ class GpuCollector:
         process_labels = ["pid", "command"] if mode == "pid" else [*OWNER_LABELS, "command"]
         f = {
             "time_util": _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML "
-                                "utilization.gpu)."),
+                                "utilization.gpu, or GPM GRAPHICS_UTIL over the same tick where GPM serves the GPU)."),
             "time_source": _gauge("gpu_time_utilization_source_info", "1 for where gpu_time_utilization_ratio comes "
-                                  "from: nvml, or a spatial source's own busy time (nsys GR Active: a GPU only an "
-                                  "export knows).", ["source"]),
+                                  "from: nvml (utilization samples), gpm (GRAPHICS_UTIL), or a spatial source's own "
+                                  "busy time (nsys GR Active: a GPU only an export knows).", ["source"]),
             "memory_util": _gauge("gpu_memory_time_utilization_ratio",
                                   "Share of time device memory was read or written (NVML utilization.memory)."),
         }

@@ -5,7 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
 from exporter.holders import Holder
-from exporter.vocabulary import ACTIVE, LEDGER, WORKLOAD_SOURCE_STATES
+from exporter.vocabulary import ACTIVE, CUPTI, LEDGER, WORKLOAD_SOURCE_STATES
 
 HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
@@ -21,7 +21,8 @@ class WorkloadCollector:
             return []
         sources = self._engine.workloads.sources
         return [*_families().values(), *_gpu_ledger_families(),
-                *(f for name, source in sources.items() for f in _state_families(name, source))]
+                *(f for name, source in sources.items() for f in _state_families(name, source)),
+                *(_cupti_families() if CUPTI in sources else ())]
 
     def collect(self):
         if self._engine.workloads is None:  # no holder kind configured (--holders none): no families
@@ -52,6 +53,8 @@ class WorkloadCollector:
                 c_busy.add_metric(labels + [basis], value, created=w.created)
             if w.sm_active is not None:
                 sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
+            if w.sm_estimate is not None:
+                f["sm_estimate"].add_metric(labels, w.sm_estimate)
             for basis, value in sorted(w.counters["sm_active"].items()):
                 c_sm.add_metric(labels + [basis], value, created=w.created)
             for basis, value in sorted(w.counters["hidden_idle"].items()):
@@ -64,6 +67,19 @@ class WorkloadCollector:
         yield from f.values()
         yield from self._gpu_ledgers()
         yield from self._source_states()
+        if CUPTI in self._engine.workloads.sources:
+            yield from self._cupti_gpus()
+
+    def _cupti_gpus(self):
+        """Per MPS GPU with a fresh cupti window: the SM activity no traced client accounts for, and how
+        many clients do not trace."""
+        unattributed, untraced = _cupti_families()
+        for gpu, scaling in self._engine.workloads.cupti_gpus:
+            labels = [str(gpu.index), gpu.uuid, gpu.model]
+            if scaling.unattributed is not None:
+                unattributed.add_metric(labels, scaling.unattributed)
+            untraced.add_metric(labels, scaling.untraced)
+        yield from (unattributed, untraced)
 
     def _gpu_ledgers(self):
         """Per GPU, every cell of its ledger and the wall-clock seconds they sum to."""
@@ -117,6 +133,9 @@ def _families() -> dict:
         "sm_active": _gauge("gpu_workload_sm_active_ratio", "SM activity attributed to the holder, as a share of the "
                             "whole GPU's SMs; basis exact (alone on the GPU), ctxsw (the SM activity of its own time "
                             "slices) or time_share (the GPU's split by time shares).", ["basis"]),
+        "sm_estimate": _gauge("gpu_workload_cupti_sm_estimate_ratio", "Basis cupti: the holder's MPS clients' own SM "
+                              "estimate (each kernel's grid against the SMs it can occupy, over their window), before "
+                              "the scaling that keeps all clients' sum within the GPU's measured SM active."),
         "folded": GaugeMetricFamily("gpu_workload_folded_holders", "Holders of the GPU beyond --holder-series-limit, "
                                     "published summed as the holder pod=\"other\".", labels=GPU_LABELS),
         "idle_seconds": _gauge("gpu_workload_idle_seconds", "Seconds the holder has held the GPU with no CUDA process "
@@ -145,6 +164,15 @@ def _gpu_ledger_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
                                 labels=GPU_LABELS + ["cell"]),
             CounterMetricFamily("gpu_ledger_observed_seconds", "Wall-clock seconds the exporter accounted the GPU for: "
                                 "the GPU-hours that existed.", labels=GPU_LABELS))
+
+
+def _cupti_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    """The cupti source's per-GPU families (--workload-cupti)."""
+    return (GaugeMetricFamily("gpu_workload_cupti_unattributed_sm_ratio", "On an MPS GPU: the GPU's SM active over "
+                              "the clients' last window less what the traced clients were given (the SM activity of "
+                              "clients that do not trace, and the estimates' shortfall).", labels=GPU_LABELS),
+            GaugeMetricFamily("gpu_workload_cupti_untraced_clients", "MPS clients on the GPU whose last window was "
+                              "not traced (no tracer, or no CUPTI in them).", labels=GPU_LABELS))
 
 
 def _state_families(name: str, source) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:

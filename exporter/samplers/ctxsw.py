@@ -7,10 +7,13 @@ scrape path,
         --sample=none --cpuctxsw=none -o DIR/ctxsw -f true sleep WINDOW
     nsys export --type sqlite -o DIR/ctxsw.sqlite -f true DIR/ctxsw.nsys-rep
 
-system-wide (as root), attributes the export with nsys_ingest.ctxsw.attribute (the same function as
-`gpu-spatial nsys workloads`), removes its files, and keeps per GPU: each pid's time share and SM
-active (as a share of the GPU) over the window, the window's wall time, and the pids NVML listed on
-the GPU during it. exporter/workloads.py joins them with the holders (basis "ctxsw").
+system-wide (as root): one capture for every GPU it serves. It attributes the export with
+nsys_ingest.ctxsw.attribute (the same function as `gpu-spatial nsys workloads`) in a child process
+(`python -m exporter.samplers.ctxsw EXPORT`), so that the memory the attribution needs (numpy, pandas,
+the export's rows: ~100 MB) goes back to the system when the child ends and the exporter stays at its
+own size; removes its files, and keeps per GPU: each pid's time share and SM active (as a share of the
+GPU) over the window, the window's wall time, and the pids NVML listed on the GPU during it.
+exporter/workloads.py joins them with the holders (basis "ctxsw").
 
 Where it cannot run it says why per GPU (state unsupported: no nsys, not root, MPS, MIG, DCGM
 profiling the GPU, a GPU or driver that records no switches; error: a capture that failed) and the
@@ -18,10 +21,12 @@ workload view keeps the NVML basis. A window older than `max_age` (2 periods and
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -32,11 +37,14 @@ from exporter.nsys_exports import CaptureError, NsysRunner, read_export
 from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
+from nsys_ingest.attribution import Attribution
 
 log = logging.getLogger(__name__)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
 EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 500 Hz takes about a second
 READ_BUDGET_S = 60.0
+CHILD_START_S = 30.0  # the attribution's child: Python and its imports, on a loaded node
+MAX_CHILD_OUTPUT = 4 << 20  # bytes of JSON from the child: far above a window's processes
 NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
 MPS = "MPS: all clients share one context, so the trace has no per-client slices"
 MIG = "MIG: every instance is its own GPU; the GPU has no time slices to split"
@@ -106,18 +114,17 @@ class CtxswSampler(LatestWindows):
     basis = CTXSW
     description = "GPU context-switch source of workload time shares (--workload-ctxsw)"
     not_yet = "the first window has not been captured yet"
+    child = ("-m", "exporter.samplers.ctxsw")  # the attribution's process: Python's arguments before the export
     stalled = " (captures stalled)"
 
     def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
-        from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
-
         self._nvml = nvml  # NvmlSampler: the GPUs, their process lists and modes
         self.binary = binary
         self.window_s = window_s
         self.interval = period_s
         self.frequency = frequency
-        self.estimator = estimator or DEFAULT_ESTIMATOR
+        self.estimator = estimator  # None: the attribution's default (nsys_ingest.ctxsw, which loads pandas: not here)
         self.max_age = 2 * period_s + window_s
         self._others = other_sources or {}  # name -> spatial source (dcgm: its profiling excludes ours)
         self.readings: dict[str, ProcessWindow] = {}  # GPU UUID -> the last window
@@ -127,6 +134,7 @@ class CtxswSampler(LatestWindows):
         self._stopping = threading.Event()
         self._runner = NsysRunner(self._stopping)
         self._work: Path | None = None  # the capture's directory while one runs
+        self.attribution: dict = {}  # the last attribution's child: its CPU seconds and peak resident bytes
 
     # -- one tick: one window -----------------------------------------------------------------------
     def tick(self) -> None:
@@ -210,9 +218,16 @@ class CtxswSampler(LatestWindows):
             stopped = entry.fit_unconverged
             self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry.slices} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "
-                        f"{entry.switch_gap_share:.1%}, estimator {self.estimator}"
-                        + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else ""),
+                        f"{entry.switch_gap_share:.1%}, estimator {result.estimator}"
+                        + (f" (stopped at its cap before converging: {', '.join(stopped)})" if stopped else "")
+                        + self._attribution_cost(),
                 start, end))
+
+    def _attribution_cost(self) -> str:
+        cpu, peak = self.attribution.get("cpu_s"), self.attribution.get("peak_rss_bytes")
+        if cpu is None or peak is None:
+            return ""
+        return f"; attributed in a child process: {cpu:.2f} s CPU, peak {peak / 2**20:.0f} MiB"
 
     def _refused(self, uuid: str) -> str | None:
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)
@@ -234,10 +249,6 @@ class CtxswSampler(LatestWindows):
 
     def _capture(self, binary: str, targets) -> tuple[Attribution | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
-        # pandas comes with these: loaded by the first capture, not by an exporter that never captures
-        from nsys_ingest.ctxsw import EVENTS, Attribution, NoSwitches, attribute
-        from nsys_ingest.reader import Budget, IngestError
-
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
         try:
             devices = ",".join(str(g.index) for g in targets)
@@ -254,28 +265,23 @@ class CtxswSampler(LatestWindows):
                               str(rep)], EXPORT_TIMEOUT_S, "nsys export")
             if self._stopping.is_set():
                 return None, ended
-
-            # no switch at all: every target says why (nothing to split, or a GPU that records none)
-            nothing = Attribution(file="", estimator=self.estimator, sampling_hz=None, window_s=(0.0, self.window_s),
-                                  window_utc_s=None, quantities=(), gpus=())
-
-            def work_on(export):
-                return attribute(export, estimator=self.estimator) if EVENTS in export.tables else nothing
-
+            out = self._runner.run([sys.executable, *self.child, str(work / "ctxsw.sqlite"),
+                                    *(["--estimator", self.estimator] if self.estimator else []), "--nsys", binary,
+                                    "--window", f"{self.window_s:g}", "--budget", f"{READ_BUDGET_S:g}"],
+                                   READ_BUDGET_S + CHILD_START_S, "the attribution")
+            if self._stopping.is_set():
+                return None, ended
+            answer = child_answer(out)
+            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes") if k in answer}
+            if "error" in answer:
+                raise CaptureError(f"the capture's export is unreadable: {answer['error']}")
             try:
-                result = read_export(work / "ctxsw.sqlite", work_on, binary, require_metrics=False,
-                                     budget=Budget(READ_BUDGET_S, self._stopping))
-            except IngestError as exc:
-                if self._stopping.is_set():
-                    return None, ended
-                if isinstance(exc, NoSwitches):
-                    return nothing, ended
-                raise CaptureError(f"the capture's export is unreadable: {exc}") from None
-            return result, ended
+                return Attribution.from_json(answer["result"]), ended
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CaptureError(f"the attribution answered no result: {type(exc).__name__}: {exc}"[:300]) from None
         finally:
             shutil.rmtree(work, ignore_errors=True)
             self._work = None
-            release_free_memory()
 
     def close(self) -> None:
         """Stops a capture in progress (its files go with the tick's clean-up)."""
@@ -285,13 +291,68 @@ class CtxswSampler(LatestWindows):
             shutil.rmtree(work, ignore_errors=True)
 
 
-def release_free_memory() -> bool:
-    """Hands the heap that the attribution freed back to the system (glibc keeps it otherwise: ~10 MB of the
-    ~20 MB (at times 26 of 36) a 25 s export's attribution leaves, on the development machine: bench/attribution_memory.py). False where there is no glibc malloc_trim."""
+def child_answer(out: str) -> dict:
+    """The child's last output line, its JSON answer: {"result"} or {"error"}, with its CPU and peak memory."""
+    lines = [line for line in out[-MAX_CHILD_OUTPUT:].splitlines() if line.strip()]
     try:
-        import ctypes
+        answer = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict) or not ("result" in answer or "error" in answer):
+        raise CaptureError(f"the attribution answered no result: {(lines or ['no output'])[-1][:300]}")
+    return answer
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # 1: something was released, 0: nothing was free
-    except (OSError, AttributeError):
-        return False
-    return True
+
+def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: float = 10.0,
+                     budget_s: float = READ_BUDGET_S) -> Attribution:
+    """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within budget_s: a window
+    without any context switch (nothing to split, or a GPU that records none) attributes to no GPU."""
+    from nsys_ingest.ctxsw import EVENTS, NoSwitches, attribute
+    from nsys_ingest.reader import Budget
+
+    nothing = Attribution(file="", estimator=estimator, sampling_hz=None, window_s=(0.0, window_s), window_utc_s=None,
+                          quantities=(), gpus=())
+    try:
+        return read_export(path, lambda export: attribute(export, estimator=estimator) if EVENTS in export.tables
+                           else nothing, binary, require_metrics=False, budget=Budget(budget_s))
+    except NoSwitches:
+        return nothing
+
+
+def peak_memory_bytes() -> int | None:
+    """This process's peak resident memory (VmHWM), where /proc says it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def main(argv=None) -> int:
+    """The attribution's child: python -m exporter.samplers.ctxsw EXPORT [--estimator E] [--nsys BIN]. Its
+    answer is one JSON line on stdout; its memory goes back to the system when it ends."""
+    import argparse
+
+    from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
+    from nsys_ingest.reader import IngestError
+
+    p = argparse.ArgumentParser(prog="python -m exporter.samplers.ctxsw", description=main.__doc__.split(":")[0])
+    p.add_argument("export")
+    p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
+    p.add_argument("--nsys", default="nsys")
+    p.add_argument("--window", type=float, default=10.0, help="the capture's length, seconds")
+    p.add_argument("--budget", type=float, default=READ_BUDGET_S, help="the most the read may take, seconds")
+    args = p.parse_args(argv)
+    try:
+        answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window, args.budget).to_json()}
+    except IngestError as exc:
+        answer = {"error": str(exc)}
+    answer.update(cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
+    print(json.dumps(answer))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

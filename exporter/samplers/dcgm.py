@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import time
 
-from exporter import bounded_http
+from hostio import answers
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading, as_ratio
 
@@ -138,10 +138,10 @@ class DcgmExporterSource(_DcgmSource):
         return 2 * self.timeout + 5
 
     def _fetch(self) -> str:
-        answer = bounded_http.fetch(self.url, time.monotonic() + self.timeout, MAX_BODY_BYTES,
+        answer = answers.fetch(self.url, time.monotonic() + self.timeout, MAX_BODY_BYTES,
                                     headers={"Accept": "text/plain"})
         if answer.status != 200:
-            raise bounded_http.AnswerError(f"HTTP {answer.status}", "status")
+            raise answers.AnswerError(f"HTTP {answer.status}", "status")
         if NOT_LOADED.encode() in answer.body:
             raise LookupError("DCGM's profiling module is not loaded: " + answer.body.decode(errors="replace")[:200])
         return answer.body.decode("utf-8", errors="replace")
@@ -156,7 +156,7 @@ class DcgmExporterSource(_DcgmSource):
             self.health = CollectorHealth(True, time.perf_counter() - started)
             self._log.problem("dcgm", str(exc), logging.INFO)
             return
-        except (bounded_http.AnswerError, OSError, ValueError) as exc:
+        except (answers.AnswerError, OSError, ValueError) as exc:
             reason = _reason(exc, self.url, self.timeout)
             self._unchanged_since.clear()  # values after an outage are judged afresh
             self.results = {uuid: SourceResult(ERROR, reason) for uuid in known}
@@ -169,7 +169,7 @@ class DcgmExporterSource(_DcgmSource):
 
 
 def _reason(exc: Exception, url: str, timeout: float) -> str:
-    kind = getattr(exc, "kind", None)  # bounded_http.AnswerError
+    kind = getattr(exc, "kind", None)  # answers.AnswerError
     if kind == "slow" or isinstance(exc, TimeoutError):
         return f"dcgm-exporter at {url} did not answer within {timeout} s"
     if kind == "status":

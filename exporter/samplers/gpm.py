@@ -83,12 +83,10 @@ class GpmSource(SamplerDefaults):
         self._log.clear(key)
         if metrics is None:
             return SourceResult(PENDING, "waiting for a second GPM sample")
-        end = time.time()
-        window = max(float(metrics["window_s"]), MIN_WINDOW_S)
-        reading = SpatialReading(self.name, end - window, end,
-                                 **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
+        reading = self._reading(metrics)
         if reading.sm_active is None:
             return SourceResult(ERROR, "GPM answered without SM activity")
+        window = reading.window_end - reading.window_start
         return SourceResult(OK, f"GPM sample over {window:.2f} s", reading, links=links(metrics))
 
 
@@ -106,11 +104,25 @@ class GpmSource(SamplerDefaults):
             self._log.clear(key)
             if metrics is None or metrics.get("sm_active") is None:
                 continue
-            end = time.time()
-            window = max(float(metrics["window_s"]), MIN_WINDOW_S)
-            out[(gpu.uuid, gi)] = SpatialReading(
-                self.name, end - window, end, **{name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS})
+            out[(gpu.uuid, gi)] = self._reading(metrics)
         return out
+
+    def _reading(self, metrics: dict) -> SpatialReading:
+        """GPM's metrics over the window that ends now. Its GRAPHICS_UTIL ("percentage of time any
+        compute/graphics app was active", nvml.h) is the GPU's busy time over the same window as its SM
+        activity: the time side of hidden idle, and the GPU's time utilization, in place of NVML's
+        utilization samples (which then are not read: exporter/samplers/nvml.py)."""
+        end = time.time()
+        window = max(float(metrics["window_s"]), MIN_WINDOW_S)
+        values = {name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS}
+        return SpatialReading(self.name, end - window, end, **values, time_utilization=values["graphics_engine_active"])
+
+
+def engine_busy(gpm: SourceResult | None) -> SpatialReading | None:
+    """GPM's reading of a GPU when it measured the busy time (GRAPHICS_UTIL) this tick, else None."""
+    if gpm is None or gpm.state != OK or gpm.reading is None or gpm.reading.time_utilization is None:
+        return None
+    return gpm.reading
 
 
 def links(metrics: dict) -> LinkThroughput | None:

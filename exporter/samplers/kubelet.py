@@ -454,6 +454,9 @@ class KubeletSampler(HolderSampler):
         self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
 
 
+SCHEDULER = True  # exporter/holders.py KINDS
+
+
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("kubelet")
     g.add_argument("--kubelet-socket", default=None,

@@ -25,8 +25,9 @@ from exporter.snapshot import (
 log = logging.getLogger(__name__)
 SAMPLE_HISTORY_S = 120.0  # long enough for any source's window (nsys live windows included)
 REINIT_AFTER_S = 30.0
-# Driver time per call on the device's H100: per-process utilization ~3 ms, each utilization-sample
-# kind ~2.7 ms. Memory samples and processes are read every 2 s (NVML keeps the samples meanwhile).
+# Driver time per call on the device's H100: per-process utilization ~2.3 ms, each utilization-sample
+# kind ~2.5 ms, GPM ~2 ms. Memory samples and the process lists are read every 2 s (NVML keeps the
+# samples meanwhile); GPU utilization samples only where GPM does not measure the same busy time.
 SLOW_EVERY_S = 2.0
 # NVML refreshes a running process's utilization sample every ~200 ms, every ~600 ms under contention;
 # a process that stopped launching keeps its last sample: older than this, it counts as not running.
@@ -38,7 +39,9 @@ LOST_RETRY_S = 10.0  # a lost GPU is asked who it is this often: after a reset i
 # Off the per-tick path: energy, throttle time, encoder/decoder and memory temperature (and NVML's
 # PCIe/NVLink throughput where GPM does not measure them) every HEALTH_EVERY_S; ECC counts, remapped
 # rows and PCIe replays, which change rarely, every ERRORS_EVERY_S; driver version and maximum clocks
-# once. Per tick only the memory clock and the clock event reasons (the throttle verdict's inputs).
+# once. Per tick only the memory clock and the clock event reasons (the throttle verdict's inputs):
+# NVML has no field value for the current clocks, temperature or memory info to batch them into.
+# Every cadence goes through one schedule per GPU (NvmlSampler._due).
 HEALTH_EVERY_S = 10.0
 ERRORS_EVERY_S = 60.0
 POWER_THERMAL_VIOLATIONS = ("power", "thermal")  # the throttle counters behind GpuHealth.throttle_share
@@ -49,7 +52,6 @@ class _SlowReads:
     """What one GPU's slow reads last answered, kept between reads, and their errors (so that a failing
     slow read stays one logged problem instead of coming and going between its reads)."""
 
-    read_at: dict = field(default_factory=dict)  # read name -> monotonic time of its last read
     errors: dict = field(default_factory=dict)  # read name -> its errors at its last read
     static_done: bool = False
     driver: str | None = None
@@ -82,11 +84,14 @@ class NvmlSampler(SamplerDefaults):
         self.health = CollectorHealth(False, 0.0, "not sampled yet")
         self._history: dict[str, tuple[deque, deque]] = {}
         self._lost: dict[int, float] = {}  # index -> monotonic time of the last probe
-        self._slow_read_at: dict[str, float] = {}
-        self._mig_read_at: dict[str, float] = {}
+        self._read_at: dict[tuple[str, str], float] = {}  # (GPU UUID, read) -> monotonic time of its last read
         self.slow_every_s = SLOW_EVERY_S
         self.health_every_s = HEALTH_EVERY_S
         self.errors_every_s = ERRORS_EVERY_S
+        self.mig_every_s = MIG_EVERY_S
+        # Spatial sources by name (gpm, dcgm, nsys; set by whoever builds the engine): where GPM measured
+        # this tick's busy time and no other source needs NVML's samples, those are not read.
+        self.spatial: dict = {}
         self._slow: dict[str, _SlowReads] = {}
         self._unsupported: set[tuple[str, str]] = set()
         self.xid: XidWatcher | None = None
@@ -222,10 +227,10 @@ class NvmlSampler(SamplerDefaults):
 
         taken_at = time.time()
         window = max(2 * self.interval, 1.0)
-        slow = time.monotonic() - self._slow_read_at.get(gpu.uuid, float("-inf")) >= self.slow_every_s
-        if slow:
-            self._slow_read_at[gpu.uuid] = time.monotonic()
-        read("samples", b.utilization_samples, max(window, SLOW_EVERY_S + 1.0), slow)
+        slow = self._due(gpu, "slow", self.slow_every_s)
+        gpu_samples = not self._engine_busy_measured(gpu)
+        if gpu_samples or slow:
+            read("samples", b.utilization_samples, max(window, SLOW_EVERY_S + 1.0), slow, gpu_samples)
         read("memory", b.memory)
         read("power", b.power_watts)
         read("clock", b.sm_clock_hz)
@@ -251,8 +256,7 @@ class NvmlSampler(SamplerDefaults):
             processes = ()
         mig_enabled, mig_devices, mig_sms = ((previous.mig_enabled, previous.mig_devices, previous.mig_sm_count)
                                              if previous else (None, (), None))
-        if time.monotonic() - self._mig_read_at.get(gpu.uuid, float("-inf")) >= MIG_EVERY_S:
-            self._mig_read_at[gpu.uuid] = time.monotonic()
+        if self._due(gpu, "mig", self.mig_every_s):
             read("mig", b.mig_devices)
             mig = values["mig"]
             mig_enabled = None if mig is None else bool(mig["enabled"])
@@ -269,11 +273,15 @@ class NvmlSampler(SamplerDefaults):
         else:
             self._log.clear(key)
         gpu_history, memory_history = self._history.setdefault(gpu.uuid, (deque(), deque()))
-        samples = values["samples"] or {}
-        self._remember(gpu_history, taken_at, samples.get("gpu", []))
-        self._remember(memory_history, taken_at, samples.get("memory", []))
-        fresh = values["samples"] is not None
-        if not gpu_history:  # no sample yet (fresh driver): take the instant rate
+        samples = values.get("samples") or {}
+        if gpu_samples:
+            self._remember(gpu_history, taken_at, samples.get("gpu", []))
+        else:  # GPM's busy time stands in: no older sample may pass for this tick's
+            gpu_history.clear()
+        if slow:
+            self._remember(memory_history, taken_at, samples.get("memory", []))
+        fresh = values.get("samples", {}) is not None  # not read this tick (GPM measures the time): fresh
+        if gpu_samples and not gpu_history:  # no sample yet (fresh driver): take the instant rate
             fresh = True
             try:
                 rates = b.utilization_rates(gpu.index)
@@ -308,13 +316,26 @@ class NvmlSampler(SamplerDefaults):
         )
 
     # -- the slow reads: off the per-tick path -----------------------------------------------------
-    @staticmethod
-    def _due(slow: _SlowReads, name: str, every: float) -> bool:
+    def _due(self, gpu: GpuIdentity, name: str, every: float) -> bool:
+        """The one schedule of every read made less often than each tick: True (and the read counted as
+        made now) once `every` seconds have passed since the GPU's last `name` read."""
         now = time.monotonic()
-        if now - slow.read_at.get(name, float("-inf")) < every:
+        if now - self._read_at.get((gpu.uuid, name), float("-inf")) < every:
             return False
-        slow.read_at[name] = now
+        self._read_at[(gpu.uuid, name)] = now
         return True
+
+    def _engine_busy_measured(self, gpu: GpuIdentity) -> bool:
+        """GPM measured this tick's busy time of the GPU (GRAPHICS_UTIL, over its own window: the same
+        as its SM activity's), and no other spatial source publishes the GPU (DCGM's or nsys' hidden
+        idle is NVML's samples over their windows): then NVML's GPU utilization samples are not read."""
+        from exporter.samplers.gpm import engine_busy
+        from exporter.samplers.nsys import serves
+
+        gpm = self.spatial.get("gpm")
+        if gpm is None or engine_busy(gpm.results.get(gpu.uuid)) is None:
+            return False
+        return not any(serves(self.spatial, name, gpu.uuid) for name in self.spatial if name != "gpm")
 
     def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
         """A read of several NVML calls (an exporter.nvml.PartialAnswer): its values, and its errors
@@ -327,7 +348,7 @@ class NvmlSampler(SamplerDefaults):
     def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
         slow = self._slow.setdefault(gpu.uuid, _SlowReads())
         b = self.backend
-        if not slow.static_done and self._due(slow, "static", self.errors_every_s):  # until it worked once
+        if not slow.static_done and self._due(gpu, "static", self.errors_every_s):  # until it worked once
             slow.driver, driver_error = self._call(gpu, lambda _index: b.driver_version())
             slow.max_clocks = self._dict_read(gpu, slow, "static", b.max_clocks)
             slow.errors["static"] += [driver_error] if driver_error else []
@@ -335,13 +356,13 @@ class NvmlSampler(SamplerDefaults):
         if slow.gpm is None:
             support, _error = self._call(gpu, b.gpm_support)
             slow.gpm = bool(support and support.get("supported"))
-        if self._due(slow, "health", self.health_every_s):
+        if self._due(gpu, "health", self.health_every_s):
             slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
             slow.throttle_share, slow.throttle_before = throttle_share(
                 slow.throttle_before, slow.health.get("throttle_seconds") or {}, time.monotonic())
             if not slow.gpm:
                 slow.links, slow.nvlink_before = self._nvml_links(gpu, slow)
-        if self._due(slow, "memory_errors", self.errors_every_s):
+        if self._due(gpu, "memory_errors", self.errors_every_s):
             slow.memory_errors = self._dict_read(gpu, slow, "memory_errors", b.memory_errors)
         h, e = slow.health, slow.memory_errors
         rows = e.get("remapped_rows") or {}

@@ -135,6 +135,9 @@ class SlurmSampler(HolderSampler):
         self.health = CollectorHealth(False, time.perf_counter() - started, why)
 
 
+SCHEDULER = True  # exporter/holders.py KINDS
+
+
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("slurm")
     g.add_argument("--hpc-job-mapping-dir", default=None,

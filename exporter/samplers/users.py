@@ -121,6 +121,9 @@ class UsersSampler(HolderSampler):
         self.health = CollectorHealth(True, time.perf_counter() - started, "")
 
 
+SCHEDULER = False  # exporter/holders.py KINDS: users hold GPUs only where no scheduler is configured
+
+
 def add_arguments(parser) -> None:
     g = parser.add_argument_group("users")
     g.add_argument("--passwd", metavar="FILE", default=None,

@@ -49,6 +49,8 @@ DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
 HEARTBEAT_MARGIN = 3600.0  # heartbeat read this far past the range: runs that straddle its edges
 EVEN = 0.25  # a spacing more than 25% off the run's is a break (a gap, or another interval)
+MAX_EVALUATORS = 16  # heartbeat series named in the note (more than one: the counters are used)
+MAX_EVALUATIONS = 4_000_000  # heartbeat evaluations held (400 days at 10 s is 3.5 M)
 MAX_GROUPS = 100_000  # groups a report holds (--by pod over 70,000 pods: 205 MB peak, bench/RESULTS.md)
 OTHER = "(other)"  # the waste chart's groups beyond the largest wasters, summed as they arrive
 MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*("(?:[^"\\\n]|\\.)*")\s*')
@@ -246,26 +248,42 @@ def heartbeat(api: PrometheusAPI, plan: Plan, start: float, end: float,
     """(time, W) of every evaluation of the rollup group between start and end, read a day at a time, and the
     times the store holds more than once (vmalert's replay writes the edge of each of its range queries
     twice, a remote-write retry can too: each rollup sample there would count twice)."""
-    found: dict[tuple, dict[float, float]] = {}
+    found: dict[tuple, dict[float, float]] = {}  # the first evaluator's evaluations; the others' names only
+    evaluators: dict[tuple, None] = {}  # the first MAX_EVALUATORS named, the rest counted
+    more, kept = False, 0
     twice: set = set()
     for chunk_start, chunk_end in chunks(start, end):
         expr = f"{HEARTBEAT}[{promql_window(chunk_end - chunk_start)}]"
         for series in api.query_matrix(expr, chunk_end):
             metric, values = _metric(series), series.get("values") if isinstance(series, dict) else None
-            key = tuple(sorted((str(k), str(v)) for k, v in metric.items()))
+            key = tuple(sorted((str(k)[:200], str(v)[:200]) for k, v in metric.items()))
             for pair in values if isinstance(values, list) else []:
                 try:
                     t, v = float(pair[0]), float(pair[1])
                 except (TypeError, ValueError, IndexError, KeyError):
                     continue
                 if chunk_start < t <= chunk_end and math.isfinite(v) and v > 0:
+                    if key not in evaluators:
+                        if len(evaluators) >= MAX_EVALUATORS:
+                            more = True
+                            break
+                        evaluators[key] = None
+                    if found and key not in found:  # a second evaluator: the counters are used, its times not needed
+                        break
                     seen = found.setdefault(key, {})
                     if t in seen:
                         twice.add(t)
+                    elif kept >= MAX_EVALUATIONS:
+                        raise ReportError(f"more than {MAX_EVALUATIONS:,} evaluations of {HEARTBEAT} in the range: "
+                                          f"use --source counters, or a shorter range")
+                    else:
+                        kept += 1
                     seen[t] = v
-    if len(found) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
-        names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(found))
-        notes.append(f"{len(found)} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
+    if len(evaluators) > 1:  # two evaluators (replicas, Prometheus and vmalert): every rollup counts twice
+        names = "; ".join(",".join(f"{k}={v}" for k, v in key) or "(no labels)" for key in sorted(evaluators))
+        count = f"more than {len(evaluators)}" if more else str(len(evaluators))
+        names += "; and more" if more else ""
+        notes.append(f"{count} rule evaluators write {HEARTBEAT} ({names}): their rollups would add up, "
                      f"the counters are used (deduplicate replicas; several clusters' rules in one store are not told "
                      f"apart from replicas yet)")
         return [], set()

@@ -1,7 +1,7 @@
 """A small client for the Prometheus HTTP query API, which Thanos, Mimir and VictoriaMetrics also serve.
 
 Everything the server says is hostile input: each whole request has a deadline, each body a size cap,
-what it parses into a cap of values (exporter/bounded_http.py, docs/limits.md), and every failure
+what it parses into a cap of values (hostio/answers.py, docs/limits.md), and every failure
 becomes one ReportError line that names the problem and the fix.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import urllib.parse
 from pathlib import Path
 
-from exporter import bounded_http
+from hostio import answers
 
 TOKEN_ENV = "GPU_SPATIAL_PROMETHEUS_TOKEN"
 BASIC_AUTH_ENV = "GPU_SPATIAL_PROMETHEUS_BASIC_AUTH"
@@ -69,7 +69,7 @@ class PrometheusAPI:
         self.authorization = authorization
         self.timeout = timeout
         self.max_bytes = max_bytes
-        self.max_values = max_bytes // bounded_http.BYTES_PER_VALUE
+        self.max_values = max_bytes // answers.BYTES_PER_VALUE
         self.requests = 0
 
     def _call(self, path: str, params: dict, post: bool = True) -> dict:
@@ -85,7 +85,7 @@ class PrometheusAPI:
         self.requests += 1
         status = None
         try:
-            answer = bounded_http.fetch(self.url + path + ("" if post else f"?{encoded}"),
+            answer = answers.fetch(self.url + path + ("" if post else f"?{encoded}"),
                                         time.monotonic() + self.timeout, self.max_bytes,
                                         "POST" if post else "GET", encoded.encode() if post else b"", headers)
             status = answer.status
@@ -95,8 +95,8 @@ class PrometheusAPI:
             if status in (401, 403):
                 raise ReportError(f"{self.url} refused the credentials (HTTP {status}): set --bearer-token-file, "
                                   f"{TOKEN_ENV}, or --basic-auth-file")
-            data = bounded_http.parse_json(answer.body, self.max_values)
-        except bounded_http.AnswerError as exc:
+            data = answers.parse_json(answer.body, self.max_values)
+        except answers.AnswerError as exc:
             raise self._answer_error(exc, path, status) from None
         except OSError as exc:
             raise ReportError(f"cannot reach {self.url} ({getattr(exc, 'strerror', None) or exc}): check --prometheus "
@@ -117,14 +117,14 @@ class PrometheusAPI:
         """Whether the URL serves the exporter's /healthz (its JSON: status and a GPU count; 503 included,
         while it has no GPU or stalled)."""
         try:
-            answer = bounded_http.fetch(self.url + "/healthz", time.monotonic() + self.timeout, 4096,
+            answer = answers.fetch(self.url + "/healthz", time.monotonic() + self.timeout, 4096,
                                         headers={"Accept": "application/json"})
-            health = bounded_http.parse_json(answer.body, 64)
-        except (bounded_http.AnswerError, OSError):
+            health = answers.parse_json(answer.body, 64)
+        except (answers.AnswerError, OSError):
             return False
         return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health
 
-    def _answer_error(self, exc: bounded_http.AnswerError, path: str, status: int | None) -> ReportError:
+    def _answer_error(self, exc: answers.AnswerError, path: str, status: int | None) -> ReportError:
         if exc.kind == "slow":
             return ReportError(f"{self.url} took longer than {self.timeout:g} s to answer one query: narrow the "
                                f"range or --match, or raise --timeout")

@@ -7,7 +7,7 @@ import threading
 import time
 import urllib.parse
 
-from exporter import bounded_http
+from hostio import answers
 from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
@@ -100,14 +100,14 @@ class HttpFeed:
     def _get(self, path: str):
         """The JSON of GET path, the whole request within the timeout and bounded in bytes and parsed values;
         or raises OSError, ValueError or AnswerError with a one-line reason (ApiOff: the API is switched off)."""
-        answer = bounded_http.fetch(self.url + path, time.monotonic() + self.timeout, MAX_BODY_BYTES,
+        answer = answers.fetch(self.url + path, time.monotonic() + self.timeout, MAX_BODY_BYTES,
                                     headers={"Accept": "application/json"})
         if answer.status == 404 and b"--no-api" in answer.body[:4096]:
             raise ApiOff(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
                          "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
         if answer.status != 200:
             raise ValueError(f"HTTP {answer.status}")
-        return bounded_http.parse_json(answer.body, MAX_BODY_BYTES // bounded_http.BYTES_PER_VALUE)
+        return answers.parse_json(answer.body, MAX_BODY_BYTES // answers.BYTES_PER_VALUE)
 
     def fetch(self) -> dict:
         """One snapshot with its workload records (who holds each pid)."""
@@ -128,7 +128,7 @@ class HttpFeed:
         except ApiOff as exc:
             self._failing_since = None
             state = ScreenState(self.origin, problem=str(exc))
-        except (OSError, ValueError, bounded_http.AnswerError) as exc:  # refused, reset, slow, large, not JSON
+        except (OSError, ValueError, answers.AnswerError) as exc:  # refused, reset, slow, large, not JSON
             now = time.time()
             self._failing_since = self._failing_since or now
             reason = getattr(exc, "reason", None) or exc

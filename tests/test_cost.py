@@ -1,0 +1,206 @@
+"""What a tick costs in NVML calls per GPU (issue 37), counted on the stand-in NVML library (tests/nvml_library.py)
+under the live wrapper, with a clock that moves only when told: the counts are exact.
+
+Rules guarded:
+- a GPU that lists no compute process gets no per-process utilization call, one that lists some gets one a tick;
+- where GPM measured the tick's busy time, NVML's GPU utilization samples are not read (only the memory
+  samples, every 2 s); without GPM, or where another spatial source (DCGM) publishes the GPU, they are read
+  every tick;
+- process names come from the process lists (every 2 s), not from a call per process and tick;
+- every slower read keeps its cadence (2 s, 10 s, 30 s, 60 s) through the one schedule;
+- the exact calls per tick and GPU, idle and with 6 time-sliced processes (bench/RESULTS.md, "Cost per GPU").
+"""
+from __future__ import annotations
+
+import pytest
+
+from exporter.snapshot import OK, SourceResult
+from tests.nvml_library import calls_per_tick
+
+IDLE = {"nvmlDeviceGetClockInfo": 2.0, "nvmlDeviceGetComputeRunningProcesses": 0.5,
+        "nvmlDeviceGetCurrentClocksEventReasons": 1.0, "nvmlDeviceGetDecoderUtilization": 0.1,
+        "nvmlDeviceGetEncoderUtilization": 0.1, "nvmlDeviceGetFieldValues": 0.117,
+        "nvmlDeviceGetMPSComputeRunningProcesses": 0.5, "nvmlDeviceGetMemoryInfo": 1.0, "nvmlDeviceGetMigMode": 0.033,
+        "nvmlDeviceGetPowerUsage": 1.0, "nvmlDeviceGetSamples": 0.5, "nvmlDeviceGetTemperature": 1.0,
+        "nvmlGpmMetricsGet": 1.0, "nvmlGpmSampleGet": 1.0}
+
+
+def test_an_idle_gpu_costs_its_telemetry_gpm_and_the_memory_samples_every_2_s():
+    found = calls_per_tick(gpus=2, processes={}, ticks=60)
+    assert found["by_function_per_tick"] == IDLE
+    assert found["per_tick"] == {0: 9.85, 1: 9.85}
+    assert found["most_in_one_tick"] == {0: 16, 1: 16}  # a tick with the 2 s, 10 s and 30 s reads together
+
+
+def test_six_time_sliced_processes_add_one_utilization_call_a_tick_and_their_names_every_2_s():
+    found = calls_per_tick(gpus=2, processes={0: 6, 1: 6}, ticks=60, busy=99.0)
+    calls = found["by_function_per_tick"]
+    assert calls["nvmlDeviceGetProcessUtilization"] == 1.0
+    assert calls["nvmlSystemGetProcessName"] == 3.0  # 6 names with each list, every 2 s: none per tick
+    assert calls["nvmlDeviceGetComputeRunningProcesses"] == 1.0  # pynvml: the count, then the list
+    assert calls["nvmlDeviceGetSamples"] == 0.5
+    assert found["per_tick"] == {0: 14.35, 1: 14.35}
+
+
+def test_a_gpu_without_processes_on_one_side_pays_nothing_for_the_other_sides_processes():
+    found = calls_per_tick(gpus=2, processes={1: 6}, ticks=60, busy=99.0)
+    assert found["per_tick"] == {0: 9.85, 1: 14.35}
+
+
+def test_without_gpm_the_gpu_utilization_samples_are_read_every_tick():
+    found = calls_per_tick(gpus=1, processes={}, ticks=60, gpm=False)
+    assert found["by_function_per_tick"]["nvmlDeviceGetSamples"] == 1.5  # GPU each tick, memory every 2 s
+    assert "nvmlGpmSampleGet" not in found["by_function_per_tick"]
+
+
+class Serving:
+    """A spatial source that publishes every GPU (DCGM as the chain sees it)."""
+
+    def __init__(self):
+        self.results = {f"GPU-00000000-0000-0000-0000-{i:012d}": SourceResult(OK, "serving") for i in range(4)}
+
+
+def test_where_dcgm_publishes_the_gpu_its_hidden_idle_keeps_nvmls_samples():
+    found = calls_per_tick(gpus=1, processes={}, ticks=20, others={"dcgm": Serving()})
+    assert found["by_function_per_tick"]["nvmlDeviceGetSamples"] == 1.5
+
+
+@pytest.mark.parametrize("interval, memory_samples", [(1.0, 0.5), (0.5, 0.25), (2.0, 1.0), (0.25, 0.125)])
+def test_the_memory_samples_and_process_lists_keep_their_2_s_cadence_at_any_interval(interval, memory_samples):
+    found = calls_per_tick(gpus=1, processes={}, ticks=80, interval=interval)
+    assert found["by_function_per_tick"]["nvmlDeviceGetSamples"] == memory_samples
+    assert found["by_function_per_tick"]["nvmlDeviceGetComputeRunningProcesses"] == memory_samples
+
+
+def test_the_slow_reads_keep_10_30_and_60_s():
+    found = calls_per_tick(gpus=1, processes={}, ticks=120)
+    calls = found["by_function_per_tick"]
+    assert calls["nvmlDeviceGetEncoderUtilization"] == round(12 / 120, 3)  # every 10 s
+    assert calls["nvmlDeviceGetMigMode"] == round(4 / 120, 3)  # every 30 s
+    assert calls["nvmlDeviceGetFieldValues"] == round((12 + 2) / 120, 3)  # health every 10 s, errors every 60 s
+
+
+# -- bench/cost_per_gpu.py: what the device run reports, computed right ----------------------------------------
+def device_report(**phases):
+    return {"gpus": 2, "ctxsw_period_s": 180.0, "phases": phases}
+
+
+def side(one_gpu, ours, nvitop, rss=(60.0, 56.0)):
+    return {"one_gpu": one_gpu, "exporters": {"ours": {"cpu_percent_of_core": ours, "vmrss_mib": rss[0]},
+                                               "nvitop": {"cpu_percent_of_core": nvitop, "vmrss_mib": rss[1]}}}
+
+
+def test_the_device_summary_gives_the_slope_per_gpu_the_8_gpu_projection_and_the_rss_margin():
+    from bench.cost_per_gpu import summary
+
+    found = summary(device_report(all_idle=side(False, 1.0, 6.9), one_idle=side(True, 0.6, 0.5),
+                                  all_loaded=side(False, 1.3, 5.9, rss=(67.0, 56.0)),
+                                  one_loaded=side(True, 0.8, 0.9, rss=(66.3, 56.0))))
+    assert found["slope_percent_per_gpu"] == {"ours_idle": 0.4, "nvitop_idle": 6.4, "ours_loaded": 0.5, "nvitop_loaded": 5.0}
+    assert found["projection_8_gpus_percent"] == {"ours_idle": 3.4, "nvitop_idle": 45.3, "ours_loaded": 4.3,
+                                                  "nvitop_loaded": 35.9}
+    # nvitop-exporter's + 10 MB (10.49 MiB over 56 MiB: 66.49): 66.3 MiB passes, 67 does not
+    assert {k: v["met"] for k, v in found["rss_within_nvitop_plus_10mb"].items()} == \
+        {"all_idle": True, "one_idle": True, "all_loaded": False, "one_loaded": True}
+    assert [(r["phase"], r["gpus"], r["exporter"]) for r in found["rows"]][:2] == [("all_idle", 2, "ours"),
+                                                                                   ("all_idle", 2, "nvitop")]
+
+
+def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
+    from bench.cost_per_gpu import summary
+
+    window = {"seconds": 20.0, "exporter_tree_cpu_s": 1.5, "nsys_outside_cpu_s": 2.0, "baseline_percent_of_core": 1.0,
+              "exporter": {"vmrss_mib": 62.0, "vmhwm_mib": 63.0}, "attribution_child": {"cpu_s": 0.4, "peak_mib": 150}}
+    found = summary(device_report(all_ctxsw={**window, "gpus": 2}, one_ctxsw={**window, "gpus": 1,
+                                                                                "exporter_tree_cpu_s": 1.0}))
+    both, one = found["ctxsw"]["all_ctxsw"], found["ctxsw"]["one_ctxsw"]
+    assert both["window_cpu_s"] == 3.3  # 1.5 + 2.0 - 1 % of 20 s
+    assert (both["percent_of_core_at_default_duty"], both["per_gpu_percent_at_default_duty"]) == (1.833, 0.917)
+    assert (one["window_cpu_s"], found["ctxsw"]["window_cpu_s_per_added_gpu"]) == (2.8, 0.5)
+    assert both["attribution_child"] == {"cpu_s": 0.4, "peak_mib": 150}
+
+
+def test_the_device_run_reads_the_sources_state_and_the_childs_cost_as_the_exporter_writes_them():
+    from bench.cost_per_gpu import CHILD_COST, settled
+    from exporter.samplers.ctxsw import CtxswSampler
+
+    sampler = CtxswSampler(None)
+    sampler.attribution = {"cpu_s": 0.4567, "peak_rss_bytes": 150 * 2**20 + 1}
+    match = CHILD_COST.search(f"12 slices of 2 processes in 10.0 s{sampler._attribution_cost()}")
+    assert (float(match.group(1)), int(match.group(2))) == (0.46, 150)
+    line = 'gpu_workload_ctxsw_state{gpu="%d",uuid="GPU-%d",model="H200",state="%s"} %s'
+    metrics = "\n".join([line % (0, 0, "active", "1.0"), line % (0, 0, "standby", "0.0"), line % (1, 1, "standby", "1.0")])
+    assert not settled(metrics)  # GPU 1 still waits for its first window
+    assert settled(metrics.replace('state="standby"} 1.0', 'state="error"} 1.0'))
+    assert not settled("")
+
+
+def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
+    """bench/cost_per_gpu.py end to end without a GPU: our exporter on the NVML replay, no nvitop-exporter,
+    no loops, no capture; every side-by-side phase measured and summarised (the figures are this machine's)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.helpers import FIXTURES, ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "cost_per_gpu.py"), "--out", str(tmp_path),
+                           "--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-nvitop", "--no-workers",
+                           "--no-ctxsw", "--measure", "1", "--warmup", "0"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "cost_per_gpu.json").read_text())
+    assert list(report["phases"]) == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
+    for name, phase in report["phases"].items():
+        ours = phase["exporters"]["ours"]
+        assert ours["alive"] and ours["cpu_percent_of_core"] is not None and ours["vmrss_mib"] > 0, name
+        assert ours["scrapes"] and all(s["ok"] and s["gpu_series"] > 0 for s in ours["scrapes"]), name
+    assert [r["phase"] for r in report["summary"]["rows"]] == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
+    assert "| one_idle | 1 | ours |" in done.stdout
+
+
+# -- /metrics under steady scraping: the render leaves the event loop ----------------------------------------
+def test_scrapes_during_a_render_get_the_previous_body_and_the_one_that_asked_gets_the_current():
+    import asyncio
+    import threading
+
+    from exporter.app import build_registry
+    from exporter.engine import Engine
+    from exporter.fastpath import FRESH_S, MetricsCache
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.nvml import NvmlSampler
+    from tests.helpers import FIXTURES
+
+    engine = Engine(NvmlSampler(ReplayNvml(FIXTURES / "nvml_h100_quarter_sms_frame.json"), interval=0.5), interval=0.5)
+    engine.tick_devices()
+    engine.publish()
+    now = [0.0]
+    cache = MetricsCache(engine, build_registry(engine), clock=lambda: now[0])
+    release, rendering = threading.Event(), threading.Event()
+    slow_render = cache.render
+
+    def held_render(*args):  # a render that takes as long as the test says
+        rendering.set()
+        release.wait(10)
+        return slow_render(*args)
+
+    async def scrapes():
+        first = await cache.body()
+        assert await cache.body() is first  # same snapshot: the same bytes
+        engine.publish()
+        cache.render = held_render
+        asker = asyncio.ensure_future(cache.body())  # starts the new snapshot's render in a thread, waits for it
+        while not rendering.is_set():
+            await asyncio.sleep(0.01)
+        now[0] += FRESH_S - 0.01
+        meanwhile = await cache.body()  # another scraper, during the render: the previous body, at once
+        now[0] += 0.02
+        waiting = asyncio.ensure_future(cache.body())  # the previous body is FRESH_S old: it waits too
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        release.set()
+        current, later = await asyncio.wait_for(asker, 10), await asyncio.wait_for(waiting, 10)
+        return first, meanwhile, current, later
+
+    first, meanwhile, current, later = asyncio.run(scrapes())
+    assert meanwhile is first and current is not first and later is current
