@@ -30,10 +30,11 @@ from .promapi import PrometheusAPI, ReportError, TooManySamples
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
 WITH_BASIS = ("busy", "sm_active", "hidden_idle")
 COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
-# Bases of each quantity (docs/metrics.md): time share from NVML samples or GPU context switches; SM active
-# exact (alone on the GPU), from the holder's own context-switch slices, or the GPU's split by time share.
-BASES = {"busy": ("nvml", "ctxsw"), "sm_active": ("exact", "ctxsw", "time_share"),
-         "hidden_idle": ("exact", "ctxsw", "time_share")}
+# Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
+# own kernels (cupti); SM active exact (alone on the GPU), from the holder's own context-switch slices, the GPU's
+# split by time share, or an MPS client's kernels' grids scaled to the GPU's SM active (cupti: an estimate).
+BASES = {"busy": ("nvml", "ctxsw", "cupti"), "sm_active": ("exact", "ctxsw", "time_share", "cupti"),
+         "hidden_idle": ("exact", "ctxsw", "time_share", "cupti")}
 EXACT_BASES = ("exact", "ctxsw")
 UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
 GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
