@@ -313,6 +313,13 @@ MUTANTS = (
            KUBELET, "pods beyond the bound are one problem"),
     Mutant("kubelet-varint-field-unskipped", "exporter/samplers/kubelet.py", "        if tag & 7 == 0:  # an unknown varint field",
            "        if False:", KUBELET, "an unknown varint field is skipped"),
+    Mutant("workloads-kept-counters-dropped", "exporter/workloads.py",
+           "            kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=account.created)\n",
+           "", ("tests/test_workloads.py",), "the published holders carry their counters"),
+    Mutant("workloads-unfolded-created-kept", "exporter/workloads.py",
+           "counters=account.published_counters(), created=account.created)",
+           "counters=account.published_counters(), created=w.created)", ("tests/test_workloads.py",),
+           "a holder back out of pod=\"other\" starts its series again"),
     Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (DecodeError, ValueError, IndexError) as exc:",
            "except (DecodeError, IndexError) as exc:", KUBELET, "a garbled List answer is the kubelet's error"),
     # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------

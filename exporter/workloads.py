@@ -439,12 +439,12 @@ class WorkloadAccountant:
         key = f"workloads fold {gpu.uuid}"
         views.sort(key=busiest_first)
         kept, folded = views[:self.series_limit], views[self.series_limit:]
-        for i, w in enumerate(kept):
+        for i, w in enumerate(kept):  # the counters of the kept only: a flood's folded thousands cost none
             account = self._accounts[(gpu.uuid, w.holder)]
             if account.folded:
                 account.folded = False
                 account.counters, account.created = _Account(now).counters, now
-                kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=now)
+            kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=account.created)
         if not folded:
             self._log.clear(key, f"GPU {gpu.index}: every holder published again")
             return kept
@@ -498,12 +498,11 @@ class WorkloadAccountant:
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
             LEDGER: cells,
         }
-        counters = account.published_counters()
         return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,
                             time_share=time_share, time_share_reason=entry.reason, sm_active=sm, sm_active_basis=basis,
                             idle_seconds=idle_seconds,
                             held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters=counters, created=account.created, held_share_basis=held.basis,
+                            counters={}, created=account.created, held_share_basis=held.basis,  # _bounded's
                             time_share_basis=entry.time_share_basis, ctxsw_window=entry.window,
                             sm_estimate=entry.sm_estimate,
                             ledger={cell: round(v, 6) for cell, v in cells.items()})

@@ -34,10 +34,11 @@ KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the 
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
-# Bases of each quantity (docs/metrics.md): time share from NVML samples or GPU context switches; SM active
-# exact (alone on the GPU), from the holder's own context-switch slices, or the GPU's split by time share.
-BASES = {"busy": ("nvml", "ctxsw"), "sm_active": ("exact", "ctxsw", "time_share"),
-         "hidden_idle": ("exact", "ctxsw", "time_share")}
+# Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
+# own kernels (cupti); SM active exact (alone on the GPU), from the holder's own context-switch slices, the GPU's
+# split by time share, or an MPS client's kernels' grids scaled to the GPU's SM active (cupti: an estimate).
+BASES = {"busy": ("nvml", "ctxsw", "cupti"), "sm_active": ("exact", "ctxsw", "time_share", "cupti"),
+         "hidden_idle": ("exact", "ctxsw", "time_share", "cupti")}
 EXACT_BASES = ("exact", "ctxsw")
 UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
 GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
