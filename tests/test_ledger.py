@@ -149,6 +149,15 @@ def test_mig_instances_without_per_process_numbers():
     assert only(gpu) == {SM_ACTIVE_WORK: 0.2, UNMEASURED: 0.8}
 
 
+def test_held_shares_past_the_whole_gpu_split_the_idle_time_never_count_it_twice():
+    """Estimated shares (even splits) of 1.0 and 0.5 on one GPU busy 0.4: the 0.6 no kernel ran goes 2:1,
+    0.4 and 0.2, not 0.6 and 0.3; nothing is unheld."""
+    mine, gpu = cells(GpuUse(busy=0.4, sm=0.2), {A: HolderUse(1.0, 0.4, 0.2), B: HolderUse(0.5, 0.0, 0.0)})
+    assert only(mine[A]) == {SM_ACTIVE_WORK: 0.2, HIDDEN_IDLE: 0.2, TIME_IDLE: 0.4}
+    assert only(mine[B]) == {TIME_IDLE: 0.2}
+    assert only(gpu) == {SM_ACTIVE_WORK: 0.2, HIDDEN_IDLE: 0.2, TIME_IDLE: 0.6}
+
+
 def test_unknown_held_shares_and_spatial_readings_are_named_not_guessed():
     """b's share is unknown (replicas without GetAllocatableResources): the idle time beyond a's share is
     not known to be unheld. No spatial reading: a's busy time and the stranger's stay unsplit."""
@@ -198,3 +207,28 @@ def test_the_ledger_is_one_module_holding_its_gpus():
     book.integrate(2.5)
     assert book.books()[0].to_json() == {"gpu": 0, "uuid": GPU0.uuid, "model": GPU0.model, "cells": {UNHELD: 1.0},
                                          "gpu_seconds": {UNHELD: 2.5}, "observed_seconds": 2.5}
+
+
+def test_mps_clients_tracing_with_cupti_through_the_join():
+    """The cupti engineer's MPS GPU (tests/test_cupti.py): the trainer's clients 501, 502 (kernel-busy 1.0
+    together, SM estimates scaled to 0.4), the notebook's 503 (0.8, 0.2); the GPU busy 0.99 with SM active 0.6.
+    Work is the scaled SM shares (0.4 + 0.2 = the GPU's 0.6); the GPU's hidden idle 0.39 goes 1.0 : 0.8 because
+    every client traces; the 0.01 idle half each. Over 10 s, exact."""
+    from tests.test_cupti import MPS, MPS_OWNERS, NOTEBOOK, TRAINER, StubSource, clients
+
+    win = clients({501: (1.0, 0.5), 502: (0.4, 0.3), 503: (0.8, 0.4)}, start=0.0, end=1.0)
+    accountant = WorkloadAccountant(sources=[StubSource(win)])
+    holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
+    accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)
+    holders = {w.holder: w.counters["ledger"] for w in accountant.update(11.0, [view(**MPS, sm_active=0.6)], holdings)}
+    assert only(holders[TRAINER]) == {SM_ACTIVE_WORK: 4.0, HIDDEN_IDLE: round(3.9 / 1.8, 6), TIME_IDLE: 0.05}
+    assert only(holders[NOTEBOOK]) == {SM_ACTIVE_WORK: 2.0, HIDDEN_IDLE: round(3.9 * 0.8 / 1.8, 6), TIME_IDLE: 0.05}
+    (book,) = accountant.gpu_ledgers
+    assert only(book.counters) == {SM_ACTIVE_WORK: 6.0, HIDDEN_IDLE: 3.9, TIME_IDLE: 0.1}
+    # a fourth client that does not trace: the GPU's hidden idle is nobody's it can name
+    untraced = dict(MPS, compute={**MPS["compute"], 504: "mps"})
+    accountant = WorkloadAccountant(sources=[StubSource(win)])
+    accountant.update(1.0, [view(**untraced, sm_active=0.6)], holdings)
+    accountant.update(11.0, [view(**untraced, sm_active=0.6)], holdings)
+    (book,) = accountant.gpu_ledgers
+    assert only(book.counters) == {SM_ACTIVE_WORK: 6.0, UNATTRIBUTED_HIDDEN_IDLE: 3.9, TIME_IDLE: 0.1}
