@@ -232,3 +232,45 @@ def test_mps_clients_tracing_with_cupti_through_the_join():
     accountant.update(11.0, [view(**untraced, sm_active=0.6)], holdings)
     (book,) = accountant.gpu_ledgers
     assert only(book.counters) == {SM_ACTIVE_WORK: 6.0, UNATTRIBUTED_HIDDEN_IDLE: 3.9, TIME_IDLE: 0.1}
+
+
+def test_a_holder_kind_the_exporter_never_heard_of_is_in_the_account(tmp_path, capsys):
+    """tests/dummy_holder.py (LSF jobs, registered by its own module) on the recorded frame (pids 417 + 418 at
+    30 + 10 %, 419 at 40 %, 420 of nobody at 20 %): a real Prometheus scrapes it and `gpu-spatial report --by
+    hpc_job` shows both jobs in both views. Constant rates, so the ratios are exact whatever the scrape
+    times: job 77's busy cells are twice the unattributed host process's, equal to job 88's; its time
+    idle equals job 88's (even split); the GPU's cells sum to the seconds that existed."""
+    import json
+
+    from exporter.nvml_replay import cut
+    from tests.helpers import FIXTURES, Exporter, Prometheus, wait_for
+    from tests.test_report import run_report
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)
+    (tmp_path / "jobs").write_text("417 77\n418 77\n419 88\n")
+    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--holders", "lsf",
+                  "--lsf-job-file", str(tmp_path / "jobs"), module="tests.dummy_holder") as running:
+        prom = Prometheus(tmp_path, {"gpu": [running.url.removeprefix("http://")]})
+        try:
+            def scraped():
+                found = prom.query("min(count_over_time(gpu_workload_ledger_gpu_seconds_total[1h]))")
+                return found and float(found[0]["value"][1]) >= 8
+            wait_for(scraped, 40, 0.5, "eight scrapes of the LSF jobs' ledger")
+            code, out, err = run_report(capsys, "--prometheus", prom.url, "--last", "1h", "--by", "hpc_job",
+                                        "--source", "counters", "--format", "json")
+        finally:
+            prom.stop()
+    assert code == 0, err
+    document = json.loads(out)
+    jobs = {g["name"]: g for g in document["groups"]}
+    assert set(jobs) == {"lsf-77", "lsf-88"}
+    cells = {name: job["ledger"]["cells"] for name, job in jobs.items()}
+    ledger = document["gpu_ledger"]
+    busy = {name: c["sm_active_work"] + c["hidden_idle"] for name, c in cells.items()}
+    nobody = ledger["cells"]["unattributed_sm_active_work"] + ledger["cells"]["unattributed_hidden_idle"]
+    rounding = 3e-6  # the JSON's GPU-hours have 6 digits: a few seconds of scrapes are ~1e-3 GPU-h
+    assert busy["lsf-77"] == pytest.approx(busy["lsf-88"], abs=rounding) == pytest.approx(2 * nobody, abs=rounding)
+    assert busy["lsf-77"] > 100 * rounding
+    assert cells["lsf-77"]["time_idle"] == pytest.approx(cells["lsf-88"]["time_idle"], abs=rounding)
+    assert ledger["cells_sum_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"], abs=rounding)
+    assert jobs["lsf-77"]["allocation"]["held_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"] / 2, abs=rounding)
