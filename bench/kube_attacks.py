@@ -10,7 +10,7 @@ once, then as the case says (and a third shared claim makes the exporter ask), a
 (`python -m exporter` from --code, default intervals: 1 s, kubelet 5 s) runs for --seconds. A
 separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
 the run the pod `leaver` leaves the kubelet's list. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
-attack, its peak VmHWM), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
+attack, its peak VmHWM), its CPU seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
 kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
 intervals of grace), the log's lines about the API server and its tracebacks. Reports, never asserts
 on time (tests/test_dra.py asserts what holds on any machine).
@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.http_attacks import Every, Scraper  # noqa: E402
+from bench.scrape_bench import cpu_seconds  # noqa: E402
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for  # noqa: E402
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, kubernetes_node, pod  # noqa: E402
 from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,  # noqa: E402
@@ -163,9 +164,11 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
                 since = time.monotonic() + seconds / 3 + 2 * KUBELET_INTERVAL
                 child = spawn.Process(target=measure, args=(exporter.port, seconds, since, results))
                 child.start()
+                cpu_before = cpu_seconds(exporter.proc.pid)
                 time.sleep(seconds / 3)
                 server.service.pods = [p for p in server.service.pods if p.name != "leaver"]
                 figures = results.get(timeout=seconds + 120)
+                cpu = cpu_seconds(exporter.proc.pid) - cpu_before
                 child.join(30)
                 samples = parse_metrics(exporter.metrics())
                 success = {l["collector"]: v for l, v in samples["gpu_exporter_collector_success"]}
@@ -175,7 +178,7 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
             api.stop()
             server.stop()
     return {"case": case, "seconds": seconds, "rss_before_mb": round(start / 1024, 1),
-            "rss_peak_mb": round(peak / 1024, 1), **figures, "api_requests": len(api.requests) - asked_before,
+            "rss_peak_mb": round(peak / 1024, 1), "cpu_s": round(cpu, 2), **figures, "api_requests": len(api.requests) - asked_before,
             "kubernetes_api_success": success.get("kubernetes_api"), "kubelet_success": success.get("kubelet"),
             "api_log_lines": log.count("kubernetes api"), "tracebacks": log.count("Traceback")}
 

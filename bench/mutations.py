@@ -42,6 +42,7 @@ class Mutant:
 GUARDS = "tests/test_guards.py"
 REPORT_GUARDS = "tests/test_report_guards.py"
 PHASES = "tests/test_diagnose_phases.py"
+LEDGER = "tests/test_ledger.py"
 DRA, HTTP = "tests/test_dra.py", "tests/test_bounded_http.py"
 KUBELET = ("tests/test_kubelet.py::test_a_list_answer_is_read_up_to_its_bounds_and_the_rest_counted_in_one_problem",
            "tests/test_kubelet.py::test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound",
@@ -87,9 +88,10 @@ MUTANTS = (
            (REPORT_GUARDS + "::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
            "rollups integrate over the rule group's interval", True),
     Mutant("report-waste-without-hidden-idle", "gpu_spatial/report/summary.py",
-           'row["waste_gpu_hours"] = _zero_nan(row["held_idle_gpu_hours"]) + _zero_nan(row["hidden_idle_gpu_hours"])',
-           'row["waste_gpu_hours"] = _zero_nan(row["held_idle_gpu_hours"])',
-           (REPORT_GUARDS + "::test_waste_is_held_idle_plus_hidden_idle",), "waste = held idle + hidden idle", True),
+           'row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]',
+           'row["waste_gpu_hours"] = row[f"ledger_{TIME_IDLE}_gpu_hours"]',
+           (REPORT_GUARDS + "::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
+           "waste = hidden idle + time idle (the ledger's, issue 35)", True),
     Mutant("report-basic-auth-not-sent", "gpu_spatial/report/promapi.py",
            'return "Basic " + base64.b64encode(basic.encode()).decode()', "return None",
            (REPORT_GUARDS + "::test_credentials_against_prometheus_with_basic_auth",),
@@ -137,6 +139,57 @@ MUTANTS = (
            "an old-era GPU whose first event is partial keeps its metrics"),
     Mutant("scrub-claims-gpu-metrics", "nsys_ingest/scrub.py", "missing = [name for name in KEPT if name not in kept]",
            "missing = []", ("tests/test_output_details.py::test_scrub_says_what_it_kept",), "scrub says what it kept"),
+    # -- the ledger (issue 35): every GPU-second in exactly one cell ---------------------------------------
+    *(Mutant(f"ledger-{name}", path, old, new, tests, why) for name, path, old, new, tests, why in (
+        ("switch-not-taken-out", "exporter/ledger.py", "room = 1.0 - switch", "room = 1.0", (LEDGER,),
+         "switch overhead is its own cell, not idle time"),
+        ("shares-past-the-gpu-not-scaled", "exporter/ledger.py",
+         "scale = cap / attributed if attributed > cap + EPSILON else 1.0", "scale = 1.0", (LEDGER,),
+         "time shares past the GPU's time are scaled down"),
+        ("work-above-time", "exporter/ledger.py", "work = min(u.sm * scale, time)", "work = u.sm * scale", (LEDGER,),
+         "a holder's work is at most its time"),
+        ("idle-not-by-held-share", "exporter/ledger.py", "mine[h][TIME_IDLE] = idle * share / whole",
+         "mine[h][TIME_IDLE] = idle / len(held)", (LEDGER,), "time idle is split by held share"),
+        ("held-past-the-gpu", "exporter/ledger.py", "whole = max(known, 1.0)", "whole = 1.0", (LEDGER,),
+         "held shares past 1 split the idle time, never count it twice"),
+        ("unknown-held-called-unheld", "exporter/ledger.py",
+         "gpu_cells[UNATTRIBUTED_TIME_IDLE if None in held.values() else UNHELD] = free", "gpu_cells[UNHELD] = free",
+         (LEDGER,), "idle time beyond unknown shares is not known to be unheld"),
+        ("cupti-hidden-split-without-every-client", "exporter/ledger.py",
+         "if concurrent and gpu.complete and gpu.sm is not None", "if concurrent and gpu.sm is not None", (LEDGER,),
+         "MPS hidden idle is split only where every client traces"),
+        ("cupti-hidden-split-by-held", "exporter/ledger.py", "hidden * u.time / total if total > 0 else 0.0",
+         "hidden * u.held if total > 0 else 0.0", (LEDGER,), "MPS hidden idle goes by kernel-busy shares"),
+        ("unattributed-work-past-busy", "exporter/ledger.py",
+         "unattributed_work = min(max(gpu.sm - work, 0.0), rest)", "unattributed_work = max(gpu.sm - work, 0.0)",
+         (LEDGER,), "unattributed work is at most the busy time nobody's share covers"),
+        ("unmeasured-called-idle", "exporter/ledger.py",
+         "gpu_cells[UNMEASURED] = max(room - known_busy, 0.0)  # busy or idle: nobody can tell\n        idle = 0.0",
+         "gpu_cells[UNMEASURED] = 0.0\n        idle = max(room - known_busy, 0.0)", (LEDGER,),
+         "without the GPU's busy time the rest is unmeasured, not idle"),
+        ("lost-gpu-kept", "exporter/ledger.py", "                del self._gpus[uuid]", "                pass",
+         (LEDGER,), "a GPU that is gone leaves the ledger: its series end"),
+        ("observed-not-counted", "exporter/ledger.py", "book.observed += dt", "book.observed += 0.0", (LEDGER,),
+         "observed seconds are the wall clock"),
+        ("window-switch-ignored", "exporter/workloads.py", "sm, window.switch_overhead or 0.0, complete)",
+         "sm, 0.0, complete)", (LEDGER,), "a ctxsw window's gaps are switch overhead"),
+        ("window-busy-from-nvml", "exporter/workloads.py", "return ledger.GpuUse(sum(s.time for s in shares), sm,",
+         "return ledger.GpuUse(view.time_utilization, sm,", (LEDGER,), "under ctxsw the window's own busy time"),
+        ("ctxsw-gap-across-chunks-lost", "nsys_ingest/ctxsw.py", "            self.last_end = int(max(reached[-1], ends[-1]))\n",
+         "", ("tests/test_ctxsw.py::test_switch_overhead_is_the_gaps_between_slices_not_the_windows_idle_edges",),
+         "a gap between slices read in two chunks counts once"),
+        ("ctxsw-edges-as-switches", "nsys_ingest/ctxsw.py",
+         '"switch_between_share": round(min(gpu.between, gap_s) / length, 6)',
+         '"switch_between_share": round(gap_s / length, 6)',
+         ("tests/test_ctxsw.py::test_switch_overhead_is_the_gaps_between_slices_not_the_windows_idle_edges",),
+         "the window's idle edges are not switch overhead"),
+        ("report-lower-bound-ignores-unsplit", "gpu_spatial/report/summary.py",
+         'row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or',
+         'row["waste_is_lower_bound"] = bool(False or', (REPORT_GUARDS,), "unsplit busy time makes waste a lower bound"),
+        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py", "                    out.observed += value",
+         "                    out.observed += 2 * value", ("tests/test_account_history.py",),
+         "the GPU-hours that existed are the observed counters"),
+    )),
     # -- older rules --------------------------------------------------------------------------------------
     Mutant("verdict-idle-boundary", "nsys_ingest/verdicts.py", "if e.time_utilization < IDLE_BELOW:",
            "if e.time_utilization <= IDLE_BELOW:", ("tests/test_verdicts.py",), "idle under 5 %"),
@@ -260,6 +313,13 @@ MUTANTS = (
            KUBELET, "pods beyond the bound are one problem"),
     Mutant("kubelet-varint-field-unskipped", "exporter/samplers/kubelet.py", "        if tag & 7 == 0:  # an unknown varint field",
            "        if False:", KUBELET, "an unknown varint field is skipped"),
+    Mutant("workloads-kept-counters-dropped", "exporter/workloads.py",
+           "            kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=account.created)\n",
+           "", ("tests/test_workloads.py",), "the published holders carry their counters"),
+    Mutant("workloads-unfolded-created-kept", "exporter/workloads.py",
+           "counters=account.published_counters(), created=account.created)",
+           "counters=account.published_counters(), created=w.created)", ("tests/test_workloads.py",),
+           "a holder back out of pod=\"other\" starts its series again"),
     Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (DecodeError, ValueError, IndexError) as exc:",
            "except (DecodeError, IndexError) as exc:", KUBELET, "a garbled List answer is the kubelet's error"),
     # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------
@@ -643,7 +703,7 @@ ROUND_39 = (
 
 # -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
 ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
-          "test_a_stuck_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
+          "test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
 SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
 ROUND_39_NEW = (
     _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
@@ -682,7 +742,40 @@ ROUND_39_NEW = (
        '"window": None if self.window_end is None else [self.window_start, self.window_end]}',
        '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW
+CUPTI = (EDGE, "tests/test_cupti.py")
+ROUND_39_CUPTI = (
+    _m("cupti-pid-spoofed", "exporter/samplers/cupti.py", 'if data.get("pid") != peer_pid:', "if False:", CUPTI,
+       "a client speaks only for its own pid"),
+    _m("cupti-other-window", "exporter/samplers/cupti.py", 'if data.get("window") != window:', "if False:", CUPTI,
+       "an answer to another window is refused"),
+    _m("cupti-start-slack", "exporter/samplers/cupti.py", "asked_at - START_SLACK_S, asked_at + START_SLACK_S)",
+       "asked_at - START_SLACK_S, asked_at + 10 * START_SLACK_S)", CUPTI, "a window starts when asked"),
+    _m("cupti-empty-window", "exporter/samplers/cupti.py", "if length <= 0:", "if length < 0:", CUPTI,
+       "an empty window is refused"),
+    _m("cupti-foreign-gpu", "exporter/samplers/cupti.py", 'if entry["uuid"] not in gpus:', "if False:", CUPTI,
+       "a GPU of another host is refused"),
+    _m("cupti-busy-over-window", "exporter/samplers/cupti.py",
+       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * SLACK)',
+       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * 2)', CUPTI,
+       "kernel-busy time within the window"),
+    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", "busy * SLACK + 1e-9),", "length * SLACK),", CUPTI,
+       "SM-seconds within the kernel-busy time"),
+    _m("cupti-time-not-clamped", "exporter/samplers/cupti.py",
+       "ProcessShare(time=round(min(device.kernel_busy_s / length, 1.0), 6),",
+       "ProcessShare(time=round(device.kernel_busy_s / length, 6),", CUPTI, "a client's time share is at most 1"),
+    _m("cupti-max-clients-boundary", "exporter/samplers/cupti.py", "if len(self._clients) >= self.max_clients:",
+       "if len(self._clients) > self.max_clients:", CUPTI, "at most --cupti-max-clients connections"),
+    _m("cupti-max-age", "exporter/samplers/cupti.py", "self.max_age = 2 * period_s + window_s",
+       "self.max_age = period_s + window_s", CUPTI, "a window lasts two periods and a window"),
+    _m("cupti-oversized-line", "exporter/samplers/cupti.py", "if end > protocol.MAX_REPORT_BYTES:", "if False:", CUPTI,
+       "a report line over 16 KiB is refused"),
+    _m("cupti-no-clients-keeps-windows", "exporter/samplers/cupti.py",
+       "self.readings.clear()\n            self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)",
+       "self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)", CUPTI, "no client: no window"),
+    _m("cupti-late-client-kept", "exporter/samplers/cupti.py", "                self._drop(key.data)\n",
+       "                pass\n", CUPTI, "a client silent past the grace is disconnected"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI
 
 
 def _is_test_path(arg: str) -> bool:

@@ -406,3 +406,74 @@ def test_holders_folded_beyond_the_series_limit_keep_the_cupti_basis():
     holdings = [Holdings({GPU0.uuid: {TRAINER: Held(0.5), NOTEBOOK: Held(0.5)}}, MPS_OWNERS)]
     views = {w.holder.pod: w for w in accountant.update(1.0, [view(**MPS, sm_active=0.6)], holdings)}
     assert views["other"].time_share == 0.8 and views["other"].time_share_basis == CUPTI
+
+
+# -- end to end: the real exporter and a client process ------------------------------------------------
+H100_MPS = "GPU-0cc7d789-89a7-98d7-87e6-31b003867920"  # the GPU of tests/fixtures/nvml_h100_mps.json
+CLIENT = r"""
+import sys
+from gpu_trace.client import Client
+from gpu_trace.tracer import Tracer
+from tests.test_gpu_trace import FIXTURE, ReplayCupti, window
+
+def tracer():  # a fresh replay of the recorded spin window for every window asked, on the replayed GPU
+    devices = {"0": [sys.argv[2], FIXTURE["devices"]["0"][1]]}
+    return Tracer(ReplayCupti(window("spin66"), devices), settle_s=0, detach=False)
+
+class Replaying(Client):
+    def window(self, number, seconds):
+        self._tracer = tracer()
+        return super().window(number, seconds)
+
+print("started", flush=True)
+Replaying(sys.argv[1], tracer_factory=tracer, cuda_check=lambda: True).run()
+"""
+
+
+def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_path):
+    """A client process (gpu_trace's client, CUPTI replayed from the H200 recording) and the real exporter
+    replaying NVML's answers recorded under MPS on the H100, in which one of the four MPS clients' pids is the
+    client's own: the exporter asks over its socket, takes the pid from the peer, joins it to its Unix user
+    and publishes basis cupti in /api/v1/workloads and /metrics; the three other clients (pids of no process
+    here) do not trace."""
+    from tests.helpers import Exporter, http_get, parse_metrics, sample_value, wait_for
+    from tests.test_metric_contract import CONTRACT, undocumented
+
+    sock = tmp_path / "cupti.sock"
+    client = subprocess.Popen([sys.executable, "-c", CLIENT, str(sock), H100_MPS], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert client.stdout.readline() == "started\n"
+        recording = (ROOT / "tests" / "fixtures" / "nvml_h100_mps.json").read_text()
+        (tmp_path / "nvml.json").write_text(recording.replace('"pid": 518', f'"pid": {client.pid}'))
+        with Exporter("--interval", "0.5", "--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps",
+                      "--kubelet-socket", "none", "--holders", "users", "--workload-cupti", "--cupti-socket", str(sock),
+                      "--cupti-window", "2", "--cupti-period", "4") as exporter:
+            def traced():
+                status, body = http_get(exporter.url + "/api/v1/workloads")
+                answer = json.loads(body) if status == 200 else {}
+                mine = [w for w in answer.get("workloads", ()) if client.pid in w["pids"]]
+                return (mine[0], answer["cupti"][0]) if mine and mine[0]["time_share_basis"] == "cupti" else None
+            workload, gpu = wait_for(traced, 60, what="a cupti window")  # the client connects within 6 s
+            text = http_get(exporter.url + "/metrics")[1].decode()
+            metrics = parse_metrics(text)
+            assert not undocumented(text, CONTRACT.read_text())  # every family in docs/metrics.md
+    finally:
+        client.kill()
+        client.wait()
+    expected = Tracer(ReplayCupti(window("spin66")), settle_s=0).trace(0)
+    length = expected["end"] - expected["start"]
+    assert workload["time_share"] == pytest.approx(expected["devices"][0]["kernel_busy_s"] / length, abs=2e-6)
+    assert workload["sm_estimate"] == pytest.approx(expected["devices"][0]["sm_seconds"] / length, abs=2e-6)
+    assert workload["pids"] == [client.pid] and workload["user"]
+    assert (gpu["state"], gpu["traced"], gpu["untraced"]) == ("active", 1, 3)
+    # the fixture's 160 spin records (0.64 s of 4 ms kernels on 66 SMs) in a 2 s window: 0.16 of the GPU, under
+    # the recorded GPU's SM active (0.24): not scaled, the rest unattributed (the three clients that do not trace)
+    assert (gpu["estimated"], gpu["scale"], workload["sm_active"], workload["sm_active_basis"]) == \
+        (workload["sm_estimate"], 1.0, workload["sm_estimate"], "cupti")
+    assert 0.2 < gpu["gpu_sm_active"] < 0.3 and gpu["unattributed"] == round(gpu["gpu_sm_active"] - gpu["estimated"], 6)
+    assert sample_value(metrics, "gpu_workload_time_share_ratio", basis="cupti", user=workload["user"]) == \
+        workload["time_share"]
+    assert sample_value(metrics, "gpu_workload_cupti_sm_estimate_ratio", user=workload["user"]) == workload["sm_estimate"]
+    assert sample_value(metrics, "gpu_workload_cupti_untraced_clients") == 3
+    assert sample_value(metrics, "gpu_workload_cupti_state", state="active") == 1
