@@ -270,6 +270,22 @@ def test_device_plugin_shares_at_their_edges():
     assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
 
 
+def test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu(tmp_path):
+    """Mutant: the listed check dropped (the notebook's pid 419 would be owned by a container that holds no
+    GPU now: its pod left the List answer, its log link is still there)."""
+    from exporter.samplers.kubelet import KubeletSampler, PodRef
+    from tests.kubelet_server import kubernetes_node
+
+    kubernetes_node(tmp_path)  # /proc of pids 417-420 and the kubelet's log links, under tmp_path
+    gpu = GpuIdentity(0, "GPU-aaaa", "H100")
+    compute = tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in (417, 418, 419, 420))
+    nvml = type("Nvml", (), {"telemetry": {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=compute)}})()
+    sampler = KubeletSampler(str(tmp_path / "kubelet.sock"), nvml, proc_root=str(tmp_path / "proc"),
+                             container_logs=str(tmp_path / "containers"))
+    trainer = PodRef("team-a", "train-0", "trainer")
+    assert sampler._owners({("team-a", "train-0", "trainer")}, []) == {417: trainer, 418: trainer}
+
+
 # -- exporter/samplers/dra.py --------------------------------------------------------------------------
 def test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device():
     """Mutant: the clamp in capacity_ratio dropped: an allocation said to consume twice the MIG device's
