@@ -271,8 +271,8 @@ def test_device_plugin_shares_at_their_edges():
 
 
 def test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu(tmp_path):
-    """Mutant: the listed check dropped (the notebook's pid 419 would be owned by a container that holds no
-    GPU now: its pod left the List answer, its log link is still there)."""
+    """Mutants: the listed check dropped (the notebook's pid 419 would be owned by a container that holds no
+    GPU now: its pod left the List answer, its log link is still there); a failed List keeping the holders."""
     from exporter.samplers.kubelet import KubeletSampler, PodRef
     from tests.kubelet_server import kubernetes_node
 
@@ -284,6 +284,11 @@ def test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu(tmp_path)
                              container_logs=str(tmp_path / "containers"))
     trainer = PodRef("team-a", "train-0", "trainer")
     assert sampler._owners({("team-a", "train-0", "trainer")}, []) == {417: trainer, 418: trainer}
+    # the kubelet gone: what it listed goes too (mutant: the holdings of the last good List kept)
+    sampler.holdings = Holdings(gpus={gpu.uuid: {Holder("team-a", "train-0", "trainer"): Held(1.0)}}, owners={417: TRAINER})
+    sampler.tick()
+    assert sampler.holdings.gpus == {} and sampler.holdings.owners == {} and "no kubelet" in sampler.holdings.error
+    assert not sampler.health.success
 
 
 # -- exporter/samplers/dra.py --------------------------------------------------------------------------
