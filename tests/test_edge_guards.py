@@ -250,7 +250,7 @@ def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tm
 def test_device_plugin_shares_at_their_edges():
     """Mutants: a container's IDs of one GPU not clamped to the GPU ("0" and "GPU-aaaa" are one GPU twice);
     index:mig IDs held whole; a replica whose N the kubelet does not say held whole; an ID offered twice
-    counted as two replicas; the outermost container ID of a cgroup path taken."""
+    counted as two replicas; the outermost container ID of a cgroup path taken; a replica's basis said whole."""
     from collections import Counter
 
     from exporter.samplers.kubelet import PodRef, cgroup_container_id, held_shares, offered_replicas, replicas_of
@@ -266,6 +266,11 @@ def test_device_plugin_shares_at_their_edges():
     offered = [type("Devices", (), {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-aaaa::0", "GPU-aaaa::1",
                                                                                      "GPU-aaaa::1"]})()]
     assert offered_replicas(offered) == Counter({"GPU-aaaa": 2})
+    from exporter.samplers.kubelet import id_basis
+
+    two = Counter({"GPU-aaaa": 2, "MIG-1111": 1})
+    assert (id_basis("GPU-aaaa::0", devices, two), id_basis("GPU-aaaa", devices, Counter({"GPU-aaaa": 1})),
+            id_basis("MIG-1111", devices, two)) == (REPLICAS, WHOLE, MIG)
     outer, inner = "a" * 64, "b" * 64
     assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
 
