@@ -453,7 +453,9 @@ def test_rule_runs_and_spans_at_their_edges():
     assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
     assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
     assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
-    assert [s.source for s in plan_spans([(100.0, 300.0), (160.0, 300.0)], 0.0, 1000.0)] == ["counters"]
+    # two evaluations spanning the whole range are no run; three are
+    assert [s.source for s in plan_spans([(1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)] == ["counters"]
+    assert "rules" in [s.source for s in plan_spans([(940.0, 300.0), (1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)]
     # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
     (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
     assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
