@@ -462,6 +462,21 @@ def test_rule_runs_and_spans_at_their_edges():
                                                                                       3120.0, 60.0)
 
 
+def test_an_evaluation_on_the_edge_of_two_days_is_read_once():
+    """Mutant: `chunk_start < t` -> `<=` (a store answering a range's both ends, as a range selector may,
+    makes the evaluation at midnight count in both days: "stored more than once")."""
+    from gpu_spatial.report.account import DAY, Plan, heartbeat
+
+    class Store:  # the heartbeat every 60 s; a range [at - d, at] answered with both ends
+        def query_matrix(self, expr, at):
+            d = float(expr.rsplit("[", 1)[1].rstrip("ms]")) / 1000
+            return [{"metric": {}, "values": [[t, "300"] for t in range(0, int(2 * DAY) + 1, 60) if at - d <= t <= at]}]
+
+    notes = []
+    evaluations, twice = heartbeat(Store(), Plan("namespace"), 0.0, 2 * DAY, notes)
+    assert twice == set() and notes == [] and len(evaluations) == 2 * DAY / 60  # (0, 2 days]: once each
+
+
 def test_report_pieces_that_keep_unknown_and_odd_values_apart():
     """Mutants: a matcher on a label the rollups drop still reads the rollups; the last day runs past the
     range; NaN and Inf kept; busy without a basis label not "nvml"; the unknown held counted in a span's
