@@ -1,10 +1,11 @@
-"""Workloads: who holds each GPU, how much of it they use, and which ones hold it idle.
+"""Workloads: who holds each GPU, how much of it they use, and which ones hold it idle; the GPU ledger.
 
 Per-workload series (docs/metrics.md, Workloads): each holder's own share, never the GPU total copied
 onto every pod. GPU-hours come from the GPU-second counters, exact over the dashboard's range."""
 from grafanalib.core import Dashboard, GridPos, Templating, Time
 
 from dashboards.common import INPUTS, datasource_variable, table, target, timeseries, variable
+from exporter.vocabulary import HIDDEN_IDLE, SM_ACTIVE_WORK, TIME_IDLE
 
 UID = "gpu-workloads"
 HOST = 'instance=~"$host"'
@@ -16,28 +17,44 @@ def hours(counter: str, by: str, where: str = "") -> str:
     return f"sort_desc(sum by ({by}) (increase(gpu_workload_{counter}_gpu_seconds_total{{{selector}}}[$__range])) / 3600)"
 
 
+def cells(by: str, where: str, names) -> str:
+    """GPU-hours of the holders' ledger cells `names` over the dashboard's range, per `by`."""
+    return hours("ledger", by, ", ".join(s for s in (where, f'cell=~"{"|".join(names)}"') if s))
+
+
+# Two views, never added (docs/ledger.md): the allocation (held, used of it) and the physical ledger
+# (the holders' cells: work, hidden idle, time idle; waste = hidden idle + time idle)
+COLUMNS = (("allocation: held", lambda by, where: hours("held", by, where)),
+           ("allocation: used (busy)", lambda by, where: hours("busy", by, where)),
+           ("ledger: work", lambda by, where: cells(by, where, (SM_ACTIVE_WORK,))),
+           ("ledger: hidden idle", lambda by, where: cells(by, where, (HIDDEN_IDLE,))),
+           ("ledger: time idle", lambda by, where: cells(by, where, (TIME_IDLE,))),
+           ("ledger: waste", lambda by, where: cells(by, where, (HIDDEN_IDLE, TIME_IDLE))))
+
+
 def ranked(title: str, by: str, where: str, pos, description: str, empty: str):
-    """A table of holders (`by`) with GPU-hours held, busy, SM-active, hidden-idle and held-idle."""
-    columns = (("held", "held"), ("busy", "busy (time)"), ("sm_active", "SM-active"),
-               ("hidden_idle", "hidden idle"), ("held_idle", "held idle"))
+    """A table of holders (`by`) with GPU-hours of both views, each column named after its view."""
+    columns = COLUMNS
     return table(title, empty, description, unit="h",
-                 targets=[target(hours(q, by, where), ref=chr(ord("A") + i), instant=True, table=True)
-                          for i, (q, _) in enumerate(columns)],
+                 targets=[target(expr(by, where), ref=chr(ord("A") + i), instant=True, table=True)
+                          for i, (_, expr) in enumerate(columns)],
                  gridPos=GridPos(h=pos[0], w=pos[1], x=pos[2], y=pos[3]),
                  transformations=[{"id": "merge", "options": {}},
                                   {"id": "organize", "options": {
                                       "excludeByName": {"Time": True},
                                       "renameByName": {f"Value #{chr(ord('A') + i)}": f"GPU-hours {name}"
-                                                       for i, (_, name) in enumerate(columns)}}},
-                                  {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours held idle", "desc": True}]}}])
+                                                       for i, (name, _) in enumerate(columns)}}},
+                                  {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours ledger: waste", "desc": True}]}}])
 
 
 def build() -> Dashboard:
     panels = [
         ranked("Namespaces: GPU-hours over the range", "namespace", 'namespace!=""', (8, 12, 0, 0),
-               "Held: what the scheduler allocated. Busy: the time share of the namespace's processes (absent under "
-               "MPS). SM-active: its share of the SMs (exact when alone on a GPU, else split by time share). Hidden "
-               "idle: busy while the SMs idled. Held idle: held with no CUDA process or under 1% of the time.",
+               "Two views, never added (docs/ledger.md). Allocation: held (what the scheduler allocated) and used "
+               "(busy: the time share of its processes, absent under MPS; more than held when the others leave the "
+               "GPU to it). Ledger (physical: each GPU-hour in one cell): work (its kernels ran, SMs active), hidden "
+               "idle (its kernels ran, SMs idle), time idle (no kernel ran: its part by held share); waste = hidden "
+               "idle + time idle.",
                "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources socket) no pod is known."
                " Busy, SM-active and hidden idle stay empty under MPS unless the clients trace themselves (basis "
                "cupti: docs/mps-clients.md), and busy on MIG."),
@@ -81,8 +98,26 @@ def build() -> Dashboard:
                                    "excludeByName": {"Time": True, "job": True, "__name__": True},
                                    "renameByName": {"Value #A": "held share", "Value #B": "time share",
                                                     "Value #C": "processes"}}}]),
+        timeseries("GPU ledger: every GPU-second in one cell",
+                   [(f"sum by (cell) (rate(gpu_ledger_gpu_seconds_total{{{HOST}}}[$__rate_interval]))", "{{cell}}")],
+                   (8, 12, 0, 26), unit="short", ratio=False, stacking={"mode": "normal", "group": "cells"},
+                   description="Physical view, in GPUs: the cells of every GPU's ledger stack up to the GPUs that "
+                               "existed (gpu_ledger_observed_seconds_total), never above. Holders' work, hidden idle, busy unsplit "
+                               "and time idle, and the cells of no holder: switch overhead (gaps between time "
+                               "slices), unheld, unattributed (MPS clients and MIG instances without per-process "
+                               "numbers, processes of no holder) and unmeasured. Waste = hidden idle + time idle + "
+                               "switch overhead.",
+                   empty="no ledger series: the exporter runs --holders none or is older than the ledger."),
+        table("GPU ledger over the range: GPU-hours by cell", "no ledger series in the range (--holders none, or an "
+              "exporter older than the ledger).", gridPos=GridPos(h=8, w=12, x=12, y=26), unit="h",
+              description="Every GPU-hour that existed on the selected hosts, in exactly one cell (physical view; "
+                          "the cells sum to the GPU-hours observed). Never add held GPU-hours (allocation) to these.",
+              targets=[target(f"sort_desc(sum by (cell) (increase(gpu_ledger_gpu_seconds_total{{{HOST}}}"
+                              f"[$__range])) / 3600)", instant=True, table=True)],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                              "renameByName": {"Value": "GPU-hours (ledger)"}}}]),
         table("Held idle now", "no holder has been idle for --held-idle-after (30 m by default): good news.",
-              gridPos=GridPos(h=7, w=24, x=0, y=26), unit="s",
+              gridPos=GridPos(h=7, w=24, x=0, y=34), unit="s",
               description="Holders idle for --held-idle-after or longer (alert GPUHeldIdle), with how long.",
               targets=[target(f"gpu_workload_idle_seconds{{{HOST}}} and on (instance, uuid, namespace, pod, container, "
                               f"hpc_job, claim, user) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
@@ -90,7 +125,7 @@ def build() -> Dashboard:
                                                               "renameByName": {"Value": "idle for"}}}]),
         table("How the GPU-hours were measured: by basis", "no busy or SM-active GPU-seconds in the range: no "
               "holder ran CUDA work, or every one was under MPS (no per-client time).",
-              gridPos=GridPos(h=6, w=24, x=0, y=33), unit="h",
+              gridPos=GridPos(h=6, w=24, x=0, y=41), unit="h",
               description="GPU-hours over the range by basis. Measured exactly: SM-active basis exact or ctxsw, busy "
                           "basis ctxsw or cupti (MPS clients' own kernels). Estimated: SM-active time_share or cupti "
                           "(grids against SMs, scaled to the GPU's), busy nvml. Held GPU-hours with no busy or SM "

@@ -276,6 +276,9 @@ class WorkloadGpuSeconds(BaseModel):
                                          description="GPU-seconds busy in time, by the basis integrated (ctxsw, nvml)")
     sm_active: dict[str, float] = Field(description="GPU-seconds SM-active, by basis (exact, ctxsw, time_share)")
     hidden_idle: dict[str, float] = Field(description="GPU-seconds busy while the SMs idled, by basis")
+    ledger: dict[str, float] = Field(default_factory=dict, description=(
+        "physical view: the holder's GPU-seconds in each cell of its GPU's ledger (sm_active_work, hidden_idle, "
+        "busy_unsplit, time_idle; docs/ledger.md). Never add held (the allocation view) to these"))
 
 
 class Workload(BaseModel):
@@ -317,6 +320,22 @@ class Workload(BaseModel):
     gpu_seconds: WorkloadGpuSeconds
     folded: int = Field(0, description="the holder pod=\"other\": how many holders of the GPU beyond "
                                        "--holder-series-limit it sums (their counters integrate into its own)")
+    ledger: dict[str, float] = Field(default_factory=dict, description=(
+        "physical view now: the holder's cells of its GPU's ledger at the last update, as shares of the GPU's "
+        "wall clock (they add up with the other holders' and the GPU's own cells to 1). held_share and "
+        "time_share are the allocation view: never add the two"))
+
+
+class GpuLedger(BaseModel):
+    """One GPU's ledger (docs/ledger.md): every GPU-second in exactly one cell."""
+
+    gpu: int
+    uuid: str
+    model: str
+    cells: dict[str, float] = Field(description="each cell's share of the GPU's wall clock at the last update "
+                                                "(they sum to 1)")
+    gpu_seconds: dict[str, float] = Field(description="GPU-seconds per cell since the GPU entered the ledger")
+    observed_seconds: float = Field(description="wall-clock seconds accounted: the sum of gpu_seconds")
 
 
 class CtxswGpu(BaseModel):
@@ -347,6 +366,7 @@ class Workloads(BaseModel):
     workloads: list[Workload]
     ctxsw: Optional[list[CtxswGpu]] = Field(None, description="None: --workload-ctxsw is off")
     cupti: Optional[list[CuptiGpu]] = Field(None, description="None: --workload-cupti is off")
+    ledgers: list[GpuLedger] = Field(default_factory=list, description="per GPU, its ledger: the physical view")
 
 
 class Uploaded(BaseModel):

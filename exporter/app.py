@@ -212,7 +212,8 @@ def api(engine, upload=None):
         return {"snapshot_version": snapshot.version, "snapshot_time": snapshot.created,
                 "workloads": [workload_json(w) for w in getattr(snapshot, "workloads", ())],
                 "ctxsw": ctxsw_json(getattr(engine.workloads, "ctxsw_states", None)),
-                "cupti": cupti_json(engine.workloads)}
+                "cupti": cupti_json(engine.workloads),
+                "ledgers": [book.to_json() for book in getattr(engine.workloads, "gpu_ledgers", ())]}
 
     @app.post("/api/v1/nsys", status_code=201, response_model=models.Uploaded, openapi_extra=UPLOAD_BODY,
               responses={**upload_errors, 409: {"model": models.Error, "description": "the exporter runs --replay: "

@@ -47,6 +47,7 @@ IDLE, HEADERS, BODY, RESPONSE, CLOSING = "idle", "headers", "body", "response", 
 LINGER_S = 1.0  # a refused client gets this long to read its 431 before the socket is closed
 RESERVED_FDS = 128  # file descriptors kept for the samplers (NVML, SQLite, sockets, logs)
 REPORT_EVERY_S = 60.0
+IDLE_TICK_S = 1.0  # how often the server wakes when nothing happens (uvicorn: 0.1 s)
 MAX_QUEUED = 8  # pipelined requests waiting behind the one being answered, per connection
 MAX_TARGET_BYTES = 8 * 1024  # request target (path and query string); no endpoint takes a longer one
 DRAIN_MAX_BYTES = 32 * 1024 * 1024  # body read and dropped after an answer that closes (a 401 to an upload)
@@ -100,7 +101,7 @@ class Guard:
         self.by_host.setdefault(conn.host, {})[conn] = None
         if self._sweeper is None:
             self.now = conn.loop.time()
-            self._sweeper = conn.loop.create_task(self._sweep_forever(conn.loop))
+            self._sweeper = conn.loop.create_task(self._sweep_while_connected(conn.loop))
         if len(self.connections) <= self.limits.max_connections:
             return
         for host in sorted(self.by_host, key=lambda h: len(self.by_host[h]), reverse=True):
@@ -134,12 +135,15 @@ class Guard:
         elif not transport.is_closing():
             transport.close()
 
-    async def _sweep_forever(self, loop) -> None:
+    async def _sweep_while_connected(self, loop) -> None:
+        """Sweeps while any connection is open; the next connection starts it again (an idle exporter
+        between two scrapes has nothing to sweep and need not wake five times a second)."""
         tick = min(1.0, max(0.05, min(self.limits.header_timeout, self.limits.idle_timeout,
                                       self.limits.body_timeout, LINGER_S) / 5))
-        while True:
+        while self.connections:
             await asyncio.sleep(tick)
             self.sweep(loop.time())
+        self._sweeper = None
 
     def sweep(self, now: float) -> None:
         self.now = now
@@ -461,13 +465,33 @@ def fit_to_file_limit(limits: Limits) -> Limits:
 class _Server(uvicorn.Server):
     """uvicorn's server, except that a stop by SIGTERM or SIGINT (Ctrl-C) is a normal stop: one log
     line, then exit 0 (uvicorn raises the signal again once it has stopped, so the process would die
-    by it, with a KeyboardInterrupt traceback for Ctrl-C)."""
+    by it, with a KeyboardInterrupt traceback for Ctrl-C); and that it wakes once a second, not ten
+    times, when nothing happens (a stop wakes it at once)."""
+
+    _stopped: asyncio.Event | None = None
+
+    async def main_loop(self) -> None:
+        """uvicorn's loop polls for a stop every 0.1 s and refreshes its Date header every tenth poll: idle,
+        those wakeups were most of the exporter's own CPU between scrapes (bench/RESULTS.md, "Cost per GPU").
+        Here: the Date header each second, as before, and a stop the moment it comes."""
+        self._stopped = asyncio.Event()
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864000  # on_tick refreshes the Date header when counter % 10 == 0
+            try:
+                await asyncio.wait_for(self._stopped.wait(), IDLE_TICK_S)
+            except asyncio.TimeoutError:
+                pass
+            should_exit = await self.on_tick(counter)
 
     def handle_exit(self, sig, frame) -> None:
         if not self.should_exit:
             log.info("stopping on %s", signal.Signals(sig).name)
         super().handle_exit(sig, frame)
         getattr(self, "_captured_signals", []).clear()
+        if self._stopped is not None:
+            self._stopped.set()
 
 
 def serve(app, sock: socket.socket, limits: Limits) -> None:

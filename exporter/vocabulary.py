@@ -39,5 +39,27 @@ QUANTITIES = (HELD, BUSY, SM_ACTIVE, HIDDEN_IDLE, HELD_IDLE)
 PLAIN_QUANTITIES = (HELD, BUSY, HELD_IDLE)  # one counter each
 QUANTITIES_BY_BASIS = (BUSY_BY_BASIS, SM_ACTIVE, HIDDEN_IDLE)  # basis -> counter
 
-# -- ledger cells (issue 35) ------------------------------------------------------------------------
-# Where each GPU-second of a GPU's physical ledger lands; the ledger's owner adds them here.
+# -- ledger cells (issue 35; exporter/ledger.py, docs/ledger.md) ------------------------------------
+# Where each GPU-second of a GPU's physical ledger lands: exactly one cell.
+SM_ACTIVE_WORK = "sm_active_work"  # a holder's kernels ran and its SMs were active
+# HIDDEN_IDLE (above) is also a cell: a holder's kernels ran (or its context was resident), the SMs idled
+BUSY_UNSPLIT = "busy_unsplit"      # a holder's kernels ran; no spatial reading splits work from hidden idle
+TIME_IDLE = "time_idle"            # no kernel ran: the holders' time, by held share
+SWITCH_OVERHEAD = "switch_overhead"  # gaps between time slices (basis ctxsw)
+UNHELD = "unheld"                  # no kernel ran on the share nobody held (all of it on a GPU without holders)
+UNMEASURED = "unmeasured"          # the GPU's busy time could not be read: busy or idle, nobody can tell
+HOLDER_CELLS = (SM_ACTIVE_WORK, HIDDEN_IDLE, BUSY_UNSPLIT, TIME_IDLE)
+# The same physical cells where a basis cannot split them among holders (MPS clients without per-client
+# numbers, MIG instances without per-process ones, processes of no holder, held shares unknown)
+UNATTRIBUTED_SM_ACTIVE_WORK = "unattributed_sm_active_work"
+UNATTRIBUTED_HIDDEN_IDLE = "unattributed_hidden_idle"
+UNATTRIBUTED_BUSY_UNSPLIT = "unattributed_busy_unsplit"
+UNATTRIBUTED_TIME_IDLE = "unattributed_time_idle"
+UNATTRIBUTED_CELLS = (UNATTRIBUTED_SM_ACTIVE_WORK, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_BUSY_UNSPLIT,
+                      UNATTRIBUTED_TIME_IDLE)
+GPU_CELLS = (*HOLDER_CELLS, *UNATTRIBUTED_CELLS, SWITCH_OVERHEAD, UNHELD, UNMEASURED)
+# Physical waste: hidden idle + time idle + switch overhead (unheld is capacity nobody was given, not waste)
+WASTE_CELLS = (HIDDEN_IDLE, UNATTRIBUTED_HIDDEN_IDLE, TIME_IDLE, UNATTRIBUTED_TIME_IDLE, SWITCH_OVERHEAD)
+# Cells whose split into work and waste is unknown: waste is a lower bound where they are not 0
+UNSPLIT_CELLS = (BUSY_UNSPLIT, UNATTRIBUTED_BUSY_UNSPLIT, UNMEASURED)
+LEDGER = "ledger"  # the holders' cells among a workload's counters (/api/v1/workloads gpu_seconds.ledger)

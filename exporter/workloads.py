@@ -26,10 +26,11 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from exporter import ledger
 from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
 from exporter.sampler import ProcessShare
 from exporter.snapshot import GpuIdentity, LogOnce
-from exporter.vocabulary import CTXSW, CUPTI, EXACT, NVML, TIME_SHARE
+from exporter.vocabulary import CTXSW, CUPTI, EXACT, LEDGER, NVML, TIME_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ IDLE_TIME_SHARE = 0.01  # a holder using under 1% of the GPU's time holds it idl
 HELD_IDLE_AFTER_S = 1800.0
 HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
+# counters kept per key: busy by basis, SM-active and hidden-idle by basis, the ledger's cells (exporter/ledger.py)
+BY_KEY = ("busy_basis", "sm_active", "hidden_idle", LEDGER)
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
@@ -62,6 +65,7 @@ class WorkloadView:
     time_share_basis: str | None = None  # "ctxsw" or "nvml"
     ctxsw_window: tuple[float, float] | None = None  # wall time of the context-switch (or cupti) window used
     sm_estimate: float | None = None  # cupti: its clients' own SM estimate before the scaling to the GPU's SM active
+    ledger: dict = field(default_factory=dict)  # its ledger cells now: cell -> share of the GPU (exporter/ledger.py)
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
@@ -73,7 +77,7 @@ class WorkloadView:
                 "ctxsw_window": None if self.ctxsw_window is None else list(self.ctxsw_window),
                 "sm_active": self.sm_active, "sm_active_basis": self.sm_active_basis, "sm_estimate": self.sm_estimate,
                 "idle_seconds": self.idle_seconds, "held_idle": self.held_idle,
-                "gpu_seconds": self.counters, "folded": self.folded}
+                "gpu_seconds": self.counters, "folded": self.folded, "ledger": self.ledger}
 
 
 @dataclass
@@ -83,7 +87,7 @@ class _Account:
     created: float
     rates: dict = field(default_factory=dict)
     counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "busy_basis": {},
-                                                    "sm_active": {}, "hidden_idle": {}})
+                                                    "sm_active": {}, "hidden_idle": {}, LEDGER: {}})
     idle_since: float | None = None
     folded: bool = False  # its rates go to OTHER's counters, not its own
     step: dict = field(default_factory=dict)  # what the last integrate added: OTHER takes it over on folding
@@ -93,7 +97,7 @@ class _Account:
         self.step = {name: r[name] * dt for name in ("held", "busy", "held_idle") if r.get(name) is not None}
         # busy per basis (the best one available at each update), sm_active and hidden_idle: basis -> rate
         self.step.update({name: {basis: v * dt for basis, v in r[name].items()}
-                          for name in ("busy_basis", "sm_active", "hidden_idle") if r.get(name)})
+                          for name in BY_KEY if r.get(name)})
         self.add(self.step)
 
     def add(self, amounts: dict) -> None:
@@ -323,6 +327,29 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
     return out
 
 
+def ledger_holder(held: Held, entry: HolderShare) -> ledger.HolderUse:
+    """What the ledger needs of one holder's entry of gpu_shares."""
+    return ledger.HolderUse(held.share, entry.time_share, entry.sm_active, concurrent=entry.time_share_basis == CUPTI)
+
+
+def ledger_gpu(view, entries: dict, window) -> ledger.GpuUse:
+    """What the ledger needs of the whole GPU: its busy time and SM active from the context-switch window
+    where one is fresh (the same window as the holders' ctxsw shares: every process's resident time, its
+    switch gaps), else NVML's time utilization and the spatial source; `complete` where every process on
+    the GPU is a holder's whose time is known."""
+    tel = view.telemetry
+    compute = None if tel.compute_processes is None else {p.pid for p in tel.compute_processes if p.kind != "mps_server"}
+    timed = {pid for entry in entries.values() if entry.time_share is not None for pid in entry.pids}
+    complete = compute is not None and compute <= timed
+    sm = view.spatial.sm_active if view.spatial is not None else None
+    if window is not None:
+        shares = list(window.shares.values())
+        if sm is None and shares and all(s.sm is not None or s.time == 0 for s in shares):
+            sm = sum(s.sm or 0.0 for s in shares)
+        return ledger.GpuUse(sum(s.time for s in shares), sm, window.switch_overhead or 0.0, complete)
+    return ledger.GpuUse(view.time_utilization, sm, 0.0, complete)
+
+
 class WorkloadAccountant:
     """Builds the workload views at every engine update and integrates the GPU-second counters."""
 
@@ -344,6 +371,8 @@ class WorkloadAccountant:
         self.cupti_gpus: tuple = ()  # (GpuIdentity, CuptiGpu) of every MPS GPU with a fresh cupti window
         self._log = LogOnce(log)
         self._accounts: dict[tuple[str, Holder], _Account] = {}
+        self.ledger = ledger.Ledger()  # per GPU: every GPU-second in one cell
+        self.gpu_ledgers: tuple[ledger.GpuLedger, ...] = ()  # its copies at the last update, for the scrape and API
         self._last: float | None = None
         self._lock = threading.Lock()
 
@@ -356,6 +385,7 @@ class WorkloadAccountant:
             self._last = now
             for account in self._accounts.values():  # the rates of the last update held until now
                 account.integrate(dt)
+            self.ledger.integrate(dt)
             owners = join_owners(holdings) if owners is None else owners
             out, seen, cupti_gpus = [], set(), []
             for view in views:
@@ -370,15 +400,22 @@ class WorkloadAccountant:
                 if scaling is not None:
                     cupti_gpus.append((view.identity, scaling))
                 gpu_views = []
-                for holder, entry in gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
-                                                windows.get(CUPTI) if scaling else None, scaling).items():
+                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
+                                     windows.get(CUPTI) if scaling else None, scaling)
+                mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
+                    holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
+                self.ledger.set(view.identity, gpu_cells, now)
+                for holder, entry in entries.items():
                     key = (view.identity.uuid, holder)
                     seen.add(key)
                     account = self._accounts.setdefault(key, _Account(created=now))
-                    gpu_views.append(self._view(view.identity, holder, holders[holder], entry, account, now))
+                    gpu_views.append(self._view(view.identity, holder, holders[holder], entry, account, now,
+                                                mine[holder]))
                 out.extend(self._bounded(view.identity, gpu_views, now, seen))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
+            self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)
+            self.gpu_ledgers = self.ledger.books()
             self.sm_history.forget(v.identity.uuid for v in views)
             self.cupti_gpus = tuple(cupti_gpus)
             for source in self.sources.values():
@@ -402,12 +439,12 @@ class WorkloadAccountant:
         key = f"workloads fold {gpu.uuid}"
         views.sort(key=busiest_first)
         kept, folded = views[:self.series_limit], views[self.series_limit:]
-        for i, w in enumerate(kept):
+        for i, w in enumerate(kept):  # the counters of the kept only: a flood's folded thousands cost none
             account = self._accounts[(gpu.uuid, w.holder)]
             if account.folded:
                 account.folded = False
                 account.counters, account.created = _Account(now).counters, now
-                kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=now)
+            kept[i] = dataclasses.replace(w, counters=account.published_counters(), created=account.created)
         if not folded:
             self._log.clear(key, f"GPU {gpu.index}: every holder published again")
             return kept
@@ -423,8 +460,7 @@ class WorkloadAccountant:
                 other.add(account.step)
         rates = [a.rates for a in parts]
         other.rates = {name: _sum(r.get(name) for r in rates) for name in ("held", "busy", "held_idle")}
-        other.rates.update({name: _sum_by_basis(r.get(name) for r in rates)
-                            for name in ("busy_basis", "sm_active", "hidden_idle")})
+        other.rates.update({name: _sum_by_basis(r.get(name) for r in rates) for name in BY_KEY})
         sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
         processes = [w.processes for w in folded]
         kept.append(WorkloadView(
@@ -436,10 +472,12 @@ class WorkloadAccountant:
             sm_active_basis=TIME_SHARE if len(sm_bases) > 1 else next(iter(sm_bases), None), idle_seconds=None,
             held_idle=False, counters=other.published_counters(), created=other.created,
             held_share_basis=weakest_basis(w.held_share_basis for w in folded), folded=len(folded),
-            time_share_basis=_weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None)))
+            time_share_basis=_weakest_time_basis(w.time_share_basis for w in folded if w.time_share is not None),
+            ledger={cell: round(v, 6) for cell, v in other.rates[LEDGER].items()}))
         return kept
 
-    def _view(self, gpu, holder, held: Held, entry: HolderShare, account: _Account, now: float) -> WorkloadView:
+    def _view(self, gpu, holder, held: Held, entry: HolderShare, account: _Account, now: float,
+              cells: dict) -> WorkloadView:
         share = held.share
         processes, time_share = entry.processes, entry.time_share
         if processes is not None:  # unknown process lists leave the idle clock as it was
@@ -458,12 +496,13 @@ class WorkloadAccountant:
             "held_idle": share if share is not None and account.idle_since is not None else None,
             "sm_active": {basis: sm} if sm is not None else None,
             "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
+            LEDGER: cells,
         }
-        counters = account.published_counters()
         return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,
                             time_share=time_share, time_share_reason=entry.reason, sm_active=sm, sm_active_basis=basis,
                             idle_seconds=idle_seconds,
                             held_idle=idle_seconds is not None and idle_seconds >= self.held_idle_after,
-                            counters=counters, created=account.created, held_share_basis=held.basis,
+                            counters={}, created=account.created, held_share_basis=held.basis,  # _bounded's
                             time_share_basis=entry.time_share_basis, ctxsw_window=entry.window,
-                            sm_estimate=entry.sm_estimate)
+                            sm_estimate=entry.sm_estimate,
+                            ledger={cell: round(v, 6) for cell, v in cells.items()})

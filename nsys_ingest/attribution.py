@@ -34,6 +34,7 @@ class GpuAttribution:
     samples: int
     switch_gap_s: float
     switch_gap_share: float  # share of the window no context was resident (switch gaps and idle)
+    switch_between_share: float  # of it, the gaps between two slices: switch overhead (the ledger's), not idle edges
     gap_means: dict  # quantity -> its mean during the gaps
     gpu_means: dict  # quantity -> its mean over the window
     unmatched_events: int

@@ -251,6 +251,8 @@ class _Gpu:
         self.gram = np.zeros((len(quantities), 1, 1))  # fit: per quantity X'X over codes + gap
         self.moment = np.zeros((len(quantities), 1))  # X'y
         self.samples = 0
+        self.between = 0.0  # ns in gaps between consecutive slices: switch overhead, not the idle edges of the window
+        self.last_end: int | None = None  # where the last slice read ended
         self.unconverged: list[str] = []  # quantities whose fit stopped at its cap before converging
         self.held: tuple | None = None  # (stamp, values): a sample whose interval ends at the next one
         self.step = 0  # the last distance between two samples (when the export does not say its frequency)
@@ -318,6 +320,14 @@ class _Gpu:
         """Counts the slices; `keep`: hold them for the samples still to come."""
         np.add.at(self.resident, codes, (ends - starts).astype(np.float64))
         np.add.at(self.slices, codes, 1)
+        if len(starts):  # slices come in start order: each gap runs from the latest end so far to the next start
+            reached = np.empty_like(ends)  # before slice i: the latest end of the slices read before it
+            reached[0] = starts[0] if self.last_end is None else self.last_end
+            reached[1:] = ends[:-1]
+            np.maximum.accumulate(reached, out=reached)
+            self.last_end = int(max(reached[-1], ends[-1]))
+            np.subtract(starts, reached, out=reached)
+            self.between += float(reached[reached > 0].sum())
         if not keep:
             return
         s, e, c = self.pending
@@ -583,7 +593,9 @@ def _result(export, window, estimator, quantities, gpus, streams) -> Attribution
         out.append(GpuAttribution(
             gpu=index, name=info.name if info else f"GPU {index}", uuid=info.uuid if info else None,
             slices=int(gpu.slices.sum()), samples=gpu.samples, switch_gap_s=round(gap_s / 1e9, 9),
-            switch_gap_share=round(gap_s / length, 6), gap_means=_rounded(dict(zip(quantities, density[-1]))),
+            switch_gap_share=round(gap_s / length, 6),
+            switch_between_share=round(min(gpu.between, gap_s) / length, 6),
+            gap_means=_rounded(dict(zip(quantities, density[-1]))),
             gpu_means=_rounded(dict(zip(quantities, gpu_means))), unmatched_events=stream.unmatched,
             other_events=dict(sorted(stream.other_events.items())), fit_unconverged=tuple(gpu.unconverged),
             processes=tuple(processes)))

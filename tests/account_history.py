@@ -77,23 +77,135 @@ HOLDS = (
 )
 
 
+# The ledger of every GPU (issue 35, docs/ledger.md), by hand from the holds above. A holder: work = its SM,
+# hidden idle = busy - SM, time idle = its held share of the time no kernel ran on its GPU. A GPU: its holders'
+# cells summed, the MPS GPU's busy time unattributed (no per-client numbers), the MIG GPU's unread time
+# unmeasured, the idle time of the share nobody holds unheld; every GPU exported for the whole 48 hours.
+MPS_GPU, MPS_BUSY, MPS_SM = ("node-b", "0"), 0.8, 0.3
+MIG_GPU = ("node-b", "3")
+GPUS = sorted({(h.instance, h.gpu): h.model for h in HOLDS}.items())
+
+
+def ledger_cells(gpu: tuple, active) -> tuple[dict, dict]:
+    """(per hold {cell: rate}, the GPU's {cell: rate}) while exactly the holds `active` hold `gpu`."""
+    mine = {}
+    gpu_cells: dict[str, float] = {}
+    if gpu == MPS_GPU:
+        busy = MPS_BUSY if active else 0.0
+        gpu_cells = {"unattributed_sm_active_work": MPS_SM if active else 0.0,
+                     "unattributed_hidden_idle": busy - MPS_SM if active else 0.0}
+        mine = {h: {"time_idle": h.held * (1 - busy)} for h in active}
+    elif gpu == MIG_GPU:
+        busy = None
+        mine = {h: {"sm_active_work": h.sm} for h in active}
+        gpu_cells = {"unmeasured": 1.0 - sum(h.sm for h in active)}
+    else:
+        busy = sum(h.busy for h in active)
+        mine = {h: {"sm_active_work": h.sm, "hidden_idle": h.busy - h.sm, "time_idle": h.held * (1 - busy)}
+                for h in active}
+    if busy is not None:
+        gpu_cells["unheld"] = (1 - busy) * (1 - sum(h.held for h in active))
+    for cells in mine.values():
+        for cell, rate in cells.items():
+            gpu_cells[cell] = gpu_cells.get(cell, 0.0) + rate
+    return mine, gpu_cells
+
+
+def gpu_segments(gpu: tuple) -> list[tuple[float, float, tuple, dict, dict]]:
+    """(start, end, active holds, their cells, the GPU's cells) between every change of the GPU's holders."""
+    holds = [h for h in HOLDS if (h.instance, h.gpu) == gpu]
+    edges = sorted({0.0, LENGTH, *(h.start for h in holds), *(h.end for h in holds)})
+    out = []
+    for a, b in zip(edges, edges[1:]):
+        active = tuple(h for h in holds if h.start <= (a + b) / 2 < h.end)
+        out.append((a, b, active, *ledger_cells(gpu, active)))
+    return out
+
+
+def _ledger_value(instance: str, spans, t: float) -> float | None:
+    """A ledger counter at t from (start, end, rate) spans, None where no sample exists; it counts from 0
+    again after node-a's restart."""
+    if OUTAGE[0] <= t < OUTAGE[1] or (instance == RESTARTED and RESTART[0] < t < RESTART[1]):
+        return None
+    since = RESTART[1] if instance == RESTARTED and t >= RESTART[1] else 0.0
+    return sum(rate * max(0.0, min(t, b) - max(a, since)) for a, b, rate in spans)
+
+
+def _counted(instance: str, a: float, b: float) -> float:
+    """Seconds of (a, b) the exporter counted (node-a's restart minute cut out)."""
+    cut = max(0.0, min(b, RESTART[1]) - max(a, RESTART[0])) if instance == RESTARTED else 0.0
+    return b - a - cut
+
+
+def ledger_series():
+    """(metric name, label text, instance, [(start, end, rate)], end of the series) of every ledger counter."""
+    for (instance, index), model in GPUS:
+        segments = gpu_segments((instance, index))
+        gpu_labels = f'gpu="{index}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{index}"'
+        cells = sorted({c for seg in segments for c in seg[4]})
+        for cell in cells:
+            yield ("gpu_ledger_gpu_seconds", f'cell="{cell}",{gpu_labels}', instance,
+                   [(a, b, g.get(cell, 0.0)) for a, b, _act, _m, g in segments], LENGTH)
+        yield "gpu_ledger_observed_seconds", gpu_labels, instance, [(0.0, LENGTH, 1.0)], LENGTH
+        for hold in {h for seg in segments for h in seg[2]}:
+            mine = next(m[hold] for _a, _b, act, m, _g in segments if hold in act)
+            for cell, rate in sorted(mine.items()):
+                labels = dict(hold.labels(), cell=cell)
+                yield ("gpu_workload_ledger_gpu_seconds", ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())),
+                       instance, [(hold.start, hold.end, rate)], hold.end)
+
+
+def ledger_truth(by: str) -> dict[tuple, dict]:
+    """The holders' ledger GPU-hours per group and cell by hand, and per cell `<cell>_ends`: half a scrape of
+    each series that ends before the history does (Prometheus' extrapolation)."""
+    out: dict[tuple, dict] = {}
+    for (instance, index), _model in GPUS:
+        for a, b, active, mine, _g in gpu_segments((instance, index)):
+            for hold in active:
+                row = out.setdefault(GROUP_OF[by](hold), {})
+                for cell, rate in mine[hold].items():
+                    row[cell] = row.get(cell, 0.0) + rate * _counted(instance, a, b) / 3600
+                    if hold.end < LENGTH and b == hold.end:
+                        row[f"{cell}_ends"] = row.get(f"{cell}_ends", 0.0) + rate * STEP / 2 / 3600
+    return out
+
+
+def gpu_ledger_truth() -> tuple[dict, float]:
+    """({cell: GPU-hours} over every GPU, GPU-hours that existed) by hand."""
+    cells: dict[str, float] = {}
+    existed = 0.0
+    for (instance, index), _model in GPUS:
+        existed += _counted(instance, 0.0, LENGTH) / 3600
+        for a, b, _act, _m, gpu_cells in gpu_segments((instance, index)):
+            for cell, rate in gpu_cells.items():
+                cells[cell] = cells.get(cell, 0.0) + rate * _counted(instance, a, b) / 3600
+    return cells, existed
+
+
 def samples(t0: float, millis: bool = False):
-    """(family, label text, value, timestamp) of every sample, series by series."""
+    """(metric name, label text, value, timestamp) of every sample, series by series."""
+    def stamp(i):
+        return f"{int((t0 + i * STEP) * 1000)}" if millis else f"{t0 + i * STEP:.3f}"
+
     for family, labels, hold in series(HOLDS):
         for i in range(int(LENGTH // STEP) + 1):
             value = hold.value(family, i * STEP)
             if value is not None:
-                yield family, labels, value, (f"{int((t0 + i * STEP) * 1000)}" if millis else f"{t0 + i * STEP:.3f}")
+                yield f"gpu_workload_{family}_gpu_seconds", labels, value, stamp(i)
+    for name, labels, instance, spans, end in ledger_series():
+        for i in range(int(min(end, LENGTH) // STEP) + 1):
+            value = _ledger_value(instance, spans, i * STEP)
+            if value is not None and i * STEP >= min(a for a, _b, _r in spans):
+                yield name, labels, value, stamp(i)
 
 
 def write_openmetrics(t0: float, fh) -> int:
     """Every counter from t0 to t0 + LENGTH, OpenMetrics for `promtool tsdb create-blocks-from openmetrics`."""
     count, last = 0, None
-    for family, labels, value, stamp in samples(t0):
-        name = f"gpu_workload_{family}_gpu_seconds"
-        if family != last:
-            fh.write(f"# HELP {name} GPU-seconds ({family}) of a workload.\n# TYPE {name} counter\n")
-            last = family
+    for name, labels, value, stamp in samples(t0):
+        if name != last:
+            fh.write(f"# HELP {name} GPU-seconds ({name}).\n# TYPE {name} counter\n")
+            last = name
         fh.write(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
         count += 1
     fh.write("# EOF\n")
@@ -104,8 +216,8 @@ def prometheus_text(t0: float):
     """The same samples as Prometheus text with millisecond timestamps (VictoriaMetrics' import API), in
     pieces of 10,000 lines."""
     lines = []
-    for family, labels, value, stamp in samples(t0, millis=True):
-        lines.append(f"gpu_workload_{family}_gpu_seconds_total{{{labels}}} {value:.6f} {stamp}\n")
+    for name, labels, value, stamp in samples(t0, millis=True):
+        lines.append(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
         if len(lines) >= 10000:
             yield "".join(lines)
             lines = []

@@ -152,6 +152,41 @@ def test_counters_equal_the_hand_computed_truth(store, capsys, by):
                        f"{store['engine']} {group} {family} unknown")
 
 
+@pytest.mark.parametrize("by", [*ROLLUP_GROUPINGS, "pod"])
+def test_the_holders_ledger_cells_equal_the_hand_computed_truth(store, capsys, by):
+    """Each group's ledger cells from the counters within 0.1% of the hand-computed ones (Prometheus: plus its
+    extrapolation past the series that end inside the range); waste is its hidden idle + time idle."""
+    got, want = by_group(report(capsys, store, by, "counters")), history.ledger_truth(by)
+    assert set(got) == set(want), (by, set(got) ^ set(want))
+    for group, row in want.items():
+        have = got[group]["ledger"]
+        for cell in ("sm_active_work", "hidden_idle", "time_idle"):
+            extrapolated = row.get(f"{cell}_ends", 0.0) if store["engine"] == "prometheus" else 0.0
+            within(have["cells"][cell] - extrapolated, row.get(cell, 0.0), 1e-3, f"{store['engine']} {group} {cell}")
+        within(have["waste_gpu_hours"], have["cells"]["hidden_idle"] + have["cells"]["time_idle"], 1e-6, "waste")
+
+
+@pytest.mark.parametrize("source", ["auto", "counters"])
+def test_every_gpus_cells_sum_to_the_gpu_hours_that_existed_and_waste_stays_within_them(store, capsys, source):
+    """11 GPUs over 48 h (node-a's restart minute not counted): the report's GPU ledger equals the hand
+    computation within 0.1%, every GPU's cells sum to its observed hours within 0.1%, the fleet's waste
+    (hidden idle + time idle + switch overhead, attributed or not) and the groups' rows never exceed them."""
+    document = report(capsys, store, "namespace", source)
+    ledger, (cells, existed) = document["gpu_ledger"], history.gpu_ledger_truth()
+    assert ledger["gpus"] == len(history.GPUS) and ledger["skipped"] is None
+    within(ledger["observed_gpu_hours"], existed, 1e-3, "GPU-hours that existed")
+    within(ledger["cells_sum_gpu_hours"], ledger["observed_gpu_hours"], 1e-3, "cells sum to the wall clock")
+    assert ledger["worst_gpu_relative_error"] < 1e-3
+    for cell, hours in cells.items():
+        within(ledger["cells"].get(cell, 0.0), hours, 1e-3, f"{store['engine']} GPU ledger {cell}")
+    waste = cells["hidden_idle"] + cells["time_idle"] + cells["unattributed_hidden_idle"]
+    within(ledger["waste_gpu_hours"], waste, 1e-3, "fleet waste")
+    assert ledger["waste_gpu_hours"] <= ledger["observed_gpu_hours"]
+    rows = [*document["groups"], document["total"]]
+    assert all(g["ledger"]["gpu_hours"] <= ledger["observed_gpu_hours"] * (1 + 1e-3) for g in rows)
+    assert document["total"]["waste_gpu_hours"] <= ledger["waste_gpu_hours"] * (1 + 5e-3)
+
+
 COLUMNS = ("gpu_hours", "unknown_gpu_hours", "share", "exactly_measured_gpu_hours", "estimated_gpu_hours")
 
 
@@ -175,6 +210,8 @@ def test_rollups_equal_the_counters_in_every_column(store, capsys, by):
                         within(have[family][column], want[family][column], 5e-3, f"{what} {family} {column}")
             for basis, value in want[family].get("basis", {}).items():
                 within(have[family]["basis"][basis], value, 5e-3, f"{what} {family} basis {basis}")
+        for cell, value in want["ledger"]["cells"].items():
+            within(have["ledger"]["cells"][cell], value, 5e-3, f"{what} ledger {cell}")
 
 
 def test_mps_clients_are_unknown_alike_from_both(store, capsys):

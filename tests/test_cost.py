@@ -204,3 +204,66 @@ def test_scrapes_during_a_render_get_the_previous_body_and_the_one_that_asked_ge
 
     first, meanwhile, current, later = asyncio.run(scrapes())
     assert meanwhile is first and current is not first and later is current
+
+
+# -- the server between scrapes -------------------------------------------------------------------------------
+def test_the_server_wakes_once_a_second_when_idle_and_at_once_for_a_stop(monkeypatch):
+    """uvicorn polls for a stop ten times a second; idle, that was most of the exporter's own CPU. The loop
+    waits IDLE_TICK_S (refreshing the Date header each time, as uvicorn does every tenth poll) and a stop
+    ends the wait at once."""
+    import asyncio
+    import signal
+
+    import uvicorn
+
+    from exporter import server
+
+    srv = server._Server(uvicorn.Config(app=None))
+    srv.config.encoded_headers = []
+    waits, real_wait_for = [], asyncio.wait_for
+
+    async def recorded(awaitable, timeout):
+        waits.append(timeout)
+        if len(waits) == 3:  # a SIGTERM during the third wait: it ends without waiting out its second
+            asyncio.get_running_loop().call_soon(srv.handle_exit, signal.SIGTERM, None)
+            return await awaitable  # no timeout: only the stop can end this wait
+        return await real_wait_for(awaitable, 0.001)
+
+    monkeypatch.setattr(asyncio, "wait_for", recorded)
+    asyncio.run(real_wait_for(srv.main_loop(), 60))  # a stop that did not wake the loop would hang here
+    assert waits == [server.IDLE_TICK_S] * 3 and server.IDLE_TICK_S == 1.0 and srv.should_exit
+    assert srv.server_state.default_headers and srv.server_state.default_headers[0][0] == b"date"
+
+
+def test_the_connection_sweep_runs_while_connections_are_open_and_stops_with_the_last():
+    """Deadlines are swept a few times a second while a connection is open; between scrapes nothing is."""
+    import asyncio
+
+    from exporter.server import Guard, Limits
+
+    guard = Guard(Limits(header_timeout=0.25, idle_timeout=0.25))  # a sweep every 0.05 s
+
+    class Connection:  # what the sweep reads of uvicorn's protocol (GuardedProtocol): an idle keep-alive
+        host, phase, seen_phase, idle_since = "127.0.0.1", "idle", "idle", 0.0
+
+        def __init__(self, loop):
+            self.loop = loop
+
+        def deadline(self, phase):
+            return float("inf")
+
+    async def scenario():
+        conn = Connection(asyncio.get_running_loop())
+        guard.admit(conn)
+        first = guard._sweeper
+        await asyncio.sleep(0.2)
+        swept = guard.now > 0.0 and not first.done()  # sweeping while the connection is open
+        guard.forget(conn)
+        await asyncio.wait_for(first, 5)  # the last connection gone: the sweep ends
+        guard.admit(conn)  # the next one starts it again
+        again = guard._sweeper
+        guard.forget(conn)
+        await asyncio.wait_for(again, 5)
+        return swept, first is not again, guard._sweeper
+
+    assert asyncio.run(scenario()) == (True, True, None)

@@ -58,6 +58,19 @@ def procs(result, gpu=0):
     return {p["pid"]: p for p in result["gpus"][gpu]["processes"]}
 
 
+def test_switch_overhead_is_the_gaps_between_slices_not_the_windows_idle_edges(tmp_path):
+    """Issue 35: A 2-4 ms, B 4.5-8 ms in a 10 ms window: 0.5 ms between the slices is switch overhead (0.05);
+    the 4.5 ms without any context (before A, after B) is not."""
+    samples = [(0, ms, {"sm_active": 0.5}) for ms in range(10)]
+    g0 = run(synth.ctxsw_export(tmp_path / "edges.sqlite", slices=[(0, 2.0, 4.0, A, 1), (0, 4.5, 8.0, B, 2)],
+                                samples=samples, processes=PROCESSES))["gpus"][0]
+    assert g0["switch_gap_share"] == approx(0.45) and g0["switch_between_share"] == approx(0.05)
+    # the same slices read in chunks of one: a gap across two chunks counts once
+    g0 = run(synth.ctxsw_export(tmp_path / "edges.sqlite", slices=[(0, 2.0, 4.0, A, 1), (0, 4.5, 8.0, B, 2)],
+                                samples=samples, processes=PROCESSES), chunk_rows=1)["gpus"][0]
+    assert g0["switch_between_share"] == approx(0.05)
+
+
 def test_overlap_splits_straddling_samples_by_the_time_each_slice_covers(tmp_path):
     result = run(build(tmp_path), estimator="overlap")
     g0 = result["gpus"][0]
@@ -67,6 +80,7 @@ def test_overlap_splits_straddling_samples_by_the_time_each_slice_covers(tmp_pat
     assert (a["command"], a["slices"], a["resident_s"], a["time_share"]) == ("python3 train.py", 2, 0.005, 0.5)
     assert (b["resident_s"], b["time_share"]) == (0.0042, 0.42)
     assert g0["switch_gap_s"] == approx(0.0008) and g0["switch_gap_share"] == approx(0.08)
+    assert g0["switch_between_share"] == approx(0.08)  # every gap lies between two slices
     # A: 4 whole samples at 0.8, half of (2,3] at 0.44, half of (7,8] at 0.4 -> 3.62 / 5
     assert a["while_resident"]["sm_active"] == approx(0.724)
     assert a["of_gpu"]["sm_active"] == approx(0.724 * 0.5)

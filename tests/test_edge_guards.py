@@ -250,7 +250,7 @@ def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tm
 def test_device_plugin_shares_at_their_edges():
     """Mutants: a container's IDs of one GPU not clamped to the GPU ("0" and "GPU-aaaa" are one GPU twice);
     index:mig IDs held whole; a replica whose N the kubelet does not say held whole; an ID offered twice
-    counted as two replicas; the outermost container ID of a cgroup path taken."""
+    counted as two replicas; the outermost container ID of a cgroup path taken; a replica's basis said whole."""
     from collections import Counter
 
     from exporter.samplers.kubelet import PodRef, cgroup_container_id, held_shares, offered_replicas, replicas_of
@@ -266,8 +266,34 @@ def test_device_plugin_shares_at_their_edges():
     offered = [type("Devices", (), {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-aaaa::0", "GPU-aaaa::1",
                                                                                      "GPU-aaaa::1"]})()]
     assert offered_replicas(offered) == Counter({"GPU-aaaa": 2})
+    from exporter.samplers.kubelet import id_basis
+
+    two = Counter({"GPU-aaaa": 2, "MIG-1111": 1})
+    assert (id_basis("GPU-aaaa::0", devices, two), id_basis("GPU-aaaa", devices, Counter({"GPU-aaaa": 1})),
+            id_basis("MIG-1111", devices, two)) == (REPLICAS, WHOLE, MIG)
     outer, inner = "a" * 64, "b" * 64
     assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
+
+
+def test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu(tmp_path):
+    """Mutants: the listed check dropped (the notebook's pid 419 would be owned by a container that holds no
+    GPU now: its pod left the List answer, its log link is still there); a failed List keeping the holders."""
+    from exporter.samplers.kubelet import KubeletSampler, PodRef
+    from tests.kubelet_server import kubernetes_node
+
+    kubernetes_node(tmp_path)  # /proc of pids 417-420 and the kubelet's log links, under tmp_path
+    gpu = GpuIdentity(0, "GPU-aaaa", "H100")
+    compute = tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in (417, 418, 419, 420))
+    nvml = type("Nvml", (), {"telemetry": {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=compute)}})()
+    sampler = KubeletSampler(str(tmp_path / "kubelet.sock"), nvml, proc_root=str(tmp_path / "proc"),
+                             container_logs=str(tmp_path / "containers"))
+    trainer = PodRef("team-a", "train-0", "trainer")
+    assert sampler._owners({("team-a", "train-0", "trainer")}, []) == {417: trainer, 418: trainer}
+    # the kubelet gone: what it listed goes too (mutant: the holdings of the last good List kept)
+    sampler.holdings = Holdings(gpus={gpu.uuid: {Holder("team-a", "train-0", "trainer"): Held(1.0)}}, owners={417: TRAINER})
+    sampler.tick()
+    assert sampler.holdings.gpus == {} and sampler.holdings.owners == {} and "no kubelet" in sampler.holdings.error
+    assert not sampler.health.success
 
 
 # -- exporter/samplers/dra.py --------------------------------------------------------------------------
@@ -427,11 +453,28 @@ def test_rule_runs_and_spans_at_their_edges():
     assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
     assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
     assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
-    assert [s.source for s in plan_spans([(100.0, 300.0), (160.0, 300.0)], 0.0, 1000.0)] == ["counters"]
+    # two evaluations spanning the whole range are no run; three are
+    assert [s.source for s in plan_spans([(1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)] == ["counters"]
+    assert "rules" in [s.source for s in plan_spans([(940.0, 300.0), (1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)]
     # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
     (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
     assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
                                                                                       3120.0, 60.0)
+
+
+def test_an_evaluation_on_the_edge_of_two_days_is_read_once():
+    """Mutant: `chunk_start < t` -> `<=` (a store answering a range's both ends, as a range selector may,
+    makes the evaluation at midnight count in both days: "stored more than once")."""
+    from gpu_spatial.report.account import DAY, Plan, heartbeat
+
+    class Store:  # the heartbeat every 60 s; a range [at - d, at] answered with both ends
+        def query_matrix(self, expr, at):
+            d = float(expr.rsplit("[", 1)[1].rstrip("ms]")) / 1000
+            return [{"metric": {}, "values": [[t, "300"] for t in range(0, int(2 * DAY) + 1, 60) if at - d <= t <= at]}]
+
+    notes = []
+    evaluations, twice = heartbeat(Store(), Plan("namespace"), 0.0, 2 * DAY, notes)
+    assert twice == set() and notes == [] and len(evaluations) == 2 * DAY / 60  # (0, 2 days]: once each
 
 
 def test_report_pieces_that_keep_unknown_and_odd_values_apart():

@@ -31,7 +31,8 @@ def normalise(text: str) -> str:
     for line in text.splitlines():
         if re.match(r"^(# (HELP|TYPE) )?process_", line):
             continue
-        if line.startswith(VOLATILE) or re.match(r"^gpu_workload_(\w+_gpu_seconds_(total|created)|idle_seconds)\{", line):
+        if line.startswith(VOLATILE) or re.match(r"^gpu_(workload_(\w+_gpu_seconds_(total|created)|idle_seconds)|"
+                                                 r"ledger_\w+_seconds_(total|created))\{", line):
             line = line.rsplit(" ", 1)[0] + " <volatile>"
         lines.append(line)
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 - Rollups are turned into GPU-seconds with the rule group's own interval: a Prometheus whose rollups run
   every 30 s (rules loaded, so /api/v1/rules says 30) gives the scenario's GPU-hours from the rules.
   Mutation: `* interval` -> `* 60` in the rule query.
-- Waste is held-idle plus hidden-idle. Mutation: hidden idle left out of waste.
+- Waste is the ledger's hidden idle plus time idle (docs/ledger.md). Mutations: either left out, the old
+  held-idle added.
 - Credentials are checked against Debian's Prometheus with basic auth (web config), so the guard runs
   wherever Prometheus does, not only where VictoriaMetrics is installed. Mutations: the basic auth
   header not sent, the 401 not told apart from other errors.
@@ -31,15 +32,20 @@ STEP = 10.0
 S3CRET_BCRYPT = "$2b$10$abcdefghijklmnopqrstuu3KWNuWLhBnmgYfnzONPueahDuedC/lu"
 
 
-def test_waste_is_held_idle_plus_hidden_idle():
+def test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views():
+    """a: the old held-idle (1800 s) and hidden-idle (2700 s) are not waste any more; its ledger cells are:
+    hidden idle 900 s + time idle 1800 s. b: busy 3600 s with no SM split: its waste is a lower bound (0)."""
     totals = {("a",): {("held", ""): 7200.0, ("held_idle", ""): 1800.0, ("busy", "nvml"): 3600.0,
-                       ("sm_active", "exact"): 900.0, ("hidden_idle", "exact"): 2700.0},
-              ("b",): {("held", ""): 3600.0, ("hidden_idle", "time_share"): 3600.0}}
+                       ("sm_active", "exact"): 900.0, ("hidden_idle", "exact"): 2700.0,
+                       ("ledger", "sm_active_work"): 1800.0, ("ledger", "hidden_idle"): 900.0,
+                       ("ledger", "time_idle"): 1800.0},
+              ("b",): {("held", ""): 3600.0, ("hidden_idle", "time_share"): 3600.0, ("ledger", "busy_unsplit"): 3600.0}}
     table = summarize(totals, ("namespace",)).set_index("namespace")
-    assert table.loc["a", "waste_gpu_hours"] == pytest.approx(0.5 + 0.75)
-    assert table.loc["b", "waste_gpu_hours"] == pytest.approx(1.0)  # hidden idle alone is waste
-    assert list(top_wasters(table.reset_index(), ["namespace"])["namespace"]) == ["a", "b"]
-    assert not math.isnan(table.loc["(all)", "waste_gpu_hours"]) and table.loc["(all)", "waste_gpu_hours"] == 2.25
+    assert table.loc["a", "waste_gpu_hours"] == pytest.approx(0.25 + 0.5)
+    assert table.loc["a", "ledger_gpu_hours"] == pytest.approx(1.25) and not table.loc["a", "waste_is_lower_bound"]
+    assert table.loc["b", "waste_gpu_hours"] == 0.0 and table.loc["b", "waste_is_lower_bound"]
+    assert list(top_wasters(table.reset_index(), ["namespace"])["namespace"]) == ["a"]
+    assert table.loc["(all)", "waste_gpu_hours"] == pytest.approx(0.75) and table.loc["(all)", "waste_is_lower_bound"]
 
 
 @needs("prometheus", "promtool")

@@ -140,6 +140,22 @@ def test_workloads_shown_when_present_never_required():
     assert "workload trainer-0  time_share 0.45 (ctxsw)  sm_active 0.20 (time_share)" in screen(data)
 
 
+def test_both_views_of_a_holder_and_the_gpus_ledger_are_shown_apart():
+    """Issue 35: a holder's allocation (held, used) and its ledger cells on one line, labelled apart; the
+    GPU's ledger on its own line, unattributed parts named, summing to 100% of the GPU."""
+    data = snapshot()
+    data["workloads"] = [{"uuid": "GPU-1234", "pod": "trainer-0", "held_share": 0.25, "time_share": 0.4,
+                          "ledger": {"sm_active_work": 0.02, "hidden_idle": 0.38, "time_idle": 0.0}}]
+    data["ledgers"] = [{"uuid": "GPU-1234", "cells": {"sm_active_work": 0.04, "hidden_idle": 0.76,
+                                                      "unattributed_hidden_idle": 0.19, "time_idle": 0.01}},
+                       {"uuid": "GPU-other", "cells": {"unheld": 1.0}}]
+    text = screen(data, width=200, height=40)
+    assert "workload trainer-0  alloc: held_share 0.25  time_share 0.40  | ledger: work 0.02  hidden idle 0.38  " \
+           "time idle 0.00" in text
+    assert "ledger work   4%  hidden idle  95% ( 19% nobody's)  time idle   1%  (physical: sums to 100%)" in text
+    assert "unheld" not in text  # another GPU's ledger
+
+
 def test_mps_server_paging_shown_only_when_it_pages():
     quiet, paging = snapshot(), snapshot()
     paging["gpus"][0]["diagnosis"]["evidence"]["mps_server_faults_per_s"] = 0.1

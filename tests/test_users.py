@@ -119,3 +119,51 @@ def test_bad_holder_choices_are_one_line(flag, message):
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, capsys):
+    """The README's tour, rerun (issue 35): the whole H100 recording, users alice, bob and uid 1003, a real
+    Prometheus scraping every second, `gpu-spatial report --by user`. The old account printed alice busy at
+    168% and waste above the GPU-hours; now the GPU ledger's cells add up to the GPU-hours that existed
+    (0.1%), no user's physical row exceeds them, and total waste stays within them. Used of held (the
+    allocation view) may exceed 100%: it is labelled as such, never added to the ledger."""
+    from tests.helpers import Prometheus
+    from tests.test_report import run_report
+
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC, proc)
+    with Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), *FLAGS, "--proc-root", str(proc),
+                  "--held-idle-after", "1m") as exporter:
+        wait_for(lambda: len(workloads(exporter)) == 3, 15, 0.2, "three users")
+        prom = Prometheus(tmp_path, {"gpu": [exporter.url.removeprefix("http://")]})
+        try:
+            def scraped(count):
+                found = prom.query("count_over_time(gpu_ledger_observed_seconds_total[1h])")
+                return found and float(found[0]["value"][1]) >= count
+            wait_for(lambda: scraped(10), 40, 0.5, "ten scrapes of the ledger")
+            code, out, err = run_report(capsys, "--prometheus", prom.url, "--last", "1h", "--by", "user",
+                                        "--source", "counters", "--format", "json")
+            assert code == 0, err
+            document = json.loads(out)
+            code, text, err = run_report(capsys, "--prometheus", prom.url, "--last", "1h", "--by", "user",
+                                         "--source", "counters")
+            assert code == 0, err
+        finally:
+            prom.stop()
+    ledger = document["gpu_ledger"]
+    existed = ledger["observed_gpu_hours"]
+    assert ledger["gpus"] == 1 and existed > 0
+    assert ledger["cells_sum_gpu_hours"] == pytest.approx(existed, rel=1e-3)
+    assert ledger["waste_gpu_hours"] <= existed
+    users = {g["name"]: g for g in document["groups"]}
+    assert set(users) == {"alice", "bob", "1003"}
+    for row in [*users.values(), document["total"]]:
+        assert row["ledger"]["gpu_hours"] <= existed * (1 + 1e-3), row
+        assert row["waste_gpu_hours"] <= row["ledger"]["gpu_hours"] + 1e-9
+    assert document["total"]["ledger"]["gpu_hours"] <= existed * (1 + 1e-3)
+    # the text shows both views under their own names, and no row's "of what existed" above 100%
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("user"))
+    assert "allocation: used of held" in header and "ledger: of what existed" in header
+    shares = [float(line.split()[-1].rstrip("%")) for line in text.splitlines()
+              if line.split() and line.split()[0] in {"alice", "bob", "1003", "(all)"}]
+    assert len(shares) == 4 and max(shares) <= 100.0, text

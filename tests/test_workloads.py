@@ -267,6 +267,20 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         assert by_pod("gpu_workload_held_idle") == {"train-0": 0.0, "notebook": 0.0, "idle": 1.0}
         assert by_pod("gpu_workload_processes") == {"train-0": 2.0, "notebook": 1.0, "idle": 0.0}
         assert set(by_pod("gpu_workload_sm_active_ratio", basis="time_share")) == {"train-0", "notebook"}
+        # The ledger of the same frame by hand (docs/ledger.md): the GPU's busy time T (the raw shares 0.4, 0.4
+        # and 0.2 scaled to it) is the pods' 0.4 T each (work = SM x 0.4, the rest hidden idle) and the host
+        # process's 0.2 T (nobody's: unattributed, SM active beyond the pods' in work); the 1 - T no kernel ran
+        # by held share. Both views side by side in the API.
+        busy = trainer["time_share"] / 0.4
+        ledger = {cell: round(v, 6) for cell, v in trainer["ledger"].items() if v}
+        assert ledger == pytest.approx({"sm_active_work": sm * 0.4, "hidden_idle": 0.4 * busy - sm * 0.4,
+                                        "time_idle": (1 - busy) * 0.5}, abs=2e-6)
+        assert {c: v for c, v in idle["ledger"].items() if v} == pytest.approx({"time_idle": (1 - busy) * 0.25}, abs=2e-6)
+        status, body = http_get(exporter.url + "/api/v1/workloads")
+        (gpu_ledger,) = json.loads(body)["ledgers"]
+        assert {c: v for c, v in gpu_ledger["cells"].items() if v} == pytest.approx({
+            "sm_active_work": sm * 0.8, "hidden_idle": 0.8 * busy - sm * 0.8, "unattributed_sm_active_work": sm * 0.2,
+            "unattributed_hidden_idle": 0.2 * busy - sm * 0.2, "time_idle": 1 - busy}, abs=2e-6)
         labels = next(l for l, _ in samples["gpu_workload_held_share_ratio"] if l["pod"] == "idle")
         assert labels == {"gpu": "0", "uuid": UUID, "model": "NVIDIA H100 80GB HBM3", "namespace": "team-c",
                           "pod": "idle", "container": "c", "hpc_job": "", "claim": "", "user": ""}  # empty: never stored
@@ -393,6 +407,10 @@ def test_counters_in_prometheus_equal_the_hand_computed_gpu_seconds(node, tmp_pa
             first = answer()
             last = wait_for(lambda: (a := answer())[0] >= first[0] + 2 and a, 60, 0.2, "two seconds of updates")
             assert (last[1] - first[1]) / (last[0] - first[0]) == pytest.approx(0.5, rel=1e-4)
+            # the GPU's ledger: its cells add up to the wall clock it was observed (1 GPU-second per second of it)
+            cells = prom.query(f"sum(increase(gpu_ledger_gpu_seconds_total[{window}s]))")
+            observed = prom.query(f"sum(increase(gpu_ledger_observed_seconds_total[{window}s]))")
+            assert float(cells[0]["value"][1]) == pytest.approx(float(observed[0]["value"][1]), rel=1e-3)
         finally:
             prom.stop()
 

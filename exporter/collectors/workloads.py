@@ -5,7 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
 from exporter.holders import Holder
-from exporter.vocabulary import ACTIVE, CUPTI, WORKLOAD_SOURCE_STATES
+from exporter.vocabulary import ACTIVE, CUPTI, LEDGER, WORKLOAD_SOURCE_STATES
 
 HOLDER_LABELS = list(Holder.LABELS)
 LABELS = GPU_LABELS + HOLDER_LABELS
@@ -20,7 +20,8 @@ class WorkloadCollector:
         if self._engine.workloads is None:
             return []
         sources = self._engine.workloads.sources
-        return [*_families().values(), *(f for name, source in sources.items() for f in _state_families(name, source)),
+        return [*_families().values(), *_gpu_ledger_families(),
+                *(f for name, source in sources.items() for f in _state_families(name, source)),
                 *(_cupti_families() if CUPTI in sources else ())]
 
     def collect(self):
@@ -31,6 +32,7 @@ class WorkloadCollector:
                                                                       f["time_share"], f["sm_active"], f["folded"])
         idle_seconds, held_idle, c_held, c_busy, c_sm, c_hidden, c_idle = (
             f["idle_seconds"], f["held_idle"], f["c_held"], f["c_busy"], f["c_sm"], f["c_hidden"], f["c_idle"])
+        c_ledger = f["c_ledger"]
         for w in self._engine.snapshot.workloads:
             labels = [str(w.gpu.index), w.gpu.uuid, w.gpu.model] + w.holder.labels()
             if w.folded:
@@ -57,10 +59,13 @@ class WorkloadCollector:
                 c_sm.add_metric(labels + [basis], value, created=w.created)
             for basis, value in sorted(w.counters["hidden_idle"].items()):
                 c_hidden.add_metric(labels + [basis], value, created=w.created)
+            for cell, value in sorted(w.counters[LEDGER].items()):
+                c_ledger.add_metric(labels + [cell], value, created=w.created)
             if w.idle_seconds is not None:
                 idle_seconds.add_metric(labels, w.idle_seconds)
                 held_idle.add_metric(labels, 1.0 if w.held_idle else 0.0)
         yield from f.values()
+        yield from self._gpu_ledgers()
         yield from self._source_states()
         if CUPTI in self._engine.workloads.sources:
             yield from self._cupti_gpus()
@@ -75,6 +80,17 @@ class WorkloadCollector:
                 unattributed.add_metric(labels, scaling.unattributed)
             untraced.add_metric(labels, scaling.untraced)
         yield from (unattributed, untraced)
+
+    def _gpu_ledgers(self):
+        """Per GPU, every cell of its ledger and the wall-clock seconds they sum to."""
+        cells, observed = _gpu_ledger_families()
+        for book in self._engine.workloads.gpu_ledgers:
+            labels = [str(book.gpu.index), book.gpu.uuid, book.gpu.model]
+            for cell, value in sorted(book.counters.items()):
+                cells.add_metric(labels + [cell], round(value, 6), created=book.created)
+            observed.add_metric(labels, round(book.observed, 6), created=book.created)
+        yield cells
+        yield observed
 
     def _source_states(self):
         """Per workload source and GPU: its state and its window's time."""
@@ -134,7 +150,20 @@ def _families() -> dict:
                              "(max(0, time share - SM active) x seconds).", ["basis"]),
         "c_idle": _counter("gpu_workload_held_idle_gpu_seconds", "GPU-seconds held while idle (held share x idle "
                            "seconds)."),
+        "c_ledger": _counter("gpu_workload_ledger_gpu_seconds", "The holder's cells of its GPU's ledger "
+                             "(docs/ledger.md), GPU-seconds: sm_active_work, hidden_idle, busy_unsplit, time_idle. "
+                             "Physical: never add held GPU-seconds (the allocation view) to these.", ["cell"]),
     }
+
+
+def _gpu_ledger_families() -> tuple[CounterMetricFamily, CounterMetricFamily]:
+    """Per GPU: every cell of its ledger, and the wall-clock seconds they sum to."""
+    return (CounterMetricFamily("gpu_ledger_gpu_seconds", "Every GPU-second of the GPU in exactly one cell "
+                                "(docs/ledger.md): the holders' cells summed, the unattributed ones, switch_overhead, "
+                                "unheld, unmeasured. Sums over cell to gpu_ledger_observed_seconds_total.",
+                                labels=GPU_LABELS + ["cell"]),
+            CounterMetricFamily("gpu_ledger_observed_seconds", "Wall-clock seconds the exporter accounted the GPU for: "
+                                "the GPU-hours that existed.", labels=GPU_LABELS))
 
 
 def _cupti_families() -> tuple[GaugeMetricFamily, GaugeMetricFamily]:

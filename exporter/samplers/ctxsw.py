@@ -214,7 +214,7 @@ class CtxswSampler(LatestWindows):
             shares = {p.pid: ProcessShare(time=p.time_share, sm=p.of_gpu.get("sm_active"))
                       for p in entry.processes if p.pid is not None}
             self.readings[gpu.uuid] = ProcessWindow(basis=CTXSW, window_start=start, window_end=end, listed=listed,
-                                                    shares=shares, switch_overhead=entry.switch_gap_share)
+                                                    shares=shares, switch_overhead=entry.switch_between_share)
             stopped = entry.fit_unconverged
             self._set(gpu.uuid, SourceState(
                 ACTIVE, f"{entry.slices} slices of {len(shares)} processes in {end - start:.1f} s, switch gaps "

@@ -141,6 +141,8 @@ def chart_step(length: float) -> float:
 
 
 def build(args, now: float):
+    from exporter.vocabulary import WASTE_CELLS
+
     from . import account, summary
     from .render import Report
 
@@ -167,7 +169,7 @@ def build(args, now: float):
         step = chart_step(end - start)
         wasters = summary.top_wasters(table, list(plan.labels), charts.MAX_GROUPS)
         charted = {tuple(row[label] for label in plan.labels) for _, row in wasters.iterrows()}
-        waste = account.timeline(api, plan, collected, ("held_idle", "hidden_idle"), step, charted)
+        waste = account.timeline(api, plan, collected, WASTE_CELLS, step, charted)
         report.charts = {"Waste by group over time": charts.waste_over_time(waste, plan.labels, step),
                          "Time vs spatial per group": charts.time_vs_spatial(table, plan.labels)}
         collected.queries = api.requests

@@ -28,7 +28,11 @@ from dataclasses import dataclass, field
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
+LEDGER = "ledger"  # the holders' ledger cells (exporter/ledger.py): keyed by cell, not basis
 WITH_BASIS = ("busy", "sm_active", "hidden_idle")
+KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the rest of WITH_BASIS)
+GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
+GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
 # Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
 # own kernels (cupti); SM active exact (alone on the GPU), from the holder's own context-switch slices, the GPU's
@@ -92,7 +96,10 @@ class Plan:
 
     @property
     def selector(self) -> str:
-        return "{" + ", ".join(f"{label}{op}{value}" for label, op, value in self.matchers) + "}"
+        return self.selector_with()
+
+    def selector_with(self, *extra: tuple[str, str, str]) -> str:
+        return "{" + ", ".join(f"{label}{op}{value}" for label, op, value in (*self.matchers, *extra)) + "}"
 
     def rules_unusable(self) -> str | None:
         """Why the rollups cannot answer this report, or None."""
@@ -111,6 +118,7 @@ class Plan:
             return f"increase({counter(quantity)}{self.selector}[{window}])"
 
         queries = [(q, False, f"sum by ({by}{', basis' * (q in WITH_BASIS)}) ({increase(q)})") for q in QUANTITIES]
+        queries.append((LEDGER, False, f"sum by ({by}, cell) ({increase(LEDGER)})"))
         for quantity in COVERED:  # held GPU-seconds of holders that have no series of the quantity
             queries.append((quantity, True,
                             f"sum by ({by}) ({increase('held')} unless ignoring (basis) {increase(quantity)})"))
@@ -129,6 +137,7 @@ class Plan:
 
         queries = [(q, False, summed(rollup(label, q), f"{label}, basis" if q in WITH_BASIS else label))
                    for q in QUANTITIES]
+        queries.append((LEDGER, False, summed(rollup(label, LEDGER), f"{label}, cell")))
         queries += [(q, True, summed(rollup(label, f"held_without_{q}"), label)) for q in COVERED]
         return queries
 
@@ -163,6 +172,17 @@ class Span:
 
 
 @dataclass
+class GpuLedgerTotals:
+    """The per-GPU ledger over the range, from the counters: every GPU-second that existed in one cell."""
+
+    cells: dict = field(default_factory=dict)       # cell -> GPU-seconds over every GPU selected
+    observed: float = 0.0                             # wall-clock GPU-seconds that existed (the cells' sum)
+    worst: float = 0.0                                # largest |cells - observed| / observed of one GPU
+    gpus: set = field(default_factory=set)            # (instance, uuid) seen
+    skipped: str = ""                                 # why there is none (matchers on holder labels)
+
+
+@dataclass
 class Collected:
     totals: dict               # group tuple -> {(quantity, basis or "unknown"): GPU-seconds}
     spans: list                # Span, in time order
@@ -170,6 +190,7 @@ class Collected:
     rule_window: float | None  # W of the rollups used
     notes: list[str]
     queries: int
+    ledger: GpuLedgerTotals = field(default_factory=GpuLedgerTotals)
 
     def source_seconds(self) -> dict:
         """source -> (seconds of the range, held GPU-seconds) it answered."""
@@ -401,12 +422,14 @@ class Totals:
             metric = _metric(sample)
             if unknown:
                 basis = "unknown"
+            elif plan_quantity in KEY_LABEL:
+                basis = _label(metric, KEY_LABEL[plan_quantity]) or "unknown"
             elif plan_quantity in WITH_BASIS:
                 basis = _label(metric, "basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")
             else:
                 basis = "exact"
             group = _group(metric, self.labels)
-            series = (group, _label(metric, "basis"))
+            series = (group, _label(metric, KEY_LABEL.get(plan_quantity, "basis")))
             if series in seen:
                 raise ReportError("the server answered one series twice in one answer: is it a Prometheus API?")
             seen.add(series)
@@ -455,8 +478,37 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
     if len(steps) > 1:
         notes.append(f"the rules ran at {len(steps)} intervals in the range: {', '.join(f'{s:g} s' for s in steps)}")
     windows = sorted({s.window for s in ruled})
+    ledger = gpu_ledger(api, plan, start, end)
     return Collected(totals.groups, spans, steps[0] if len(steps) == 1 else None,
-                     windows[0] if len(windows) == 1 else None, notes, api.requests)
+                     windows[0] if len(windows) == 1 else None, notes, api.requests, ledger)
+
+
+def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuLedgerTotals:
+    """Every GPU's cells and observed seconds over the range, from the counters a day at a time (a few series
+    per GPU: exact and cheap). GPUs are selected by the matchers on GPU labels only: a matcher on a holder
+    label selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
+    out = GpuLedgerTotals()
+    holder_matchers = sorted({label for label, _op, _v in plan.matchers} - set(GPU_LABELS))
+    if holder_matchers:
+        out.skipped = f"--match on {', '.join(holder_matchers)} selects holders, not GPUs"
+        return out
+    per_gpu: dict[tuple, list[float]] = {}
+    for a, b in chunks(start, end):
+        window = promql_window(b - a)
+        for name, position in ((GPU_LEDGER, 0), (OBSERVED, 1)):
+            expr = f"sum by (instance, uuid{', cell' * (position == 0)}) (increase({name}{plan.selector}[{window}]))"
+            for sample in api.query(expr, b):
+                metric, value = _metric(sample), _value(sample)
+                key = (_label(metric, "instance"), _label(metric, "uuid"))
+                per_gpu.setdefault(key, [0.0, 0.0])[position] += value
+                if position == 0:
+                    cell = _label(metric, "cell") or "unknown"
+                    out.cells[cell] = out.cells.get(cell, 0.0) + value
+                else:
+                    out.observed += value
+    out.gpus = set(per_gpu)
+    out.worst = max((abs(c - o) / o for c, o in per_gpu.values() if o > 0), default=0.0)
+    return out
 
 
 def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
@@ -490,32 +542,32 @@ def _rules_span(api, plan, span: Span, totals: Totals) -> float:
     return held
 
 
-def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, quantities, step: float, charted=None):
-    """GPU-seconds per step of `quantities` summed, per group: the waste-over-time chart (rollups where they
-    answered, the counters elsewhere; a chart, so the rollups' lag is not corrected here). `charted`: the
-    groups drawn on their own; the others are summed as they arrive into one group named OTHER, so what is
-    held grows with the steps, not with the groups."""
+def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: float, charted=None):
+    """GPU-seconds per step of the holders' ledger `cells` summed, per group: the waste-over-time chart
+    (rollups where they answered, the counters elsewhere; a chart, so the rollups' lag is not corrected here).
+    `charted`: the groups drawn on their own; the others are summed as they arrive into one group named
+    OTHER, so what is held grows with the steps, not with the groups."""
     import pandas as pd
 
     other = (OTHER,) * len(plan.labels)
     points: dict[tuple, float] = {}
+    selector = plan.selector_with(("cell", "=~", '"' + "|".join(cells) + '"'))
     for span in collected.spans:
         if span.end - span.start < step:
             continue
         window = promql_window(step)
-        for quantity in quantities:
-            if span.source == "rules":
-                label = RULE_LABEL[plan.by]
-                expr = (f"sum by ({label}) (sum_over_time({rollup(label, quantity)}{plan.selector}[{window}])) * "
-                        f"{span.step!r}")
-            else:
-                expr = f"sum by ({', '.join(plan.labels)}) (increase({counter(quantity)}{plan.selector}[{window}]))"
-            for series in api.query_range(expr, span.start + step, span.end, step):
-                group = _group(_metric(series), plan.labels)
-                if charted is not None and group not in charted:
-                    group = other
-                for t, value in _pairs(series):
-                    points[(*group, t)] = points.get((*group, t), 0.0) + value
+        if span.source == "rules":
+            label = RULE_LABEL[plan.by]
+            expr = (f"sum by ({label}) (sum_over_time({rollup(label, LEDGER)}{selector}[{window}])) * "
+                    f"{span.step!r}")
+        else:
+            expr = f"sum by ({', '.join(plan.labels)}) (increase({counter(LEDGER)}{selector}[{window}]))"
+        for series in api.query_range(expr, span.start + step, span.end, step):
+            group = _group(_metric(series), plan.labels)
+            if charted is not None and group not in charted:
+                group = other
+            for t, value in _pairs(series):
+                points[(*group, t)] = points.get((*group, t), 0.0) + value
     frame = pd.DataFrame([(*key, value) for key, value in points.items()],
                          columns=[*plan.labels, "t", "gpu_seconds"])
     return frame.groupby([*plan.labels, "t"], as_index=False)["gpu_seconds"].sum()

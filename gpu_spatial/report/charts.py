@@ -30,7 +30,8 @@ def _png(plt, fig) -> bytes:
 
 
 def waste_over_time(waste: pd.DataFrame, labels, step: float) -> bytes:
-    """Stacked GPUs wasted (held-idle + hidden-idle GPU-seconds per step / step) of the largest wasters."""
+    """Stacked GPUs wasted (the ledger's hidden idle + time idle GPU-seconds per step / step) of the largest
+    wasters: physical GPU-seconds, so the stack never exceeds the GPUs that existed."""
     from datetime import datetime, timezone
 
     plt, (fig, ax) = _figure()
@@ -49,7 +50,7 @@ def waste_over_time(waste: pd.DataFrame, labels, step: float) -> bytes:
         ax.legend(loc="upper left", fontsize=8, ncol=2)
         fig.autofmt_xdate()
     ax.set_ylabel("GPUs wasted (average per step)")
-    ax.set_title(f"Waste by group over time: held-idle + hidden-idle, {step / 60:g}-minute steps (UTC)")
+    ax.set_title(f"Waste by group over time: the ledger's hidden idle + time idle, {step / 60:g}-minute steps (UTC)")
     return _png(plt, fig)
 
 

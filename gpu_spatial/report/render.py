@@ -9,11 +9,17 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from exporter.vocabulary import (BUSY_UNSPLIT, GPU_CELLS, HIDDEN_IDLE, HOLDER_CELLS, SM_ACTIVE_WORK, TIME_IDLE,
+                                 UNSPLIT_CELLS, WASTE_CELLS)
+
 from .account import BASES, COVERED, EXACT_BASES, QUANTITIES, WITH_BASIS, Collected
 from .summary import TOTAL, columns, group_name, top_wasters
 
 TITLES = {"held": "held", "busy": "busy", "sm_active": "SM-active", "hidden_idle": "hidden-idle",
           "held_idle": "held-idle"}
+CELL_TITLES = {SM_ACTIVE_WORK: "work", HIDDEN_IDLE: "hidden idle", BUSY_UNSPLIT: "busy unsplit",
+               TIME_IDLE: "time idle"}
+ALLOCATION, PHYSICAL = "allocation", "ledger"  # the two views' column prefixes: never added
 
 
 @dataclass
@@ -108,42 +114,74 @@ def waste(row) -> str:
     return (">=" if row["waste_is_lower_bound"] else "") + hours(row["waste_gpu_hours"])
 
 
+def existed(report: Report) -> float | None:
+    """GPU-hours that existed on the GPUs the report covers (the GPU ledger), None where it is not read."""
+    observed = report.collected.ledger.observed
+    return observed / 3600 if observed > 0 else None
+
+
 def display(report: Report) -> pd.DataFrame:
+    """Per group the allocation view (held, used of held: can exceed 100%) and the physical view (its ledger
+    cells, % of the GPU-hours that existed: a row never exceeds 100%), under their own prefixes."""
     name = "/".join(report.labels) if report.by != "node" else "node (instance)"
+    whole = existed(report)
     rows = []
     for row in records(report.table):
         shown = {name: row[report.labels[0]] if row[report.labels[0]] == TOTAL else group_name(row, report.labels),
-                 "held GPU-h": hours(row["held_gpu_hours"])}
-        for quantity in QUANTITIES[1:]:
-            shown[f"{TITLES[quantity]} GPU-h"] = hours(row[f"{quantity}_gpu_hours"])
-            shown[f"{TITLES[quantity]} %"] = percent(row[f"{quantity}_share"])
-        shown["waste GPU-h"] = waste(row)
+                 f"{ALLOCATION}: held GPU-h": hours(row["held_gpu_hours"]),
+                 f"{ALLOCATION}: used GPU-h": hours(row["busy_gpu_hours"]),
+                 f"{ALLOCATION}: used of held": percent(row["busy_share"])}
+        for cell in HOLDER_CELLS:
+            shown[f"{PHYSICAL}: {CELL_TITLES[cell]} GPU-h"] = hours(row[f"ledger_{cell}_gpu_hours"])
+        shown[f"{PHYSICAL}: waste GPU-h"] = waste(row)
+        shown[f"{PHYSICAL}: of what existed"] = percent(row["ledger_gpu_hours"] / whole) if whole else "unknown"
         shown["basis"] = basis_note(row)
         rows.append(shown)
     return pd.DataFrame(rows)
 
 
+def gpu_ledger_lines(report: Report) -> list[str]:
+    """The whole GPUs' ledger: every GPU-hour that existed in one cell, the holders' cells and the ones no
+    holder has (switch overhead, unheld, unattributed, unmeasured), and how closely each GPU's cells add up."""
+    ledger = report.collected.ledger
+    if ledger.skipped:
+        return [f"GPU ledger: not shown: {ledger.skipped}"]
+    if ledger.observed <= 0:
+        return ["GPU ledger: no gpu_ledger_* series in the range (exporters before the ledger)"]
+    whole = ledger.observed / 3600
+    parts = [f"{cell} {ledger.cells[cell] / 3600:.3f}" for cell in GPU_CELLS
+             if ledger.cells.get(cell, 0.0) >= 1.8]  # shown to 0.001 GPU-h: 3.6 s and more
+    lost = sum(ledger.cells.get(c, 0.0) for c in WASTE_CELLS) / 3600
+    unsplit = sum(ledger.cells.get(c, 0.0) for c in UNSPLIT_CELLS) / 3600
+    return [f"GPU ledger (physical, {len(ledger.gpus)} GPU{'s' * (len(ledger.gpus) != 1)}): {whole:.3f} GPU-h existed = " + " + ".join(parts)
+            + f" (cells sum to {sum(ledger.cells.values()) / 3600:.3f}; worst GPU off by {ledger.worst:.3%})",
+            f"GPU ledger waste: {'>=' if unsplit > 5e-4 else ''}{lost:.3f} GPU-h ({lost / whole:.1%} of what existed): "
+            f"hidden idle + time idle + switch overhead, attributed or not"]
+
+
 def header_lines(report: Report) -> list[str]:
     lines = [f"GPU account from {report.prometheus}, {iso(report.start)} to {iso(report.end)}, by {report.by}"
              + (f", matching {', '.join(report.matchers)}" if report.matchers else ""),
-             report.source_line(), exactness_line(report.total)]
+             report.source_line(), exactness_line(report.total), *gpu_ledger_lines(report)]
     if len(report.collected.spans) > 1:
         lines += ["spans:", *report.span_lines()]
     lines += [f"note: {note}" for note in report.notes]
     return lines
 
 
-LEGEND = ("busy: GPU-hours a kernel ran (time share); SM-active: GPU-hours of SMs active (spatial); hidden-idle: "
-          "busy while the SMs idled; held-idle: held with no CUDA process or under 1% busy; waste = held-idle + "
-          "hidden-idle, '>=' where hidden-idle is unknown on some held GPU-hours (a lower bound). Each % is of the held "
-          "GPU-hours where the quantity is measured (a replica holder of a time-sliced GPU can use more than its "
-          "share: over 100%).")
+LEGEND = ("Two views, never added (docs/ledger.md). allocation: GPU-hours held (what the scheduler gave) and used "
+          "(a kernel ran: time share); 'used of held' can exceed 100% when the others leave the GPU to a holder. "
+          "ledger: the group's cells of the physical GPU ledger, where every GPU-hour that existed is in exactly one "
+          "cell: work (its kernels ran, SMs active), hidden idle (its kernels ran, SMs idle), busy unsplit (no spatial "
+          "reading), time idle (no kernel ran: its part by held share); 'of what existed' is of the GPU-hours of every "
+          "GPU in the report, so the rows add up to at most 100%. waste = hidden idle + time idle, '>=' where busy is "
+          "unsplit (a lower bound). Switch overhead, unheld and unattributed time belong to no group: GPU ledger line.")
 
 
 def wasters_lines(report: Report) -> list[str]:
     top = top_wasters(report.table, report.labels)
-    return [f"{i}. {group_name(row, report.labels)}: {waste(row)} GPU-h wasted (held-idle "
-            f"{hours(row['held_idle_gpu_hours'])}, hidden-idle {hours(row['hidden_idle_gpu_hours'])})"
+    return [f"{i}. {group_name(row, report.labels)}: {waste(row)} GPU-h wasted (time idle "
+            f"{hours(row[f'ledger_{TIME_IDLE}_gpu_hours'])}, hidden idle {hours(row[f'ledger_{HIDDEN_IDLE}_gpu_hours'])})"
             for i, row in enumerate(records(top), 1)]
 
 
@@ -206,9 +244,23 @@ def group_json(row, labels) -> dict:
             entry["exactly_measured_gpu_hours"] = _number(row[f"{quantity}_exactly_measured_gpu_hours"])
             entry["estimated_gpu_hours"] = _number(row[f"{quantity}_estimated_gpu_hours"])
         out[quantity] = entry
+    out["allocation"] = {"held_gpu_hours": _number(row["held_gpu_hours"]), "used_gpu_hours": _number(row["busy_gpu_hours"]),
+                         "used_of_held": _number(row["busy_share"])}
+    out["ledger"] = {"cells": {cell: _number(row[f"ledger_{cell}_gpu_hours"]) for cell in HOLDER_CELLS},
+                     "gpu_hours": _number(row["ledger_gpu_hours"]), "waste_gpu_hours": _number(row["waste_gpu_hours"])}
     out["waste_gpu_hours"] = _number(row["waste_gpu_hours"])
     out["waste_is_lower_bound"] = bool(row["waste_is_lower_bound"])
     return out
+
+
+def gpu_ledger_json(report: Report) -> dict:
+    ledger = report.collected.ledger
+    return {"skipped": ledger.skipped or None, "gpus": len(ledger.gpus),
+            "observed_gpu_hours": round(ledger.observed / 3600, 6),
+            "cells": {cell: round(v / 3600, 6) for cell, v in sorted(ledger.cells.items())},
+            "cells_sum_gpu_hours": round(sum(ledger.cells.values()) / 3600, 6),
+            "waste_gpu_hours": round(sum(ledger.cells.get(c, 0.0) for c in WASTE_CELLS) / 3600, 6),
+            "worst_gpu_relative_error": round(ledger.worst, 9)}
 
 
 def as_json(report: Report):
@@ -229,7 +281,7 @@ def as_json(report: Report):
                               **({"rule_step_seconds": s.step, "rule_window_seconds": s.window,
                                   "evaluations_stored_twice": len(s.twice)}
                                  if s.source == "rules" else {})} for s in report.collected.spans]},
-        "groups": GROUPS, "total": group_json(report.total, report.labels),
+        "groups": GROUPS, "total": group_json(report.total, report.labels), "gpu_ledger": gpu_ledger_json(report),
         "top_wasters": [group_name(row, report.labels) for row in records(top)],
     }
     head, tail = (json.dumps(document, indent=2) + "\n").split(json.dumps(GROUPS))

@@ -1,9 +1,14 @@
 """From GPU-seconds per (group, quantity, basis) to the table of GPU-hours, shares and wasters.
 
-A quantity a group has no series of at all (busy and SM-active under MPS) is NaN, shown as "unknown",
-never 0; held GPU-hours without a series of the quantity are kept as `<quantity>_unknown` and left out
-of that quantity's share, so a share reads "of the held GPU-hours where it was measured". Waste is
-held-idle + hidden-idle; where hidden-idle is unknown on some held GPU-hours the waste is a lower bound.
+Two views of a group, never added (docs/ledger.md). The allocation view: held GPU-hours and what it used
+of them (busy, which exceeds what was held when the others leave the GPU to it). A quantity a group has
+no series of at all (busy and SM-active under MPS) is NaN, shown as "unknown", never 0; held GPU-hours
+without a series of the quantity are kept as `<quantity>_unknown` and left out of that quantity's share,
+so a share reads "of the held GPU-hours where it was measured". The physical view: the group's cells of
+the GPU ledger (`ledger_<cell>_gpu_hours`), which add up across groups to at most the GPU-hours that
+existed. Waste is physical: the group's hidden idle + time idle; a lower bound where some of its busy
+time has no SM split (busy_unsplit), its own busy time is unknown (MPS, MIG) or it held GPUs with no
+ledger series (exporters before the ledger).
 """
 from __future__ import annotations
 
@@ -12,7 +17,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from .account import BASES, COVERED, EXACT_BASES, QUANTITIES, WITH_BASIS
+from exporter.vocabulary import BUSY_UNSPLIT, HIDDEN_IDLE, HOLDER_CELLS, TIME_IDLE
+
+from .account import BASES, COVERED, EXACT_BASES, LEDGER, QUANTITIES, WITH_BASIS
 
 TOTAL = "(all)"
 
@@ -27,6 +34,7 @@ def columns() -> list[str]:
         if quantity in COVERED:
             out.append(f"{quantity}_unknown_gpu_hours")
         out.append(f"{quantity}_share")
+    out += [f"ledger_{cell}_gpu_hours" for cell in HOLDER_CELLS] + ["ledger_gpu_hours"]
     return out + ["waste_gpu_hours", "waste_is_lower_bound"]
 
 
@@ -48,14 +56,16 @@ def figures(hours: dict) -> dict:
             row[f"{quantity}_unknown_gpu_hours"] = hours.get((quantity, "unknown"), 0.0) if measured else held
         base = held - (row.get(f"{quantity}_unknown_gpu_hours") or 0.0)
         row[f"{quantity}_share"] = value / base if measured and base > 1e-12 else math.nan
-    row["waste_gpu_hours"] = _zero_nan(row["held_idle_gpu_hours"]) + _zero_nan(row["hidden_idle_gpu_hours"])
-    row["waste_is_lower_bound"] = bool(row["hidden_idle_unknown_gpu_hours"] > 1e-9
-                                       or math.isnan(row["held_idle_gpu_hours"]))
+    cells = {b: v for (q, b), v in hours.items() if q == LEDGER}
+    for cell in HOLDER_CELLS:
+        row[f"ledger_{cell}_gpu_hours"] = cells.get(cell, 0.0)
+    row["ledger_gpu_hours"] = sum(row[f"ledger_{cell}_gpu_hours"] for cell in HOLDER_CELLS)
+    row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]
+    # a lower bound where some busy time has no SM split, where the group's own busy time is unknown (MPS
+    # clients, MIG: the GPU's hidden idle stays unattributed) or where it has no ledger series at all
+    row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or (held > 1e-9 and not cells)
+                                       or row["hidden_idle_unknown_gpu_hours"] > 1e-9)
     return row
-
-
-def _zero_nan(value: float) -> float:
-    return 0.0 if math.isnan(value) else value
 
 
 def summarize(totals: dict, labels: tuple[str, ...]) -> pd.DataFrame:

@@ -45,7 +45,8 @@ class InProcessFeed:
         if snapshot.version == 0:
             return ScreenState(self.origin, problem="waiting for the first sample")
         if self._cached is None or self._cached[0] != snapshot.version:
-            data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads]}
+            data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads],
+                    "ledgers": [book.to_json() for book in getattr(self.engine.workloads, "gpu_ledgers", ())]}
             self._cached = (snapshot.version, screen_state(data, self.origin, self.local))
         state = self._cached[1]
         age = time.time() - snapshot.created
@@ -114,7 +115,8 @@ class HttpFeed:
         if not isinstance(data, dict) or "gpus" not in data:
             raise ValueError("not a gpu-spatial exporter (no 'gpus' in /api/v1/gpus)")
         try:
-            data["workloads"] = mapping(self._get("/api/v1/workloads")).get("workloads")
+            workloads = mapping(self._get("/api/v1/workloads"))
+            data["workloads"], data["ledgers"] = workloads.get("workloads"), workloads.get("ledgers")
         except ValueError:  # an exporter from before /api/v1/workloads (HTTP 404): no holders shown
             pass
         return data

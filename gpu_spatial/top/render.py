@@ -7,6 +7,9 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from exporter.vocabulary import (BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
+                                 UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
+                                 UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
 from gpu_spatial.top.feeds import clock
 from gpu_spatial.top.state import NA, Gpu, Process, ScreenState
 
@@ -106,7 +109,27 @@ def detail_lines(gpu: Gpu, width: int) -> list[list[tuple[str, str]]]:
         lines.append([("held by ", "dim"), (holder, "")])
     for record in gpu.workloads[:3]:
         lines.append([("workload ", "dim"), (_workload(record), "")])
+    if gpu.ledger:
+        lines.append([("ledger ", "dim"), (_ledger(gpu.ledger), "")])
     return lines
+
+
+LEDGER_SHOWN = (("work", (SM_ACTIVE_WORK, UNATTRIBUTED_SM_ACTIVE_WORK)),
+                ("hidden idle", (HIDDEN_IDLE, UNATTRIBUTED_HIDDEN_IDLE)),
+                ("busy unsplit", (BUSY_UNSPLIT, UNATTRIBUTED_BUSY_UNSPLIT)),
+                ("time idle", (TIME_IDLE, UNATTRIBUTED_TIME_IDLE)), ("switch", (SWITCH_OVERHEAD,)),
+                ("unheld", (UNHELD,)), ("unmeasured", (UNMEASURED,)))
+
+
+def _ledger(cells: dict) -> str:
+    """The GPU's ledger now (physical: its second in cells that sum to 1), unattributed parts named."""
+    parts = []
+    for name, names in LEDGER_SHOWN:
+        value = sum(cells.get(c, 0.0) for c in names)
+        if value >= 0.0005:
+            unattributed = sum(cells.get(c, 0.0) for c in names if c.startswith("unattributed_"))
+            parts.append(f"{name} {pct(value)}" + (f" ({pct(unattributed)} nobody's)" if unattributed >= 0.0005 else ""))
+    return "  ".join(parts) + "  (physical: sums to 100%)"
 
 
 def _workload(record: dict) -> str:
@@ -121,7 +144,14 @@ def _workload(record: dict) -> str:
         return f" ({''.join(c if c.isprintable() else '?' for c in value[:16])})" if isinstance(value, str) else ""
     figures = [f"{k} {v:.2f}{basis(k)}" for k, v in record.items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("index", "gpu")]
+    cells = record.get("ledger")
+    if isinstance(cells, dict) and cells:  # the two views apart: what it held and used, and its ledger cells
+        own = [f"{CELL_NAMES[c]} {v:.2f}" for c, v in cells.items() if c in CELL_NAMES and isinstance(v, (int, float))]
+        return f"{holder}  alloc: " + "  ".join(figures) + "  | ledger: " + "  ".join(own)
     return f"{holder}  " + "  ".join(figures)
+
+
+CELL_NAMES = {SM_ACTIVE_WORK: "work", HIDDEN_IDLE: "hidden idle", BUSY_UNSPLIT: "busy unsplit", TIME_IDLE: "time idle"}
 
 
 def sort_key(name: str):

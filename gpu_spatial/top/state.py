@@ -83,6 +83,7 @@ class Gpu:
     processes: list[Process] = field(default_factory=list)
     holders: list[str] = field(default_factory=list)  # pods / jobs holding the GPU
     workloads: list[dict] = field(default_factory=list)  # the exporter's workload records, if it has them
+    ledger: dict = field(default_factory=dict)  # the GPU ledger's cells now (cell -> share of the GPU), if any
     errors: list[str] = field(default_factory=list)  # why a value is n/a
 
     def why(self, name: str) -> str:
@@ -161,6 +162,8 @@ def gpu_from_json(position: int, raw: dict, snapshot: dict, local: "LocalProcess
         gpu.errors.append("NVML does not know this GPU (only a spatial source does)")
     gpu.holders = [f"{text(p.get('namespace'))}/{text(p.get('pod'))}" for p in map(mapping, items(raw.get("pods")))]
     gpu.workloads = _workloads_for(snapshot, gpu.uuid)
+    book = next((mapping(b) for b in items(snapshot.get("ledgers")) if mapping(b).get("uuid") == gpu.uuid), {})
+    gpu.ledger = {text(cell): ratio(v) for cell, v in mapping(book.get("cells")).items() if ratio(v) is not None}
     gpu.processes = _processes(tel, _process_owners(snapshot), local, _workload_users(gpu.workloads))
     return gpu
 
