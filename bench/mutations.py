@@ -784,7 +784,41 @@ ROUND_39_CUPTI = (
     _m("cupti-late-client-kept", "exporter/samplers/cupti.py", "                self._drop(key.data)\n",
        "                pass\n", CUPTI, "a client silent past the grace is disconnected"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI
+LEDGER = (EDGE, "tests/test_ledger.py")
+ROUND_39_LEDGER = (
+    _m("ledger-no-scale", "exporter/ledger.py", "scale = cap / attributed if attributed > cap + EPSILON else 1.0",
+       "scale = 1.0", LEDGER, "shares summing past the GPU's time are scaled to it"),
+    _m("ledger-cap-ignores-attributed", "exporter/ledger.py",
+       "cap = room if busy is None else min(max(busy, attributed), room)", "cap = room if busy is None else min(busy, room)",
+       LEDGER, "the holders' own time counts when the GPU's reads lower"),
+    _m("ledger-work-over-time", "exporter/ledger.py", "work = min(u.sm * scale, time)", "work = u.sm * scale", LEDGER,
+       "a holder's SM work is at most its time"),
+    _m("ledger-unmeasured-whole-room", "exporter/ledger.py", "gpu_cells[UNMEASURED] = max(room - known_busy, 0.0)",
+       "gpu_cells[UNMEASURED] = room", LEDGER, "unmeasured is what the holders' known busy time leaves"),
+    _m("ledger-mps-hidden-without-every-client", "exporter/ledger.py",
+       "if concurrent and gpu.complete and gpu.sm is not None and rest > EPSILON:",
+       "if concurrent and gpu.sm is not None and rest > EPSILON:", LEDGER,
+       "MPS hidden idle split only where every client traces"),
+    _m("ledger-mps-hidden-below-work", "exporter/ledger.py", "hidden = max(busy - max(gpu.sm, known_busy), 0.0)",
+       "hidden = max(busy - gpu.sm, 0.0)", LEDGER, "hidden idle is what the work leaves of the busy time"),
+    _m("ledger-unattributed-work-over-rest", "exporter/ledger.py",
+       "unattributed_work = min(max(gpu.sm - work, 0.0), rest)", "unattributed_work = max(gpu.sm - work, 0.0)",
+       LEDGER, "unattributed work within the unattributed busy time"),
+    _m("ledger-held-over-one-not-split", "exporter/ledger.py", "whole = max(known, 1.0)", "whole = 1.0", LEDGER,
+       "held shares past the GPU split the idle time among them"),
+    _m("ledger-unknown-share-unheld", "exporter/ledger.py",
+       "gpu_cells[UNATTRIBUTED_TIME_IDLE if None in held.values() else UNHELD] = free", "gpu_cells[UNHELD] = free",
+       LEDGER, "with a share unknown, the rest of the idle time is not known to be unheld"),
+    _m("ledger-switch-not-clipped", "exporter/ledger.py", "switch = _clip(gpu.switch_overhead or 0.0)",
+       "switch = gpu.switch_overhead or 0.0", LEDGER, "switch overhead within 0..1"),
+    _m("ledger-idle-ignores-switch", "exporter/ledger.py", "idle = max(room - busy, 0.0)", "idle = max(1.0 - busy, 0.0)",
+       LEDGER, "time idle is what kernels and switches leave"),
+    _m("ledger-gone-gpu-kept", "exporter/ledger.py", "                del self._gpus[uuid]\n", "                pass\n",
+       LEDGER, "a GPU that left leaves the ledger"),
+    _m("ledger-observed-before-rates", "exporter/ledger.py", "if not book.rates:\n                    continue",
+       "if False:\n                    continue", LEDGER, "time before a GPU's first rates is not observed"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER
 
 
 def _is_test_path(arg: str) -> bool:
