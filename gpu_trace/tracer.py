@@ -52,6 +52,7 @@ class _Window:
         self.records = records
         self.phase = "start"  # the CUPTI step the worker is in: named when it is late
         self.host_start = self.lo = self.hi = None
+        self.devices: dict = {}  # CUDA ordinal -> (UUID, SM limits)
         self.closed = threading.Event()  # disabled (or failed): the window's end is known
         self.done = threading.Event()  # flushed (or failed)
         self.error: BaseException | None = None
@@ -191,6 +192,12 @@ class Tracer:
     def _run(self, window: _Window, seconds: float, stop: threading.Event | None) -> None:
         """The worker: every CUPTI call of one window, however long each takes."""
         try:
+            window.phase = "device query"
+            window.devices = self.api.devices()
+            self._limits = {ordinal: limits for ordinal, (_uuid, limits) in window.devices.items()}
+            if not self._registered:
+                window.step("registration", lambda: self.api.register(self._requested, self._completed))
+                self._registered = True
             window.host_start, window.lo = self.clock(), self.api.timestamp()
             window.step("enable", self.api.enable)
             try:
@@ -239,17 +246,12 @@ class Tracer:
         at most `close_wait_s` + settle + `flush_wait_s` after the window's end, whatever CUPTI does."""
         if self._worker is not None and self._worker.is_alive():
             raise WindowLate(f"the last window's CUPTI {self._window.phase} has not returned yet")
-        devices = self.api.devices()
-        self._limits = {ordinal: limits for ordinal, (_uuid, limits) in devices.items()}
         self._fractions.clear()
         self._full.clear()
         records = Records(self.max_records)
         window = self._window = _Window(records)
         with self._lock:
             self._records = records
-        if not self._registered:
-            self.api.register(self._requested, self._completed)
-            self._registered = True
         self._worker = threading.Thread(target=self._run, args=(window, seconds, stop), name="gpu_trace-window",
                                         daemon=True)
         self._worker.start()
@@ -276,7 +278,7 @@ class Tracer:
         if window.lo is None or hi is None or hi <= window.lo:
             raise late
         lo = window.lo
-        summary = summarise(records, lo, hi, {o: uuid for o, (uuid, _l) in devices.items()})
+        summary = summarise(records, lo, hi, {o: uuid for o, (uuid, _l) in window.devices.items()})
         # the window's length on CUPTI's clock, the one its kernels were timed with; its start on the host's
         return {"start": round(window.host_start, 6), "end": round(window.host_start + max(hi - lo, 0) / 1e9, 6),
                 "devices": summary, "records": len(records), "refused": records.refused,

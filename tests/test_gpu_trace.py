@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -267,6 +268,29 @@ def test_a_flush_that_delivers_nothing_in_time_is_answered_as_an_error(delivered
         api.drained.set()
     assert answer == {"window": 1, "pid": 7, "error": "CUPTI's flush had not returned 0.01 s after the window "
                       "closed: nothing complete to report"}
+
+
+@pytest.mark.parametrize("step", ["register", "enable", "disable"])
+def test_a_cupti_call_that_does_not_return_is_answered_on_time(step):
+    api = BacklogCupti(window("spin66"), delivered=0)
+    held = getattr(api, step)
+
+    def stuck(*args):
+        api.drained.wait(60)
+        return held(*args)
+    setattr(api, step, stuck)
+    phase = {"register": "registration"}.get(step, step)
+    tracer = Tracer(api, settle_s=0, close_wait_s=0.01, flush_wait_s=0.01)
+    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    try:
+        answer = answer_of(client, 1)
+    finally:
+        api.drained.set()
+    # the step it names is the stuck one, or one before it when the worker had not reached it yet (a busy CPU)
+    steps = ["start", "device query", "registration", "enable", "window", "disable"]
+    assert set(answer) == {"window", "pid", "error"}
+    assert re.fullmatch(r"CUPTI's (.+) had not returned 0.01 s after the window's end: nothing complete to report",
+                        answer["error"])[1] in steps[:steps.index(phase) + 1]
 
 
 def test_the_uuid_is_spelled_as_nvml_spells_it():
