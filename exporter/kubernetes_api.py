@@ -55,10 +55,8 @@ def quantity(text) -> float | None:
     return float(m.group(1)) * (UNITS[suffix] if suffix in UNITS else 10.0 ** int(suffix[1:]))  # "E": exa; "e3": 10^3
 
 
-class ApiError(Exception):
-    def __init__(self, message: str, kind: str):
-        super().__init__(message)
-        self.kind = kind
+class ApiError(answers.AnswerError):
+    """Why the API server's answer was not used (its `kind` keys one log line per problem)."""
 
 
 @dataclass(frozen=True)
