@@ -3,6 +3,7 @@ channel over a real Unix socket with the real client (gpu_trace.client) replayin
 and attacks from other processes (another pid, oversized, garbage, dripping, 1,000 connections)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -433,15 +434,12 @@ Replaying(sys.argv[1], tracer_factory=tracer, cuda_check=lambda: True).run()
 """
 
 
-def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_path):
-    """A client process (gpu_trace's client, CUPTI replayed from the H200 recording) and the real exporter
-    replaying NVML's answers recorded under MPS on the H100, in which one of the four MPS clients' pids is the
-    client's own: the exporter asks over its socket, takes the pid from the peer, joins it to its Unix user
-    and publishes basis cupti in /api/v1/workloads and /metrics; the three other clients (pids of no process
-    here) do not trace."""
-    from tests.helpers import Exporter, http_get, parse_metrics, sample_value, wait_for
-    from tests.test_metric_contract import CONTRACT, undocumented
-
+@contextlib.contextmanager
+def traced_mps_client(tmp_path: Path):
+    """A client process (gpu_trace's client, CUPTI replayed from the H200 recording) whose pid is one of the
+    four MPS clients' in NVML's answers recorded under MPS on the H100 (the three others: pids of no process
+    here, which do not trace). Yields the client's pid and the exporter's arguments that replay that recording
+    and ask the client over its socket."""
     sock = tmp_path / "cupti.sock"
     client = subprocess.Popen([sys.executable, "-c", CLIENT, str(sock), H100_MPS], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -449,26 +447,36 @@ def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_pa
         assert client.stdout.readline() == "started\n"
         recording = (ROOT / "tests" / "fixtures" / "nvml_h100_mps.json").read_text()
         (tmp_path / "nvml.json").write_text(recording.replace('"pid": 518', f'"pid": {client.pid}'))
-        with Exporter("--interval", "0.5", "--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps",
-                      "--kubelet-socket", "none", "--holders", "users", "--workload-cupti", "--cupti-socket", str(sock),
-                      "--cupti-window", "2", "--cupti-period", "4") as exporter:
-            def traced():
-                status, body = http_get(exporter.url + "/api/v1/workloads")
-                answer = json.loads(body) if status == 200 else {}
-                mine = [w for w in answer.get("workloads", ()) if client.pid in w["pids"]]
-                return (mine[0], answer["cupti"][0]) if mine and mine[0]["time_share_basis"] == "cupti" else None
-            workload, gpu = wait_for(traced, 60, what="a cupti window")  # the client connects within 6 s
-            text = http_get(exporter.url + "/metrics")[1].decode()
-            metrics = parse_metrics(text)
-            assert not undocumented(text, CONTRACT.read_text())  # every family in docs/metrics.md
+        yield client.pid, ("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--kubelet-socket", "none",
+                           "--holders", "users", "--workload-cupti", "--cupti-socket", str(sock),
+                           "--cupti-window", "2", "--cupti-period", "4")
     finally:
         client.kill()
         client.wait()
+
+
+def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_path):
+    """The traced MPS client and the real exporter: the exporter asks over its socket, takes the pid from
+    the peer, joins it to its Unix user and publishes basis cupti in /api/v1/workloads and /metrics; the
+    three other clients do not trace."""
+    from tests.helpers import Exporter, http_get, parse_metrics, sample_value, wait_for
+    from tests.test_metric_contract import CONTRACT, undocumented
+
+    with traced_mps_client(tmp_path) as (pid, args), Exporter("--interval", "0.5", *args) as exporter:
+        def traced():
+            status, body = http_get(exporter.url + "/api/v1/workloads")
+            answer = json.loads(body) if status == 200 else {}
+            mine = [w for w in answer.get("workloads", ()) if pid in w["pids"]]
+            return (mine[0], answer["cupti"][0]) if mine and mine[0]["time_share_basis"] == "cupti" else None
+        workload, gpu = wait_for(traced, 60, what="a cupti window")  # the client connects within 6 s
+        text = http_get(exporter.url + "/metrics")[1].decode()
+        metrics = parse_metrics(text)
+        assert not undocumented(text, CONTRACT.read_text())  # every family in docs/metrics.md
     expected = Tracer(ReplayCupti(window("spin66")), settle_s=0).trace(0)
     length = expected["end"] - expected["start"]
     assert workload["time_share"] == pytest.approx(expected["devices"][0]["kernel_busy_s"] / length, abs=2e-6)
     assert workload["sm_estimate"] == pytest.approx(expected["devices"][0]["sm_seconds"] / length, abs=2e-6)
-    assert workload["pids"] == [client.pid] and workload["user"]
+    assert workload["pids"] == [pid] and workload["user"]
     assert (gpu["state"], gpu["traced"], gpu["untraced"]) == ("active", 1, 3)
     # the fixture's 160 spin records (0.64 s of 4 ms kernels on 66 SMs) in a 2 s window: 0.16 of the GPU, under
     # the recorded GPU's SM active (0.24): not scaled, the rest unattributed (the three clients that do not trace)

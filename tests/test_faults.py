@@ -90,6 +90,11 @@ def two_gpu_recording(tmp_path, second_gpu_streams) -> Path:
     return path
 
 
+def failing_stream(good: list, good_ticks: int, failing_ticks: int, answer: dict) -> list:
+    """A stream of `good_ticks` good answers, `failing_ticks` times `answer`, then good ones for the rest of a test."""
+    return [good[i % len(good)] for i in range(good_ticks)] + [answer] * failing_ticks + good * 400
+
+
 def error(call, reason, lost=False):
     return {"error": reason, "call": call, "gpu_lost": lost, "unsupported": False}
 
@@ -101,9 +106,10 @@ def gpu_series(m, name, uuid):
 def test_nvml_errors_on_one_gpu_of_two_drop_only_its_values(tmp_path):
     def edit(calls):  # GPU 1: 15 good ticks, 25 failing ones, then good for the rest of the test
         for method in PER_TICK:
-            good = calls[f"{method}/1"]
-            calls[f"{method}/1"] = ([good[i % len(good)] for i in range(15)]
-                                    + [error(method, "Unknown Error")] * 25 + good * 400)
+            calls[f"{method}/1"] = failing_stream(calls[f"{method}/1"], 15, 25, error(method, "Unknown Error"))
+        # Where GPM serves a GPU its time utilization is GPM's (the next test), and NVML's samples are read only
+        # now and then: without GPM, GPU 1's time utilization is NVML's samples, read every tick
+        calls["gpm_support/1"] = [{"value": {"reason": "GPM not supported (declared)", "supported": False}}]
 
     with Exporter("--nvml-replay", str(two_gpu_recording(tmp_path, edit)), "--no-mps", "--interval", "0.2") as e, \
             Scraper(e):
@@ -118,9 +124,40 @@ def test_nvml_errors_on_one_gpu_of_two_drop_only_its_values(tmp_path):
         assert healthz(e) == 200  # the exporter is healthy; one GPU's readings are not
         wait_for(lambda: gpu_series(samples(e), "gpu_power_watts", SECOND) is not None, 15, 0.1, "GPU 1 back")
         wait_for(lambda: sample_value(samples(e), "gpu_exporter_collector_success", collector="nvml") == 1, 5)
+        # the failure went into what GPU 1's time utilization is read from
+        assert sample_value(samples(e), "gpu_time_utilization_source_info", uuid=SECOND, source="nvml") == 1
         assert log_lines(e, "nvml GPU 1", "Unknown Error") == 1
         # GPU 0 untouched: no problem logged (INFO lines name, once each, the calls this recording predates)
         assert log_lines(e, "nvml GPU 0", "WARNING") == 0 and log_lines(e, "nvml GPU 0", "ERROR") == 0
+        no_traceback(e)
+
+
+def test_gpm_errors_on_one_gpu_of_two_drop_only_its_busy_time_and_sm_activity(tmp_path):
+    """Where GPM serves the GPU its time utilization is GPM's GRAPHICS_UTIL (0.999 in this recording) and
+    NVML's samples are not read; where GPM fails, NVML's samples are read again. GPU 1's NVML answers hold no
+    GPU utilization samples (declared), so while GPM fails nothing can read its busy time: its time
+    utilization, SM activity and hidden idle disappear, never GPM's last answer repeated."""
+    def edit(calls):  # GPU 1: 15 good GPM ticks, 25 failing ones, then good for the rest of the test
+        calls["gpm_metrics/1"] = failing_stream(calls["gpm_metrics/1"], 15, 25, error("nvmlGpmSampleGet", "Unknown Error"))
+        for answer in calls["utilization_samples/1"]:
+            answer["value"]["gpu"] = []
+
+    with Exporter("--nvml-replay", str(two_gpu_recording(tmp_path, edit)), "--no-mps", "--interval", "0.2") as e, \
+            Scraper(e):
+        def source(m, uuid):
+            return {labels["source"] for labels, _ in m.get("gpu_time_utilization_source_info", ()) if labels["uuid"] == uuid}
+
+        wait_for(lambda: source(samples(e), SECOND) == {"gpm"}, 15, 0.05, "GPU 1's time utilization from GPM")
+        def gpm_failing():
+            m = samples(e)
+            return m if sample_value(m, "gpu_spatial_source_state", uuid=SECOND, source="gpm", state="error") == 1 else None
+
+        m = wait_for(gpm_failing, 15, 0.05, "GPM failing on GPU 1")
+        assert source(m, SECOND) == set() and gpu_series(m, "gpu_time_utilization_ratio", SECOND) is None
+        assert gpu_series(m, "gpu_sm_active_ratio", SECOND) is None and gpu_series(m, "gpu_hidden_idle_sm_ratio", SECOND) is None
+        assert source(m, H100) == {"gpm"} and gpu_series(m, "gpu_sm_active_ratio", H100) is not None  # GPU 0 untouched
+        wait_for(lambda: source(samples(e), SECOND) == {"gpm"}, 15, 0.1, "GPU 1's GPM back")
+        assert log_lines(e, "gpm GPU 1", "Unknown Error") == 1
         no_traceback(e)
 
 

@@ -489,9 +489,15 @@ def test_output_flags_have_help(command, words):
     assert f"-o OUTPUT, --output OUTPUT {words}" in text
 
 
+def output_name(command: str) -> str:
+    """An output name the command accepts (plot's suffix chooses the image format), so that the input is what fails."""
+    return "x.png" if command == "plot" else "x"
+
+
 def test_bad_input_exits_2_in_every_command(tmp_path):
     for command in ("summary", "diagnose", "plot", "openmetrics", "scrub"):
-        extra = [] if command in ("summary", "diagnose") else ["-o", tmp_path / "x"]
+        # plot refuses an output without an image suffix before it reads the input: give it a valid one
+        extra = [] if command in ("summary", "diagnose") else ["-o", tmp_path / output_name(command)]
         done = cli(command, tmp_path / "missing.sqlite", *extra)
         assert done.returncode == 2 and done.stderr.startswith("error: ") and "no such file" in done.stderr, command
 
@@ -512,12 +518,13 @@ def test_the_plot_legend_leaves_the_lines_at_one_uncovered():
 
 @pytest.mark.parametrize("command", ["summary", "diagnose", "plot", "openmetrics"])
 def test_an_empty_window_says_the_captures_range(command, tmp_path):
-    extra = ["-o", tmp_path / "x"] if command in ("plot", "openmetrics") else []
+    output = tmp_path / output_name(command)
+    extra = ["-o", output] if command in ("plot", "openmetrics") else []
     done = cli(command, QUARTER, "--start", "100", "--end", "200", *extra)
     assert done.returncode == 2
     assert ("in this window (100.000 s to 200.000 s): the capture's data spans 0.020-9.620 s from the capture start "
             "(2026-11-22T06:47:56Z to 2026-11-22T06:48:06Z)") in done.stderr, done.stderr
-    assert not (tmp_path / "x").exists() or command == "openmetrics"
+    assert not output.exists() or command == "openmetrics"
 
 
 def test_diagnose_endpoint_answers_what_the_cli_answers_and_keeps_nothing(tmp_path):
