@@ -191,7 +191,12 @@ s.sendall(body.encode()); s.recv(1)
 
 
 def run_attack(source, script_body: str, caplog) -> list[str]:
-    proc = attacker(source.path, ANSWER_AS, script_body)
+    return run_attacker(source, caplog, ANSWER_AS, script_body)
+
+
+def run_attacker(source, caplog, script: str, *args) -> list[str]:
+    """One tick of `source` while another process runs `script` against its socket: what the source logged."""
+    proc = attacker(source.path, script, *args)
     try:
         assert proc.stdout.readline() == "connected\n"
         connected(source)

@@ -646,10 +646,8 @@ def test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_
                                                                                              caplog):
     """Mutants: tick() with no client keeps the last windows; a report whose newline comes after 16 KiB
     (in the read that crosses the cap) parsed instead of refused."""
-    import logging
-
     from exporter.samplers import cupti
-    from tests.test_cupti import NVML, UUID, attacker, connected
+    from tests.test_cupti import NVML, UUID, run_attacker
 
     monkeypatch.setattr(cupti, "REPLY_GRACE_S", 3.0)
     source = cupti.CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, period_s=60.0, max_clients=8)
@@ -667,15 +665,7 @@ now = time.time()
 body = json.dumps({"window": command["window"], "pid": os.getpid(), "start": now, "end": now + 0.001, "devices": []})
 s.sendall((body + " " * (16500 - len(body)) + "\n").encode()); s.recv(1)
 """
-        proc = attacker(source.path, padded)
-        try:
-            assert proc.stdout.readline() == "connected\n"
-            connected(source)
-            with caplog.at_level(logging.WARNING, logger=cupti.__name__):
-                source.tick()
-        finally:
-            proc.kill()
-            proc.wait()
+        run_attacker(source, caplog, padded)
         assert source.refused == {"oversized": 1} and source._clients == {}
     finally:
         source.close()
