@@ -469,12 +469,15 @@ class _Server(uvicorn.Server):
     times, when nothing happens (a stop wakes it at once)."""
 
     _stopped: asyncio.Event | None = None
+    pending_signals: list = []
 
     async def main_loop(self) -> None:
         """uvicorn's loop polls for a stop every 0.1 s and refreshes its Date header every tenth poll: idle,
         those wakeups were most of the exporter's own CPU between scrapes (bench/RESULTS.md, "Cost per GPU").
         Here: the Date header each second, as before, and a stop the moment it comes."""
         self._stopped = asyncio.Event()
+        for sig in self.pending_signals:  # a SIGTERM that came while uvicorn started (serve() below)
+            self.handle_exit(sig, None)
         counter = 0
         should_exit = await self.on_tick(counter)
         while not should_exit:
@@ -497,6 +500,12 @@ class _Server(uvicorn.Server):
 def serve(app, sock: socket.socket, limits: Limits) -> None:
     """Serves `app` on the bound socket until SIGINT/SIGTERM."""
     limits = fit_to_file_limit(limits)
+    # From here SIGTERM and SIGINT are recorded, not raised: raised inside uvicorn's start they ended whatever
+    # ran (its logging setup, with a traceback; the lifespan's task, and the server served on, the stop
+    # lost); the loop acts on them at its first tick, once uvicorn's own handlers have taken over.
+    pending: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda sig, _frame: pending.append(sig))
     # No proxy headers: nothing in front of the exporter is trusted to name the client, and a
     # scrape skips that middleware. No "server: uvicorn" header to fingerprint.
     config = uvicorn.Config(app, http=protocol_for(Guard(limits)), ws="none", log_level="warning",
@@ -509,5 +518,7 @@ def serve(app, sock: socket.socket, limits: Limits) -> None:
     # a busy machine) leaves that coroutine unawaited: Python would print two lines of RuntimeWarning after
     # the one line "stopped by SIGINT while starting".
     warnings.filterwarnings("ignore", message="coroutine 'Server.serve' was never awaited", category=RuntimeWarning)
-    _Server(config).run(sockets=[sock])
+    server = _Server(config)
+    server.pending_signals = pending
+    server.run(sockets=[sock])
 
