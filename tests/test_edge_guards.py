@@ -364,14 +364,24 @@ class Clock:
         return getattr(time, name)
 
 
+def frozen_api_clock(monkeypatch) -> Clock:
+    """One clock at 10,000 s for the reader and for hostio.answers, which measures each request's deadline
+    on it: with the real clock there, a machine up longer than 10,000 s found every deadline spent."""
+    from hostio import answers
+
+    clock = Clock(10_000.0)
+    monkeypatch.setattr(kubernetes_api, "time", clock)
+    monkeypatch.setattr(answers, "time", clock)
+    return clock
+
+
 def test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_answering(monkeypatch):
     """Mutants: the FORGET_AFTER_S drop removed (a device the API server no longer confirms keeps its
     uuid and capacity forever); `>` -> `>=` (forgotten at exactly FORGET_AFTER_S)."""
     server = FakeApiServer().start()
     try:
         server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4")])]
-        clock = Clock(10_000.0)
-        monkeypatch.setattr(kubernetes_api, "time", clock)
+        clock = frozen_api_clock(monkeypatch)
         reader = KubernetesApi(Endpoint(server.url, None, None), node_name="node-a")
         devices = {("node-a", "gpu-0")}
         known = reader.view(devices, set())
@@ -393,8 +403,7 @@ def api_at(monkeypatch):
     test moves."""
     server = FakeApiServer().start()
     server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4")])]
-    clock = Clock(10_000.0)
-    monkeypatch.setattr(kubernetes_api, "time", clock)
+    clock = frozen_api_clock(monkeypatch)
     yield server, KubernetesApi(Endpoint(server.url, None, None), node_name="node-a"), clock
     server.stop()
 
