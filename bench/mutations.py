@@ -374,7 +374,7 @@ MUTANTS = (
            ('tests/test_first_hour.py::test_trap8_nsys_help_and_errors_name_the_command_as_typed',), 'nsys --help names no python -m'),
     Mutant('top-user-from-holders', 'gpu_spatial/top/state.py', '        proc.user = users.get(proc.pid)  #', '        proc.user = None  #',
            ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), "top's USER from the exporter's holders"),
-    Mutant('top-inprocess-workloads', 'gpu_spatial/top/feeds.py', 'data = {**snapshot_json(snapshot), "workloads": [workload_json(w) for w in snapshot.workloads]}', 'data = snapshot_json(snapshot)',
+    Mutant('top-inprocess-workloads', 'gpu_spatial/top/feeds.py', '"workloads": [workload_json(w) for w in snapshot.workloads],', '"workloads": [],',
            ('tests/test_first_hour.py::test_trap8_top_shows_the_users_the_exporter_assigned',), 'in-process top has the workloads'),
     Mutant('top-narrow-model', 'gpu_spatial/top/render.py', '([mark], f" hid{pct(gpu.hidden_idle)}"),\n', '',
            ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrow top drops the model first'),
