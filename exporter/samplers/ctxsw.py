@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -251,8 +252,6 @@ class CtxswSampler(LatestWindows):
 
     def _capture(self, binary: str, targets) -> tuple[Attribution | None, float]:
         """(attribution of one window, wall time it ended); (None, _) when the exporter is stopping."""
-        import tempfile  # here, as the attribution: only an exporter that captures loads them
-
         work = self._work = Path(tempfile.mkdtemp(prefix="gpu-exporter-ctxsw-"))
         try:
             devices = ",".join(str(g.index) for g in targets)
