@@ -9,7 +9,10 @@ pods, a small API server (tests/kubernetes_api_server.py) answers well until the
 once, then as the case says (and a third shared claim makes the exporter ask), and the exporter
 (`python -m exporter` from --code, default intervals: 1 s, kubelet 5 s) runs for --seconds. A
 separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
-the run the pod `leaver` leaves the kubelet's list. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
+the run the pod `leaver` leaves the kubelet's list. Two cases are a kubelet's answers at the exporter's
+16 MiB receive cap: GetAllocatableResources listing 1.5 million device IDs (`allocatable_16mib`), and List
+with one pod holding as many (`list_16mib`); and an API server whose ResourceSlice list is ten pages of
+60,000 devices each (`slice_devices_600k`), listed again every 10 s for a device no slice names. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
 attack, its peak VmHWM), its CPU seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
 kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
 intervals of grace), the log's lines about the API server and its tracebacks. Reports, never asserts
@@ -31,9 +34,9 @@ sys.path.insert(0, str(ROOT))
 from bench.http_attacks import Every, Scraper  # noqa: E402
 from bench.scrape_bench import cpu_seconds  # noqa: E402
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for  # noqa: E402
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, kubernetes_node, pod  # noqa: E402
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, pod  # noqa: E402
 from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,  # noqa: E402
-                                         resource_slice)
+                                         resource_slice, slice_pages)
 
 KUBELET_INTERVAL = 5.0
 
@@ -55,6 +58,8 @@ def set_api(api: FakeApiServer, case: str) -> None:
         api.drip = (case.removeprefix("drip_"), 0.5)
     elif case == "empty_objects":
         api.body = empty_objects(8 * 1024 * 1024 - 64)
+    elif case == "slice_devices_600k":  # ten pages of 60,000 devices, each page under the answer's caps
+        api.slice_pages = slice_pages(10, 60_000)
 
 
 CASES = {  # name -> (kubelet pods, API server on)
@@ -65,16 +70,34 @@ CASES = {  # name -> (kubelet pods, API server on)
     "drip_chunks": ("api", True),
     "drip_headers": ("api", True),
     "empty_objects": ("api", True),
+    "slice_devices_600k": ("api", True),
     "claims_100k": (100_000, False),
     "claims_10k": (10_000, False),
     "device_plugin_10k": ("dp10k", False),
+    "allocatable_16mib": ("allocatable16", False),
+    "list_16mib": ("list16", False),
 }
+
+
+HOSTILE_BYTES = 16 * 1024 * 1024 - 1024  # just under the exporter's 16 MiB receive cap
+
+
+def hostile_allocatable():
+    """GetAllocatableResources of a kubelet answering 16 MiB of device IDs (1.5 million)."""
+    from exporter.kubelet import podresources_pb2 as pb
+
+    return pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(resource_name=GPU,
+                                                                        device_ids=ids_of_size(HOSTILE_BYTES))])
 
 
 def kubelet_pods(kind) -> list:
     leaver = pod("team", "leaver", {"c": [(GPU, [f"{UUID}::7"])]})
     if kind == "api":
         return [leaver, *shared_claims(2)]
+    if kind == "list16":  # one pod listing 16 MiB of device IDs: parsed whole, as one pod is
+        return [leaver, pod("team", "hoarder", {"c": [(GPU, ids_of_size(HOSTILE_BYTES - 4096))]})]
+    if kind == "allocatable16":
+        return [leaver]
     if kind == "dp10k":
         return [leaver, *(pod("team", f"d{i}", {"c": [(GPU, [f"{UUID}::{i + 10}"])]}) for i in range(10_000))]
     return [leaver, *shared_claims(kind)]
@@ -144,6 +167,8 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
         api = FakeApiServer().start()
         set_api(api, "baseline")
         server.service.pods = kubelet_pods(kind)
+        if kind == "allocatable16":
+            server.service.allocatable = hostile_allocatable()
         server.start()
         exporter = Exporter(*args, "--kubernetes-api", api.url if with_api else "off", env={"NODE_NAME": "node-a"})
         exporter.cwd = code
@@ -159,6 +184,8 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
                 set_api(api, case)
                 if with_api:
                     server.service.pods = [*server.service.pods, *shared_claims(3)[2:]]
+                if case == "slice_devices_600k":  # a device no slice names: the slices are listed again each 10 s
+                    server.service.pods = [*server.service.pods, claim_pod("team", "newcomer", {"c": [("cn", [("gpu-1", None)])]})]
                 spawn = multiprocessing.get_context("spawn")  # no fork of the gRPC server's threads
                 results = spawn.Queue()
                 since = time.monotonic() + seconds / 3 + 2 * KUBELET_INTERVAL

@@ -21,7 +21,7 @@ import urllib.parse
 from dataclasses import dataclass
 
 from hostio import answers
-from exporter.samplers.dra import NVIDIA_DRIVER, ApiView
+from exporter.samplers.dra import CAPACITY_NAMES, NVIDIA_DRIVER, ApiView
 from exporter.snapshot import CollectorHealth, LogOnce
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,10 @@ MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_ANSWER_VALUES = 200_000
 PAGE = 200  # ResourceSlices per list page
 MAX_SLICE_PAGES = 10
+# Devices kept from one list of slices, whatever its pages hold (each page may parse into some 60,000
+# devices of `{"name":...}`: ten were 100 MB of names). A node of 8 GPUs publishes a few hundred with
+# every MIG placement; without NODE_NAME this is some 30 such nodes' worth.
+MAX_SLICE_DEVICES = 8192
 MAX_CLAIM_GETS = 32  # claims fetched per tick; the rest on the next ones
 SLICES_EVERY_S = 60.0
 BACKOFF_S = 30.0
@@ -167,7 +171,7 @@ class KubernetesApi:
                     self._slices_tried = started
                     self._read_slices(deadline)
                 for key in stale[:MAX_CLAIM_GETS]:
-                    self._read_claim(key, deadline)
+                    self._read_claim(key, wanted[key], deadline)
                 self._log.clear("kubernetes api", "the API server answers again")
                 self.health = CollectorHealth(True, time.monotonic() - started, "")
             except Exception as exc:  # noqa: BLE001 - whatever an answer makes go wrong is this reader's error
@@ -187,6 +191,7 @@ class KubernetesApi:
     def _read_slices(self, deadline: float) -> None:
         selector = f"spec.driver={NVIDIA_DRIVER}" + (f",spec.nodeName={self.node_name}" if self.node_name else "")
         uuids, capacity, token = {}, {}, ""
+        kept, left_out = set(), 0
         for _ in range(MAX_SLICE_PAGES):
             query = {"fieldSelector": selector, "limit": str(PAGE), **({"continue": token} if token else {})}
             data = self.get(f"{GROUP}/resourceslices?{urllib.parse.urlencode(query)}", deadline)
@@ -200,22 +205,34 @@ class KubernetesApi:
                     name = device.get("name")
                     if not isinstance(pool, str) or not isinstance(name, str):
                         continue
+                    if (pool, name) not in kept and len(kept) == MAX_SLICE_DEVICES:
+                        left_out += 1
+                        continue
+                    kept.add((pool, name))
                     attrs = _dict(device.get("attributes"))
                     uuid = _dict(attrs.get("uuid") or attrs.get(f"{NVIDIA_DRIVER}/uuid")).get("string")
                     if isinstance(uuid, str) and len(uuid) < 128:
                         uuids[(pool, name)] = uuid
-                    caps = {k: quantity(_dict(v).get("value")) for k, v in list(_dict(device.get("capacity")).items())[:64]}
-                    capacity[(pool, name)] = {k: v for k, v in caps.items() if v}
+                    capacity[(pool, name)] = capacities(_dict(device.get("capacity")), lambda v: _dict(v).get("value"))
             token = _dict(data.get("metadata")).get("continue") or ""
             if not isinstance(token, str) or not token:
                 break
         else:
             self._log.problem("kubernetes api slices", f"more than {MAX_SLICE_PAGES * PAGE} ResourceSlices of "
                               f"{NVIDIA_DRIVER}: the rest are not read (set NODE_NAME to list this node's only)")
+        if left_out:
+            self._log.problem("kubernetes api slice devices", f"the ResourceSlices of {NVIDIA_DRIVER} list more than "
+                              f"{MAX_SLICE_DEVICES} devices: only the first {MAX_SLICE_DEVICES} are read (set "
+                              "NODE_NAME to list this node's only)")
+        else:
+            self._log.clear("kubernetes api slice devices", f"at most {MAX_SLICE_DEVICES} devices listed again")
         self._uuids, self._capacity = uuids, capacity
         self._slices_at = time.monotonic()
 
-    def _read_claim(self, key: tuple[str, str], deadline: float) -> None:
+    def _read_claim(self, key: tuple[str, str], listed: set[tuple[str, str, str]], deadline: float) -> None:
+        """The consumed capacity of the claim's allocations the kubelet lists (`listed`: (pool, device,
+        share_id)): what the claim says of others is never kept, so all claims keep no more than the
+        kubelet's MAX_DEVICES allocations."""
         namespace, name = (urllib.parse.quote(k, safe="") for k in key)
         try:
             data = self.get(f"{GROUP}/namespaces/{namespace}/resourceclaims/{name}", deadline)
@@ -230,10 +247,17 @@ class KubernetesApi:
             result = _dict(result)
             if result.get("driver") != NVIDIA_DRIVER:
                 continue
-            consumed = {k: quantity(v) for k, v in list(_dict(result.get("consumedCapacity")).items())[:64]}
-            results[(str(result.get("pool")), str(result.get("device")), str(result.get("shareID") or ""))] = \
-                {k: v for k, v in consumed.items() if v}
+            allocation = (str(result.get("pool")), str(result.get("device")), str(result.get("shareID") or ""))
+            if allocation in listed:
+                results[allocation] = capacities(_dict(result.get("consumedCapacity")), lambda v: v)
         self._claims[key] = (time.monotonic(), results)
+
+
+def capacities(named: dict, value_of) -> dict[str, float]:
+    """Of a device's capacities or an allocation's consumed capacity, the CAPACITY_NAMES a share is
+    computed by, as numbers (`value_of` finds the quantity in each): no other name is kept."""
+    amounts = {name: quantity(value_of(named.get(name))) for name in CAPACITY_NAMES}
+    return {name: amount for name, amount in amounts.items() if amount}
 
 
 def _dict(value) -> dict:

@@ -29,6 +29,16 @@ def pod(namespace: str, name: str, containers: dict[str, list[tuple[str, list[st
         for c, devs in containers.items()])
 
 
+def ids_of_size(size: int) -> list[str]:
+    """Index-style device IDs ("0::<n>", the shortest the device plugin hands out), about `size` bytes
+    of them once serialised: the most IDs, so the most Python strings, an answer of that size holds."""
+    ids, total = [], 16
+    while total < size:
+        ids.append(f"0::{len(ids)}")
+        total += len(ids[-1]) + 2
+    return ids
+
+
 DRA = "gpu.nvidia.com"
 
 
@@ -50,7 +60,10 @@ def claim_pod(namespace: str, name: str, containers: dict[str, list[tuple]]) -> 
 class PodResources(pb_grpc.PodResourcesListerServicer):
     def __init__(self):
         self.pods: list[pb.PodResources] = []
-        self.allocatable: list[tuple[str, list[str]]] | None = None  # None: answer UNIMPLEMENTED, like old kubelets
+        # [(resource name, device IDs)]; None: answer UNIMPLEMENTED, like old kubelets; an answer built
+        # once (a hostile one of 16 MiB is not built again each call); or bytes that protobuf reads
+        # as an answer (unknown fields kept, in wire types the exporter's reader refuses)
+        self.allocatable: list[tuple[str, list[str]]] | pb.AllocatableResourcesResponse | bytes | None = None
         self.delay = 0.0
         self.answering = threading.Event()  # cleared: every List waits until it is set again (at most 60 s)
         self.answering.set()
@@ -70,6 +83,10 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
     def GetAllocatableResources(self, request, context):  # noqa: N802 - the API's name
         if self.allocatable is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources is not enabled")
+        if isinstance(self.allocatable, pb.AllocatableResourcesResponse):
+            return self.allocatable
+        if isinstance(self.allocatable, bytes):
+            return pb.AllocatableResourcesResponse.FromString(self.allocatable)
         return pb.AllocatableResourcesResponse(devices=[
             pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in self.allocatable])
 

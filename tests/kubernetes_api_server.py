@@ -24,6 +24,20 @@ def empty_objects(size: int) -> bytes:
     return b'{"items":[' + b"{}," * (size // 3) + b"{}]}"
 
 
+def slice_pages(pages: int, devices_per_page: int) -> list[bytes]:
+    """A hostile slice list: `pages` pages (each naming the next by its continue token) of slices of
+    1,024 devices each, every device only a distinct name: some 3 JSON values per device."""
+    out = []
+    for page in range(pages):
+        names = [f"d{page}-{i}" for i in range(devices_per_page)]
+        items = [{"spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a", "pool": {"name": "node-a"},
+                           "devices": [{"name": n} for n in names[at:at + 1024]]}}
+                 for at in range(0, len(names), 1024)]
+        more = {"continue": str(page + 1)} if page + 1 < pages else {}
+        out.append(json.dumps({"kind": "ResourceSliceList", "metadata": more, "items": items}).encode())
+    return out
+
+
 def device(name: str, uuid: str, **capacity: str) -> dict:
     """A ResourceSlice device as NVIDIA's driver publishes it: a uuid attribute, capacities."""
     return {"name": name, "attributes": {"type": {"string": "gpu"}, "uuid": {"string": uuid}},
@@ -58,6 +72,7 @@ class FakeApiServer:
         self.delay = 0.0
         self.status = 200
         self.body: bytes | None = None  # answered instead of the objects when set
+        self.slice_pages: list[bytes] | None = None  # the slice list's pages, answered by continue token "<n>"
         self.drip: tuple[str, float] | None = None  # (one of DRIPS, seconds between two bytes)
         self.requests: list[str] = []
         self.authorizations: list[str | None] = []
@@ -126,6 +141,9 @@ class FakeApiServer:
         parsed = urllib.parse.urlsplit(path)
         if parsed.path == f"{GROUP}/resourceslices":
             query = urllib.parse.parse_qs(parsed.query)
+            if self.slice_pages:
+                page = query.get("continue", ["0"])[0]
+                return self.slice_pages[int(page) if page.isdigit() else 0], 200
             selector = dict(s.split("=", 1) for s in query.get("fieldSelector", [""])[0].split(",") if "=" in s)
             items = [s for s in self.slices if s["spec"]["driver"] == selector.get("spec.driver", s["spec"]["driver"])
                      and s["spec"]["nodeName"] == selector.get("spec.nodeName", s["spec"]["nodeName"])]

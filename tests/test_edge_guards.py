@@ -263,9 +263,7 @@ def test_device_plugin_shares_at_their_edges():
     assert devices.base_share("1:0") is None and devices.base_share("1") == 1.0
     assert replicas_of("GPU-aaaa::2", None) is None and replicas_of("GPU-aaaa", None) == 1
     assert held_shares([("GPU-aaaa::2", "GPU-aaaa", ref)], devices, None) == {"GPU-aaaa": {("ml", "train", "main"): None}}
-    offered = [type("Devices", (), {"resource_name": "nvidia.com/gpu", "device_ids": ["GPU-aaaa::0", "GPU-aaaa::1",
-                                                                                     "GPU-aaaa::1"]})()]
-    assert offered_replicas(offered) == Counter({"GPU-aaaa": 2})
+    assert offered_replicas(["GPU-aaaa::0", "GPU-aaaa::1", "GPU-aaaa::1"]) == Counter({"GPU-aaaa": 2})
     from exporter.samplers.kubelet import id_basis
 
     two = Counter({"GPU-aaaa": 2, "MIG-1111": 1})
@@ -451,6 +449,49 @@ def test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out(ap
     server.claims = {("nb", "x-gpu"): theirs}
     wanted = {("nb", "x-gpu", "node-a", "gpu-0", "s1"), ("nb", "x-gpu", "node-a", "gpu-0", "s2")}
     assert reader.view({("node-a", "gpu-0")}, wanted).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+def test_slices_keep_at_most_max_slice_devices_and_say_so_once(api_at, caplog):
+    """Attack 6's tally: ten pages of `{"name":...}` devices were some 600,000 uuids and capacities kept.
+    MAX_SLICE_DEVICES are kept (exactly that many: no line), one more is left out and said once, not
+    on each list; a device named twice is one. Mutants: the cap dropped, `==` -> `>`, a device named twice
+    counted twice, the line never said."""
+    import logging
+
+    from exporter.kubernetes_api import MAX_SLICE_DEVICES
+
+    server, reader, clock = api_at
+    per_slice = 1024
+    server.slices = [resource_slice("node-a", "node-a", [device(f"gpu-{i}", f"GPU-{i}", shares="2")
+                                                         for i in range(at, min(at + per_slice, MAX_SLICE_DEVICES))])
+                     for at in range(0, MAX_SLICE_DEVICES, per_slice)]
+    server.slices.append(resource_slice("node-a", "node-a", [device("gpu-0", "GPU-0")]))  # named twice: one device
+    line = f"list more than {MAX_SLICE_DEVICES} devices: only the first {MAX_SLICE_DEVICES} are read"
+    with caplog.at_level(logging.INFO, "exporter.kubernetes_api"):
+        view = reader.view({("node-a", "gpu-0")}, set())
+        assert len(view.uuids) == len(view.capacity) == MAX_SLICE_DEVICES and reader.health.success
+        assert not any(line in r.getMessage() for r in caplog.records)
+        server.slices.append(resource_slice("node-a", "node-a", [device("gpu-last", "GPU-last", shares="2")]))
+        for _ in range(2):  # two lists of the slices, one line
+            clock.now += SLICES_EVERY_S
+            view = reader.view({("node-a", "gpu-0")}, set())
+    assert len(view.uuids) == len(view.capacity) == MAX_SLICE_DEVICES and ("node-a", "gpu-last") not in view.uuids
+    assert view.capacity[("node-a", f"gpu-{MAX_SLICE_DEVICES - 1}")] == {"shares": 2.0}
+    assert sum(line in r.getMessage() for r in caplog.records) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_only_the_capacities_a_share_is_split_by_and_the_allocations_listed_are_kept(api_at):
+    """A device's 64 capacities and a claim's 256 results were all kept, for every claim listed: only
+    CAPACITY_NAMES and the allocations the kubelet lists are. Mutants: the name filter or the
+    allocation filter dropped."""
+    server, reader, _ = api_at
+    many = {f"c{i}": str(i + 1) for i in range(62)}
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4", memory="80Gi", **many)])]
+    server.claims = {("nb", "x-gpu"): claim("nb", "x-gpu", [("node-a", "gpu-0", f"s{i}", {"shares": "1", **many})
+                                                            for i in range(256)])}
+    view = reader.view({("node-a", "gpu-0")}, {("nb", "x-gpu", "node-a", "gpu-0", "s7")})
+    assert view.capacity == {("node-a", "gpu-0"): {"shares": 4.0, "memory": 80 * 2**30}}
+    assert view.consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s7"): {"shares": 1.0}}
 
 
 # -- gpu_spatial/report/account.py ---------------------------------------------------------------------

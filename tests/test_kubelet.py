@@ -8,10 +8,11 @@ import pytest
 
 from exporter.kubelet import podresources_pb2 as pb
 from exporter.samplers.dra import MAX_CONTAINERS, MAX_DEVICES
-from exporter.samplers.kubelet import DeviceMap, PodRef, attribute, cgroup_container_id, read_pods
+from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, DeviceMap, PodRef, attribute,
+                                       cgroup_container_id, read_allocatable, read_pods)
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, kubernetes_node, pod
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, ids_of_size, kubernetes_node, pod
 
 
 # -- device IDs -> GPUs ----------------------------------------------------------------------------
@@ -94,6 +95,13 @@ def test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound():
     pods, more = read_pods(b"\x10\x96\x01" + answer, limit=5)  # an unknown varint field (2 = 150) is skipped
     assert len(pods) == 5 and not more
     assert read_pods(b"", limit=3) == ([], False)
+    # fields that are no pod: `limit` of them are skipped, one more is no List answer (16 MiB of them
+    # would be millions of steps of the walk)
+    assert read_pods(b"\x10\x01" * 3 + b"\x12\x00" * 2 + answer, limit=5)[0][4].name == "p4"
+    with pytest.raises(ValueError, match="more than 5 fields that are no pod"):
+        read_pods(b"\x10\x01" * 3 + b"\x12\x00" * 3 + answer, limit=5)
+    with pytest.raises(ValueError, match="runs past the end"):  # a pod past the bound that runs past the end
+        read_pods(answer + b"\x0a\x05ab", limit=5)
     for garbage in (answer[:-1], b"\x0d\x00\x00\x00\x00", b"\x0a" + b"\xff" * 11, b"\x0a\x05\xff\xff\xff\xff\xff"):
         with pytest.raises(Exception) as caught:  # each is a KubeletError ("garbled") in list_pods
             read_pods(garbage, limit=5)
@@ -121,6 +129,91 @@ def test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_
         server.service.raw = b"\x1d\x00\x00\x00\x00"  # field 3 as a fixed32: no List answer has one
         sampler.tick()
         assert "not a List answer" in sampler.health.error and not sampler.snapshot.pods  # withdrawn
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def allocatable(*devices, cpu_ids=()) -> bytes:
+    """An AllocatableResourcesResponse's bytes: devices are (resource name, device IDs)."""
+    return pb.AllocatableResourcesResponse(cpu_ids=cpu_ids, devices=[
+        pb.ContainerDevices(resource_name=r, device_ids=ids, topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=0)]))
+        for r, ids in devices]).SerializeToString()
+
+
+def test_an_allocatable_answer_is_walked_up_to_its_bounds():
+    """Distinct NVIDIA IDs in the order listed, the first `limit`; other resources, cpu_ids and unknown
+    varint fields are walked, never read; no more than ALLOCATABLE_FIELDS_PER_DEVICE * limit fields."""
+    answer = allocatable(("nvidia.com/gpu", ["GPU-a::0", "GPU-a::1"]), ("rdma/hca", ["mlx5_0"]),
+                         ("nvidia.com/gpu", ["GPU-a::1", "GPU-b"]), cpu_ids=[1, 2, 3])  # GPU-a::1 on two NUMA nodes
+    assert read_allocatable(answer, limit=3) == (["GPU-a::0", "GPU-a::1", "GPU-b"], False)  # exactly the bound
+    assert read_allocatable(answer, limit=2) == (["GPU-a::0", "GPU-a::1"], True)
+    assert read_allocatable(b"\x20\x01" + answer, limit=3) == (["GPU-a::0", "GPU-a::1", "GPU-b"], False)
+    # resource name after the IDs (any order is protobuf), the last of two names counts
+    late = b"\x0a\x17" + b"\x12\x01x" + b"\x0a\x04rdma" + b"\x0a\x0cnvidia.com/g"
+    assert read_allocatable(late, limit=3) == (["x"], False)
+    assert read_allocatable(b"\x20\x01" * (ALLOCATABLE_FIELDS_PER_DEVICE * 2), limit=2) == ([], False)
+    assert read_allocatable(b"\x20\x01" * (ALLOCATABLE_FIELDS_PER_DEVICE * 2 + 1), limit=2) == ([], True)
+    one = allocatable(("nvidia.com/gpu", ["a", "b"]))  # 1 entry + name + 2 IDs + topology: 5 fields
+    assert read_allocatable(b"\x20\x01" * (2 * ALLOCATABLE_FIELDS_PER_DEVICE - 5) + one, limit=2) == (["a", "b"], False)
+    assert read_allocatable(b"\x20\x01" * (2 * ALLOCATABLE_FIELDS_PER_DEVICE - 4) + one, limit=2) == ([], True)
+    twice = allocatable(("nvidia.com/gpu", ["a", "b"]), ("nvidia.com/gpu", ["b"]))  # the limit, then one listed again
+    assert read_allocatable(twice, limit=2) == (["a", "b"], False)
+    for garbage in (answer[:-1], b"\x0d\x00\x00\x00\x00", b"\x0a" + b"\xff" * 11, b"\x0a\x03\x12\x05ab",
+                    b"\x0a\x04\x0a\x02\xff\xfe"):  # cut, fixed32, a long varint, an ID past its entry, no UTF-8
+        with pytest.raises((ValueError, IndexError)):
+            read_allocatable(garbage, limit=5)
+
+
+def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, caplog):
+    """GetAllocatableResources over the real gRPC server: MAX_DEVICES IDs are read and give the
+    replica's share; one more and the share is unknown (a GPU's replicas may be partly read), in one
+    problem line; a garbled answer is a problem too; 16 MiB of IDs costs its bytes, not a Python string
+    per ID (traced Python memory: the old reader's 1.5 million strings and their tally were 174 MB)."""
+    import logging
+    import tracemalloc
+
+    from exporter.holders import Holder
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.kubelet import MAX_MESSAGE_BYTES, KubeletSampler
+    from exporter.samplers.nvml import NvmlSampler
+
+    server, _ = kubernetes_node(tmp_path)
+    server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]
+    server.service.allocatable = [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES)])]
+    server.start()
+    nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
+    nvml.tick()
+    sampler = KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share  # noqa: E731
+    cut = f"GetAllocatableResources lists more than {MAX_DEVICES} device IDs: it is read no further"
+    try:
+        sampler.tick()
+        assert share() == round(1 / MAX_DEVICES, 9) and sampler.health.success
+        server.service.allocatable = [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES + 1)])]
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+            sampler.tick()
+        assert share() is None and not sampler.health.success and sampler.health.error.startswith(cut)
+        assert sum(cut in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+        server.service.allocatable = b"\x1d\x00\x00\x00\x00"  # field 3 as a fixed32: no answer has one
+        sampler.tick()
+        assert share() is None and "not an Allocatable answer (ValueError: wire type 5" in sampler.health.error
+        assert sampler.snapshot.pods[UUID]  # the pod is still attributed: only its share is unknown
+        hostile = pb.AllocatableResourcesResponse(devices=[
+            pb.ContainerDevices(resource_name=GPU, device_ids=ids_of_size(MAX_MESSAGE_BYTES - 64))])
+        server.service.allocatable = hostile
+        sampler.tick()
+        assert sampler.health.error.startswith(cut) and share() is None
+        answer = hostile.SerializeToString()
+        tracemalloc.start()  # the reader alone: the test's server in this process serialises in threads
+        try:
+            ids, more = read_allocatable(answer)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        # what a bounded walk keeps: MAX_DEVICES strings, or the spans of as many fields as it walks (4 MB)
+        assert more and len(ids) <= MAX_DEVICES and peak < 8 * 1024 * 1024, peak
     finally:
         sampler.close()
         server.stop()

@@ -140,12 +140,8 @@ def test_held_shares_of_replicas_whole_gpus_and_mig_devices():
               ("GPU-bbbb::2", "GPU-bbbb", ref("b", "two")), ("GPU-bbbb::3", "GPU-bbbb", ref("b", "three")),
               ("MIG-big", "GPU-cccc", ref("c", "big")), ("MIG-small", "GPU-cccc", ref("c", "small"))]
 
-    class Dev:
-        def __init__(self, ids):
-            self.resource_name, self.device_ids = GPU, ids
-
-    offered = offered_replicas([Dev(["GPU-aaaa", "GPU-bbbb::0", "GPU-bbbb::1", "GPU-bbbb::2", "GPU-bbbb::3"]),
-                                Dev(["MIG-big", "MIG-small"])])
+    offered = offered_replicas(["GPU-aaaa", "GPU-bbbb::0", "GPU-bbbb::1", "GPU-bbbb::2", "GPU-bbbb::3", "MIG-big",
+                                "MIG-small"])
     shares = held_shares(claims, devices, offered)
     assert shares["GPU-aaaa"] == {("a", "whole", "c"): 1.0}
     assert shares["GPU-bbbb"] == {("b", "one", "c"): 0.25, ("b", "two", "c"): 0.5, ("b", "three", "c"): 0.25}

@@ -27,6 +27,7 @@ MAX_DEVICE_NAME = 128  # DRA device names are DNS labels (63): longer is no devi
 MAX_CONTAINERS = 1024  # containers read per List answer; a node runs a few hundred pods
 MAX_DEVICES = 4096  # device-plugin IDs and claim devices read per List answer; a node has a few dozen
 MAX_PROBLEMS = 10  # named in the log line; the rest are counted
+CAPACITY_NAMES = ("shares", "memory")  # the capacities a shared device is split by, in this order
 
 
 class NvidiaDeviceNames:
@@ -145,7 +146,7 @@ def capacity_ratio(capacity: dict[str, float] | None, consumed: dict[str, float]
     where some was consumed; None where neither can be told."""
     if not capacity or not consumed:
         return None
-    for name in ("shares", "memory"):
+    for name in CAPACITY_NAMES:
         if capacity.get(name) and consumed.get(name):
             return min(consumed[name] / capacity[name], 1.0)
     return None

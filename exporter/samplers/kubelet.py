@@ -35,7 +35,15 @@ RESOURCE_PREFIX = "nvidia.com/"
 # The JSON API lists at most this many holders per GPU (and says how many it left out): a kubelet may
 # answer 16 MB of pods, and every GET would serialise them all. /metrics folds them (--holder-series-limit).
 API_PODS_PER_GPU = 256
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024  # a node with hundreds of pods answers more than gRPC's 4 MB default
+# What gRPC receives of one answer. 250 pods of two containers answer 23 KB, but a device plugin
+# offering one device per MiB of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch)
+# lists tens of thousands of IDs per pod; the kubelet and containerd give their own gRPC clients 16 MiB.
+# At the cap, measured from outside: a List answer of one pod of 1.5 million IDs (parsed whole, as one
+# pod is) takes the exporter to 200 MB at its peak, an Allocatable answer to 135 MB (bench/RESULTS.md).
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# read_allocatable's walk: an entry per device (and NUMA node) of resource name, ID and topology, twice
+# over for a device on two NUMA nodes.
+ALLOCATABLE_FIELDS_PER_DEVICE = 8
 CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
 # The kubelet's log links: <pod>_<namespace>_<container>-<container id>.log (names hold no '_').
 LOG_LINK = re.compile(r"^(?P<pod>[^_]+)_(?P<namespace>[^_]+)_(?P<container>[^_]+)-(?P<id>[0-9a-f]{64})\.log$")
@@ -115,13 +123,12 @@ def replica_base(device_id: str) -> str:
     return replica.group("base") if replica else device_id
 
 
-def offered_replicas(allocatable) -> Counter | None:
-    """Device ID without replica suffix -> how many IDs the device plugin offers for it (N of a
-    time-slicing or MPS GPU with N replicas; 1 for an exclusive GPU or MIG device). None: unknown."""
-    if allocatable is None:
+def offered_replicas(device_ids) -> Counter | None:
+    """Device ID without replica suffix -> how many distinct IDs the device plugin offers for it (N of
+    a time-slicing or MPS GPU with N replicas; 1 for an exclusive GPU or MIG device). None: unknown."""
+    if device_ids is None:
         return None
-    return Counter(replica_base(i) for dev in allocatable if dev.resource_name.startswith(RESOURCE_PREFIX)
-                   for i in set(dev.device_ids))
+    return Counter(replica_base(i) for i in set(device_ids))
 
 
 def replicas_of(device_id: str, offered: Counter | None) -> int | None:
@@ -232,26 +239,78 @@ def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
 def read_pods(answer: bytes, limit: int = MAX_CONTAINERS) -> tuple[list, bool]:
     """The first `limit` pods of a ListPodResourcesResponse's bytes, parsed one at a time (a pod holds
     a container at least: no more are read), and whether it lists more: 10^5 listed pods cost as much
-    as `limit`, never 10^5 parsed messages."""
+    as `limit`, never 10^5 parsed messages. More than `limit` fields that are no pod (the answer has
+    no other field) is no List answer: 16 MiB of them would be millions of steps."""
     from exporter.kubelet.podresources_pb2 import PodResources
 
-    pods, at = [], 0
-    while at < len(answer):
-        tag, at = _varint(answer, at)
-        if tag & 7 == 0:  # an unknown varint field
-            _, at = _varint(answer, at)
+    pods, others = [], 0
+    for number, span in wire_fields(answer, 0, len(answer)):
+        if number != 1 or span is NO_SPAN:
+            others += 1
+            if others > limit:
+                raise ValueError(f"more than {limit} fields that are no pod")
             continue
-        if tag & 7 != 2:
-            raise ValueError(f"wire type {tag & 7} at byte {at}")
-        size, at = _varint(answer, at)
-        if tag >> 3 == 1:  # pod_resources
-            if len(pods) == limit:
-                return pods, True
-            pods.append(PodResources.FromString(answer[at:at + size]))
-        at += size
-    if at > len(answer):
-        raise ValueError("a field runs past the end")
+        if len(pods) == limit:
+            return pods, True
+        pods.append(PodResources.FromString(answer[span[0]:span[1]]))
     return pods, False
+
+
+def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str], bool]:
+    """The distinct device IDs of NVIDIA resources in an AllocatableResourcesResponse's bytes, the first
+    `limit`, and whether it lists more. Walked on the wire, never parsed whole: 16 MiB of IDs would be
+    millions of Python strings. The walk also stops after ALLOCATABLE_FIELDS_PER_DEVICE * `limit` fields
+    of any kind (the kubelet sends an entry of 3 fields per device and NUMA node), so an answer costs
+    what `limit` devices cost, whatever its size."""
+    ids: dict[str, None] = {}  # an ordered set: a device on two NUMA nodes is listed twice
+    fields = ALLOCATABLE_FIELDS_PER_DEVICE * limit
+    for number, span in wire_fields(answer, 0, len(answer)):
+        fields -= 1
+        if fields < 0:
+            return list(ids), True
+        if number != 1 or span is NO_SPAN:  # cpu_ids, memory: not read
+            continue
+        resource, listed = "", []
+        for inner, (a, b) in wire_fields(answer, *span):
+            fields -= 1
+            if fields < 0:
+                return list(ids), True
+            if inner == 1 and a is not None:  # resource_name: the last one counts, as in protobuf
+                resource = answer[a:b].decode()
+            elif inner == 2 and a is not None:  # device_ids
+                listed.append((a, b))
+        if not resource.startswith(RESOURCE_PREFIX):
+            continue
+        for a, b in listed:
+            device_id = answer[a:b].decode()
+            if device_id not in ids and len(ids) == limit:
+                return list(ids), True
+            ids[device_id] = None
+    return list(ids), False
+
+
+NO_SPAN = (None, None)
+
+
+def wire_fields(data: bytes, at: int, end: int):
+    """(field number, (start, end) of its bytes) of each field of the protobuf message in data[at:end]:
+    NO_SPAN for a varint field (an unknown one, or an unpacked integer). Any other wire type, a field
+    running past the end or an over-long varint is a ValueError (IndexError at the data's end)."""
+    while at < end:
+        tag, at = _varint(data, at)
+        if tag & 7 == 0:
+            _, at = _varint(data, at)
+            yield tag >> 3, NO_SPAN
+        elif tag & 7 == 2:
+            size, at = _varint(data, at)
+            if at + size > end:
+                raise ValueError("a field runs past the end")
+            yield tag >> 3, (at, at + size)
+            at += size
+        else:
+            raise ValueError(f"wire type {tag & 7} at byte {at}")
+    if at > end:
+        raise ValueError("a field runs past the end")
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -316,10 +375,9 @@ class KubeletSampler(HolderSampler):
                 "/v1.PodResourcesLister/List",
                 request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString)
             self._request = podresources_pb2.ListPodResourcesRequest()
-            self._allocatable = self._channel.unary_unary(
+            self._allocatable = self._channel.unary_unary(  # the answer's bytes: read_allocatable walks them
                 "/v1.PodResourcesLister/GetAllocatableResources",
-                request_serializer=podresources_pb2.AllocatableResourcesRequest.SerializeToString,
-                response_deserializer=podresources_pb2.AllocatableResourcesResponse.FromString)
+                request_serializer=podresources_pb2.AllocatableResourcesRequest.SerializeToString)
             self._allocatable_request = podresources_pb2.AllocatableResourcesRequest()
         return self._list
 
@@ -373,9 +431,11 @@ class KubeletSampler(HolderSampler):
         except (DecodeError, ValueError, IndexError) as exc:
             raise KubeletError(f"PodResources List on {self.socket_path}: not a List answer ({exc})", "garbled") from None
 
-    def allocatable_devices(self):
-        """Every device the kubelet can hand out (GetAllocatableResources, GA since Kubernetes 1.28),
-        or None when it does not answer: then replica shares are unknown, whole GPUs still exact."""
+    def allocatable_devices(self, problems: list[str]) -> list[str] | None:
+        """The NVIDIA device IDs the kubelet can hand out (GetAllocatableResources, GA since Kubernetes
+        1.28), or None when it does not answer, answers garbage or lists more than MAX_DEVICES: then
+        replica shares are unknown, whole GPUs still exact. A garbled or cut answer is one of the tick's
+        `problems`."""
         grpc = import_grpc()
         try:
             answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
@@ -386,7 +446,17 @@ class KubeletSampler(HolderSampler):
                               "off, or a kubelet older than 1.23)", kind=code)
             return None
         self._log.clear("kubelet allocatable", "GetAllocatableResources answers again")
-        return answer.devices
+        try:
+            ids, more = read_allocatable(answer)
+        except Exception as exc:  # noqa: BLE001 - whatever a garbled answer makes go wrong is the tick's problem
+            problems.append(f"GetAllocatableResources on {self.socket_path}: not an Allocatable answer "
+                            f"({type(exc).__name__}: {str(exc)[:200]}): the share of a replica is unknown")
+            return None
+        if more:  # a GPU's replicas may be partly read (in any order): counting them would overstate shares
+            problems.append(f"GetAllocatableResources lists more than {MAX_DEVICES} device IDs: it is read no "
+                            "further, and how many replicas a GPU offers is unknown (so is a replica's share)")
+            return None
+        return ids
 
     # -- processes ------------------------------------------------------------------------------
     def _owners(self, listed: set[tuple[str, str, str]], problems: list[str]) -> dict[int, PodRef]:
@@ -432,7 +502,7 @@ class KubeletSampler(HolderSampler):
         pods, problems = attribute(pod_resources, devices, claims)
         if more:
             problems.append(f"the kubelet lists more than {len(pod_resources)} pods: only those are read")
-        offered = offered_replicas(self.allocatable_devices())
+        offered = offered_replicas(self.allocatable_devices(problems))
         found = self._claims(pod_resources, problems)
         held = merge(device_plugin_holdings(claims, devices, offered), found)
         for uuid, owners in found.pods.items():
