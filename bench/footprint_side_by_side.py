@@ -9,13 +9,18 @@ its own cgroup v2 directory (cpu.stat usage_usec: every thread, microseconds; /p
 no cgroup can be made), and is scraped every 15 s like a Prometheus would. After --warmup, CPU is read
 every --minute: each minute gives a pair of shares under the same GPU conditions, and the report gives
 each tree's share over the whole window and the paired differences' mean and standard error against the
-first tree. VmRSS at the end. Never asserts.
+first tree. VmRSS and VmHWM at the end. Never asserts.
+
+--no-site starts each tree with `python -S` and this Python's site-packages on PYTHONPATH: no .pth file
+runs, as where the packages travel on PYTHONPATH (the device's wheels); this machine's .pth files import
+modules (tempfile, zipfile) that would hide what the exporter itself loads.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import site
 import statistics
 import subprocess
 import sys
@@ -24,7 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
+from bench.cost_per_gpu import status  # noqa: E402
+from bench.soak import cpu_seconds  # noqa: E402
 from tests.helpers import free_port, http_get, wait_for  # noqa: E402
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -32,12 +38,13 @@ SCRAPE_EVERY_S = 15.0
 
 
 class Tree:
-    def __init__(self, label: str, source: Path, flags: list[str]):
+    def __init__(self, label: str, source: Path, flags: list[str], no_site: bool = False):
         self.label, self.source, self.port = label, source, free_port()
-        env = {**os.environ, "PYTHONPATH": f"{source}:{os.environ.get('PYTHONPATH', '')}"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(self.port), "--interval", "1",
-                                      *flags], cwd=source, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     text=True)
+        path = [str(source), os.environ.get("PYTHONPATH", ""), *(site.getsitepackages() if no_site else [])]
+        env = {**os.environ, "PYTHONPATH": ":".join(p for p in path if p)}
+        self.proc = subprocess.Popen([sys.executable, *(["-S"] if no_site else []), "-m", "exporter", "--port",
+                                      str(self.port), "--interval", "1", *flags], cwd=source, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.cgroup = CGROUP_ROOT / f"footprint-{label}-{self.proc.pid}"
         try:
             self.cgroup.mkdir()
@@ -98,14 +105,16 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=420.0, help="measured window after the warm-up")
     p.add_argument("--warmup", type=float, default=30.0)
     p.add_argument("--minute", type=float, default=60.0, help="length of one paired reading")
+    p.add_argument("--no-site", action="store_true", help="python -S, site-packages on PYTHONPATH (no .pth runs)")
     p.add_argument("trees", nargs="+", help="LABEL=DIR (DIR holds exporter/ and nsys_ingest/), the first is the base; "
                                             "exporter flags after --")
     given = list(sys.argv[1:] if argv is None else argv)
     flags = given[given.index("--") + 1:] if "--" in given else []
     args = p.parse_args(given[:given.index("--")] if "--" in given else given)
     specs = [t.split("=", 1) for t in args.trees]
-    trees = [Tree(label, Path(source).resolve(), flags) for label, source in specs]
+    trees = [Tree(label, Path(source).resolve(), flags, args.no_site) for label, source in specs]
     report: dict = {"trees": {t.label: str(t.source) for t in trees}, "flags": flags, "warmup_s": args.warmup,
+                    "no_site": args.no_site,
                     "cpu_clock": "cgroup usage_usec" if all(t.cgroup for t in trees) else "/proc ticks"}
     try:
         for tree in trees:
@@ -135,7 +144,7 @@ def main(argv=None) -> int:
             "cpu_share_of_core": {k: round(statistics.fmean(v), 6) for k, v in shares.items() if v},
             "cpu_share_by_minute": {k: [round(x, 6) for x in v] for k, v in shares.items()},
             "difference_to_base": paired(shares, trees[0].label),
-            "rss_mib": {t.label: round(rss_bytes(t.proc.pid) / 2**20, 2) for t in trees},
+            "memory": {t.label: status(t.proc.pid) for t in trees},
             "gpu_series": {k: sum(line.startswith("gpu_") for line in v.splitlines()) for k, v in bodies.items()},
             "threads": {t.label: len(os.listdir(f"/proc/{t.proc.pid}/task")) for t in trees},
         })
@@ -143,7 +152,7 @@ def main(argv=None) -> int:
         report["log_tail"] = {t.label: t.stop() for t in trees}
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: report.get(k) for k in ("cpu_clock", "minutes", "cpu_share_of_core", "difference_to_base",
-                                                  "rss_mib", "gpu_series", "threads")}, indent=1))
+                                                  "memory", "gpu_series", "threads")}, indent=1))
     return 0
 
 

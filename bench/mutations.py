@@ -818,6 +818,35 @@ ROUND_39_LEDGER = (
     _m("ledger-observed-before-rates", "exporter/ledger.py", "if not book.rates:\n                    continue",
        "if False:\n                    continue", LEDGER, "time before a GPU's first rates is not observed"),
 )
+# -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
+DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
+VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
+ROUND_37_COST = (
+    _m("import-metadata-at-start", "nsys_ingest/commandline.py", "import argparse\n",
+       "import argparse\nfrom importlib import metadata  # noqa: F401\n", DEFAULT_IMPORTS,
+       "--version reads the package metadata only when given"),
+    _m("version-without-prog", "nsys_ingest/commandline.py", 'sys.stdout.write(f"{parser.prog} {version()}\\n")',
+       'sys.stdout.write(f"{version()}\\n")', VERSIONS, "--version names the command typed"),
+    _m("sqlite-at-import", "exporter/nsys_exports.py", "import os\nimport subprocess\n",
+       "import os\nimport sqlite3  # noqa: F401\nimport subprocess\n", DEFAULT_IMPORTS,
+       "SQLite is loaded where an export is read"),
+    _m("uploads-always", "exporter/sources.py", '    if "nsys" in order:  # each import',
+       '    from exporter.uploads import UploadSpool  # noqa: F401\n    if "nsys" in order:  # each import',
+       DEFAULT_IMPORTS, "the upload spool is loaded with its flag"),
+    _m("nsys-source-always", "exporter/sources.py", "        if args.replay or watch_dir or args.nsys_live:\n",
+       "        from exporter.samplers.nsys import NsysSource  # noqa: F811\n"
+       "        if args.replay or watch_dir or args.nsys_live:\n", DEFAULT_IMPORTS,
+       "the nsys source is loaded with its flags"),
+    _m("serves-from-nsys", "exporter/samplers/nvml.py", "        from exporter.samplers.gpm import engine_busy\n",
+       "        from exporter.samplers.gpm import engine_busy\n        from exporter.samplers.nsys import serves\n",
+       DEFAULT_IMPORTS, "the NVML sampler does not load the nsys source"),
+    _m("attribution-at-import", "exporter/samplers/ctxsw.py", "from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED\n",
+       "from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED\n"
+       "from nsys_ingest.attribution import Attribution  # noqa: F811\n", DEFAULT_IMPORTS,
+       "the attribution's classes are loaded by a capture"),
+    _m("bind-str-host", "exporter/server.py", 'host = address.encode("ascii") if address.isascii() else address',
+       "host = address", DEFAULT_IMPORTS, "an ASCII listen address does not load the IDNA codec"),
+)
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
 API_TALLIES = (EDGE, "-k", "slices_keep or capacities_a_share or other_drivers or forgotten")
@@ -872,7 +901,7 @@ ROUND_39_KUBECAPS = (
        "if True else None", ("tests/test_kubelet.py", "-k", "log_links or over_http"),
        "only the log links of GPU processes' containers are kept"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
 
 
 def _is_test_path(arg: str) -> bool:

@@ -8,7 +8,6 @@ where an export is read, not here: its pandas costs memory that an exporter read
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import threading
 from pathlib import Path
@@ -34,6 +33,8 @@ def identity_of(info) -> GpuIdentity:
 def read_export(path, work, nsys: str = "nsys", require_metrics: bool = True, budget=None):
     """work(export) on the export at `path`, opened as untrusted input: every problem (the reader's,
     SQLite's, one nobody foresaw) is an IngestError with one line, never a traceback."""
+    import sqlite3  # here: an exporter that reads no export never loads SQLite
+
     from nsys_ingest.reader import Export, IngestError
 
     try:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 
 from exporter.snapshot import ERROR, SourceResult
 
@@ -50,13 +49,14 @@ def build_spatial_sources(args, nvml, gpm=None):
             spatial["dcgm"] = source
         else:
             disabled["dcgm"] = reason
-    if "nsys" in order:
-        from exporter.samplers.nsys import NsysSource
-        from exporter.spool import Retention, SpoolRetention
-        from exporter.uploads import UploadSpool
-
+    if "nsys" in order:  # each import where its flag asks for it: an exporter without nsys pays none of them
         watch_dir = args.nsys_watch_dir
         if args.nsys_upload_token:
+            import tempfile
+
+            from exporter.spool import Retention, SpoolRetention
+            from exporter.uploads import UploadSpool
+
             spool = args.nsys_spool_dir or watch_dir or tempfile.mkdtemp(prefix="nsys-spool-")
             retention = SpoolRetention(spool, Retention(args.nsys_spool_max_files, args.nsys_spool_max_bytes,
                                                         args.nsys_spool_max_age))
@@ -66,6 +66,8 @@ def build_spatial_sources(args, nvml, gpm=None):
         if args.replay and (args.nsys_watch_dir or args.nsys_upload_token or args.nsys_live):
             log.warning("%s", _replaying(args))
         if args.replay or watch_dir or args.nsys_live:
+            from exporter.samplers.nsys import NsysSource
+
             others = {**spatial, **({"gpm": gpm} if gpm is not None else {})}
             nsys = spatial["nsys"] = NsysSource(
                 interval=args.interval if args.replay else max(args.interval, 1.0), replay=args.replay,

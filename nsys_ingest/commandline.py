@@ -3,10 +3,10 @@
 reader of its output leaves (`| head -1`). Here because nsys_ingest is the package the others import."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
-from importlib import metadata
 
 DISTRIBUTION = "gpu-spatial-exporter"
 SCRIPTS = ("gpu-spatial", "gpu-spatial-exporter", "nsys-ingest")  # pyproject.toml, [project.scripts]
@@ -25,15 +25,28 @@ def missing_extra(command: str, package: str, extra: str) -> str | None:
 
 
 def version() -> str:
+    from importlib import metadata  # here, not at import: ~2-4 MB resident in every exporter that never asks
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return "unknown (not installed: pip install .)"
 
 
+class _Version(argparse.Action):
+    """--version, read from the package metadata only when given (argparse's own action wants the text
+    when the parser is built)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        sys.stdout.write(f"{parser.prog} {version()}\n")
+        parser.exit()
+
+
 def add_version(parser) -> None:
-    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}",
-                        help="print the version and exit")
+    parser.add_argument("--version", action=_Version, help="print the version and exit")
 
 
 def prog_name(module: str) -> str:

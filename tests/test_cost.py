@@ -8,7 +8,8 @@ Rules guarded:
   every tick;
 - process names come from the process lists (every 2 s), not from a call per process and tick;
 - every slower read keeps its cadence (2 s, 10 s, 30 s, 60 s) through the one schedule;
-- the exact calls per tick and GPU, idle and with 6 time-sliced processes (bench/RESULTS.md, "Cost per GPU").
+- the exact calls per tick and GPU, idle and with 6 time-sliced processes (bench/RESULTS.md, "Cost per GPU");
+- an exporter with the default flags never loads what only a flag it was not given uses (resident memory).
 """
 from __future__ import annotations
 
@@ -157,6 +158,50 @@ def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
         assert ours["scrapes"] and all(s["ok"] and s["gpu_series"] > 0 for s in ours["scrapes"]), name
     assert [r["phase"] for r in report["summary"]["rows"]] == ["all_idle", "all_loaded", "one_loaded", "one_idle"]
     assert "| one_idle | 1 | ours |" in done.stdout
+
+
+# -- resident memory: what a default exporter imports -------------------------------------------------------
+# Each is loaded where the flag that needs it is given (bench/RESULTS.md, "Resident memory at steady state"):
+# the package metadata (--version), SQLite and the export reader (an nsys export read), the upload spool and its
+# HMAC (--nsys-upload-token-file), the nsys source (--replay, --nsys-watch-dir, --nsys-live), the attribution
+# (--workload-ctxsw: its child), the IDNA codec (a host name that is not ASCII). What uvicorn, click, argparse and
+# prometheus_client import themselves (ssl, pickle, configparser, uuid, tempfile, timeit, mimetypes, shutil) is
+# theirs; gpu_trace.protocol holds the cupti flags' defaults.
+NOT_AT_DEFAULTS = ("importlib.metadata", "csv", "zipfile", "sqlite3", "nsys_ingest.reader",
+                   "nsys_ingest.attribution", "exporter.uploads", "exporter.spool", "hmac", "exporter.samplers.nsys",
+                   "encodings.idna", "numpy", "pandas")
+
+
+def test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use():
+    """A real exporter on the replay, with what `python -S` loads (no .pth file: this machine's import some of
+    these), after its first ticks and a scrape, and after its stop."""
+    import os
+    import signal
+    import site
+    import subprocess
+    import sys
+
+    from tests.helpers import FIXTURES, ROOT, free_port, http_get, wait_for
+
+    port = free_port()
+    launcher = ("import atexit, sys; names = sys.argv.pop(1).split(','); "
+                "atexit.register(lambda: print(sorted(m for m in names if m in sys.modules))); "
+                "from exporter.__main__ import main; sys.exit(main(sys.argv[1:]))")
+    env = {**os.environ, "PYTHONPATH": ":".join([str(ROOT), *site.getsitepackages()])}
+    proc = subprocess.Popen([sys.executable, "-S", "-c", launcher, ",".join(NOT_AT_DEFAULTS), "--nvml-replay",
+                             str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--listen-address", "127.0.0.1",
+                             "--port", str(port)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or b"gpu_time_utilization_ratio{" in
+                 http_get(f"http://127.0.0.1:{port}/metrics", 5)[1], 60, 0.2, "a scrape with the GPU's values")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and out.strip() == "[]", (out, err[-1500:])
 
 
 # -- /metrics under steady scraping: the render leaves the event loop ----------------------------------------

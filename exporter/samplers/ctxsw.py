@@ -31,13 +31,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from exporter.config import duration
 from exporter.nsys_exports import CaptureError, NsysRunner, read_export
 from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
-from nsys_ingest.attribution import Attribution
+
+if TYPE_CHECKING:  # loaded where a window is attributed: every exporter imports this module for its flags
+    from nsys_ingest.attribution import Attribution
 
 log = logging.getLogger(__name__)
 STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its daemon, the report)
@@ -275,6 +278,8 @@ class CtxswSampler(LatestWindows):
             self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes") if k in answer}
             if "error" in answer:
                 raise CaptureError(f"the capture's export is unreadable: {answer['error']}")
+            from nsys_ingest.attribution import Attribution
+
             try:
                 return Attribution.from_json(answer["result"]), ended
             except (KeyError, TypeError, ValueError) as exc:
@@ -307,6 +312,7 @@ def attribute_export(path: str, estimator: str, binary: str = "nsys", window_s: 
                      budget_s: float = READ_BUDGET_S) -> Attribution:
     """nsys_ingest.ctxsw.attribute of one capture's export, read as untrusted input within budget_s: a window
     without any context switch (nothing to split, or a GPU that records none) attributes to no GPU."""
+    from nsys_ingest.attribution import Attribution
     from nsys_ingest.ctxsw import EVENTS, NoSwitches, attribute
     from nsys_ingest.reader import Budget
 

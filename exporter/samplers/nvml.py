@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError, PartialAnswer
-from exporter.sampler import SamplerDefaults
+from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
 from exporter.snapshot import (
     CollectorHealth,
@@ -330,7 +330,6 @@ class NvmlSampler(SamplerDefaults):
         as its SM activity's), and no other spatial source publishes the GPU (DCGM's or nsys' hidden
         idle is NVML's samples over their windows): then NVML's GPU utilization samples are not read."""
         from exporter.samplers.gpm import engine_busy
-        from exporter.samplers.nsys import serves
 
         gpm = self.spatial.get("gpm")
         if gpm is None or engine_busy(gpm.results.get(gpu.uuid)) is None:
