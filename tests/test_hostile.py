@@ -4,6 +4,7 @@ Each gives one clear line or a correct answer, never a traceback, in bounded tim
 the exporter keeps serving /metrics meanwhile (issue 17)."""
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -383,26 +384,47 @@ def test_metrics_answer_while_a_large_upload_is_read_and_a_leaving_client_stops_
     assert "Traceback" not in exporter.log()
 
 
+WATCHERS = 2  # exporters watching at once: a watch ticks once a second, each case waits for a tick
+
+
 def test_every_case_in_the_watched_directory(tmp_path):
-    watch = tmp_path / "watch"
-    watch.mkdir()
-    with Exporter("--no-nvml", "--no-mps", "--nsys-watch-dir", str(watch), "--interval", "0.5") as exporter, \
-            Scraper(exporter):
-        for i, case in enumerate(sorted(CASES)):
-            path = watch / f"{i:02d}-{case}.sqlite"
-            shutil.copyfile(CORPUS / f"{case}.sqlite", path)
-            os.utime(path, (time.time() - 100 + i, time.time() - 100 + i))  # settled, and newer than the last
-            if case in EXPORTER_REFUSED:
-                # The collector's error lasts one tick (the next tick has nothing new to read): the log line stays.
-                wait_for(lambda: any(path.name in line and REFUSED[case] in line for line in exporter.log().splitlines()),
-                         CASE_SECONDS, what=case)
-            else:
-                wait_for(lambda: f"published the last 5.0 s of {path.name}" in exporter.log(), CASE_SECONDS, what=case)
-                assert {g["uuid"] for g in exporter.gpus()["gpus"]} == {UUID}
-        assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
-    log = exporter.log()
-    assert "Traceback" not in log and "tick failed" not in log
-    assert sorted(p.name for p in watch.iterdir()) == sorted(f"{i:02d}-{c}.sqlite" for i, c in enumerate(sorted(CASES)))
+    """Each case, newer than the one before it in its directory, read by the exporter watching it: the
+    cases are dealt to WATCHERS exporters, each with its own directory, which read them side by side."""
+    dealt = [list(enumerate(sorted(CASES)))[n::WATCHERS] for n in range(WATCHERS)]
+    watches = [tmp_path / f"watch-{n}" for n in range(WATCHERS)]
+    with contextlib.ExitStack() as stack:
+        exporters = []
+        for watch in watches:
+            watch.mkdir()
+            exporters.append(stack.enter_context(
+                Exporter("--no-nvml", "--no-mps", "--nsys-watch-dir", str(watch), "--interval", "0.5")))
+        for exporter in exporters:
+            stack.enter_context(Scraper(exporter))
+        for step in range(max(map(len, dealt))):
+            placed = []
+            for watch, exporter, cases in zip(watches, exporters, dealt):
+                if step < len(cases):
+                    i, case = cases[step]
+                    path = watch / f"{i:02d}-{case}.sqlite"
+                    shutil.copyfile(CORPUS / f"{case}.sqlite", path)
+                    os.utime(path, (time.time() - 100 + i, time.time() - 100 + i))  # settled, and newer than the last
+                    placed.append((exporter, path, case))
+            for exporter, path, case in placed:
+                if case in EXPORTER_REFUSED:
+                    # The collector's error lasts one tick (the next tick has nothing new to read): the log line stays.
+                    wait_for(lambda: any(path.name in line and REFUSED[case] in line
+                                         for line in exporter.log().splitlines()), CASE_SECONDS, what=case)
+                else:
+                    wait_for(lambda: f"published the last 5.0 s of {path.name}" in exporter.log(), CASE_SECONDS,
+                             what=case)
+                    assert {g["uuid"] for g in exporter.gpus()["gpus"]} == {UUID}
+        for exporter in exporters:
+            assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
+    for watch, exporter, cases in zip(watches, exporters, dealt):
+        log = exporter.log()
+        assert "Traceback" not in log and "tick failed" not in log
+        assert sorted(p.name for p in watch.iterdir()) == sorted(f"{i:02d}-{c}.sqlite" for i, c in cases)
+    assert sorted(c for cases in dealt for _i, c in cases) == sorted(CASES)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -309,15 +309,23 @@ def test_html_is_self_contained_with_charts_and_renders(backfilled, capsys, tmp_
 
 
 class Scenario(BaseHTTPRequestHandler):
-    """/metrics: the scenario's counters, its clock running SPEED times faster than the wall clock from
-    `started` (so its 40 minutes go through a real scrape and remote_write in 20 s, with the same
-    GPU-seconds); /huge, /slow, /html: hostile APIs."""
-    started = None  # the clock stands at 0 until the test starts it
-    SPEED = 120.0
+    """/metrics: the scenario's counters, its clock going STEP seconds on at each scrape once the test
+    starts it (so its 40 minutes go through a real scrape and remote_write in 40 scrapes, with the same
+    GPU-seconds, however slowly the machine scrapes); /huge, /slow, /html: hostile APIs."""
+    started = False  # the clock stands at 0 until the test starts it
+    elapsed = 0.0
+    final_at = None  # when the clock reached the end (time.time())
+    STEP = 60.0
+    clock = threading.Lock()
 
     def do_GET(self):
         if self.path.startswith("/metrics"):
-            elapsed = min(DURATION, (time.time() - (self.started or time.time())) * self.SPEED)
+            with self.clock:
+                if Scenario.started and Scenario.final_at is None:
+                    Scenario.elapsed = min(DURATION, Scenario.elapsed + self.STEP)
+                    if Scenario.elapsed == DURATION:
+                        Scenario.final_at = time.time()
+                elapsed = Scenario.elapsed
             self.answer(200, exposition(SCENARIO, elapsed).encode(), "text/plain; version=0.0.4")
         else:
             self.hostile()
@@ -387,20 +395,20 @@ def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server,
                                       "static_configs": [{"targets": [scenario_server]}]}],
                   "remote_write": [{"url": vm_url + "/api/v1/write",
                                     "queue_config": {"batch_send_deadline": "500ms"}}]}
-        Scenario.started = None
+        Scenario.started, Scenario.elapsed, Scenario.final_at = False, 0.0, None
         prometheus, prom_url = start_prometheus(tmp_path, config)
         # Prometheus applies new targets up to 5 s after it starts: the clock starts once the zeros are in
         wait_for(lambda: json.loads(http_get(f"{prom_url}/api/v1/query?query=up")[1])["data"]["result"], 30,
                  interval=0.2, what="the first scrape")
         start = time.time() - 1
-        Scenario.started = time.time()
-        done = Scenario.started + DURATION / Scenario.SPEED + 1
+        Scenario.started = True
 
         def newest(url):  # the newest scrape both stores hold, once the scenario's counters are final
             status, body = http_get(f"{url}/api/v1/query?query=max(timestamp(gpu_workload_held_gpu_seconds_total))",
                                     timeout=2)
             result = json.loads(body)["data"]["result"] if status == 200 else []
-            return float(result[0]["value"][1]) if result and float(result[0]["value"][1]) > done else None
+            done = Scenario.final_at
+            return float(result[0]["value"][1]) if result and done and float(result[0]["value"][1]) > done else None
 
         end = wait_for(lambda: newest(prom_url), 60, interval=0.5, what="Prometheus scraped the whole scenario")
         wait_for(lambda: (newest(vm_url) or 0) >= end, 60, interval=0.5, what="VictoriaMetrics got it by remote_write")

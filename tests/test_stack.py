@@ -2,13 +2,13 @@
 dashboards' code, and an end-to-end run of the exporter (replaying real H100 exports), Debian's
 Prometheus with our rules and node-exporter, where every dashboard query must return data and
 HiddenIdleSMs must fire on the hidden-idle replay only."""
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -213,15 +213,26 @@ def test_stack_end_to_end(tmp_path):
                                                "node-exporter": [f"127.0.0.1:{node_port}"]})
             wait_for(lambda: len([r for r in prometheus.query("up == 1")]) == 6, 60, 0.5, "six targets up")
             wait_for(lambda: prometheus.query("gpu_workload_cupti_sm_estimate_ratio"), 60, 0.5, "a traced client's window")
-            time.sleep(12)  # rate() windows and the shortened for: of the alerts
 
+            def without_data():
+                empty = []
+                for dashboard in DASHBOARDS:
+                    for title, expr in queries(json.loads(dashboard.read_text())):
+                        if "node_pressure_" in expr and not os.path.exists("/proc/pressure/memory"):
+                            continue  # this kernel has no pressure stall information to export
+                        if not prometheus.query(as_promql(expr)):
+                            empty.append(f"{dashboard.name}: {title}: {expr}")
+                return empty
+
+            # rate() windows and the shortened for: of the alerts fill in: every query has data, soon or never
             empty = []
-            for dashboard in DASHBOARDS:
-                for title, expr in queries(json.loads(dashboard.read_text())):
-                    if "node_pressure_" in expr and not os.path.exists("/proc/pressure/memory"):
-                        continue  # this kernel has no pressure stall information to export
-                    if not prometheus.query(as_promql(expr)):
-                        empty.append(f"{dashboard.name}: {title}: {expr}")
+
+            def filled():
+                empty[:] = without_data()
+                return not empty
+
+            with contextlib.suppress(TimeoutError):
+                wait_for(filled, 60, 0.5, "every dashboard query with data")
             assert not empty, "queries without data:\n" + "\n".join(empty)
 
             def firing():
