@@ -210,13 +210,29 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
             "api_log_lines": log.count("kubernetes api"), "tracebacks": log.count("Traceback")}
 
 
+def typical_list_bytes(pods: int) -> int:
+    """The bytes of a List answer of `pods` pods of two containers (a server and a sidecar), one pod in
+    four holding a replica of a GPU: what a node's kubelet answers, against the 16 MiB receive cap."""
+    from exporter.kubelet import podresources_pb2 as pb
+
+    listed = [pod("team-ml-prod", f"inference-server-7d9f8b6c5d-{i:05d}",
+                  {"server": [(GPU, [f"{UUID}::{i % 16}"])] if i % 4 == 0 else [], "istio-proxy": []})
+              for i in range(pods)]
+    return len(pb.ListPodResourcesResponse(pod_resources=listed).SerializeToString())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path)
     parser.add_argument("--code", type=Path, default=ROOT, help="the source tree to run (default: this one)")
     parser.add_argument("--seconds", type=float, default=36.0)
     parser.add_argument("--only", nargs="*", choices=sorted(CASES))
+    parser.add_argument("--sizes", action="store_true", help="print the bytes of typical List answers, run nothing")
     args = parser.parse_args()
+    if args.sizes:
+        for pods in (110, 250, 1024):
+            print(f"{pods} pods: {typical_list_bytes(pods)} bytes")
+        return 0
     results = []
     for case in args.only or CASES:
         result = run_case(case, args.code.resolve(), args.seconds)

@@ -911,6 +911,9 @@ ROUND_39_KUBECAPS = (
        "amounts = {name: quantity(value_of(named.get(name))) for name in CAPACITY_NAMES}",
        "amounts = {name: quantity(value_of(v)) for name, v in list(named.items())[:64]}", API_TALLIES,
        "only the capacities a share is split by are kept"),
+    _m("kubelet-log-links-unfiltered", "exporter/samplers/kubelet.py", "if entry.name[-68:-4] in ids else None",
+       "if True else None", ("tests/test_kubelet.py", "-k", "log_links or over_http"),
+       "only the log links of GPU processes' containers are kept"),
 )
 MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
 

@@ -231,6 +231,18 @@ def test_container_id_from_cgroup(text, found):
     assert cgroup_container_id(text) == found
 
 
+def test_only_the_log_links_of_gpu_processes_containers_are_kept(tmp_path):
+    """The kubelet's log folder may hold a link per container the node ever ran: only the containers GPU
+    processes run in are kept. Mutant: the filter dropped (every link a dict entry each tick)."""
+    from exporter.samplers.kubelet import container_links
+
+    for name in (f"train-0_team-a_trainer-{'a' * 64}.log", f"nb_team-b_nb-{'b' * 64}.log", "garbage.log",
+                 f"x_team-c_x-{'c' * 64}.log.1"):
+        (tmp_path / name).symlink_to("/nonexistent")
+    assert container_links(tmp_path, {"a" * 64, "c" * 64, "d" * 64}) == {"a" * 64: PodRef("team-a", "train-0", "trainer")}
+    assert container_links(tmp_path, set()) == {}
+
+
 # -- end to end over HTTP --------------------------------------------------------------------------
 @pytest.fixture()
 def node(tmp_path):

@@ -325,14 +325,16 @@ def _varint(data: bytes, at: int) -> tuple[int, int]:
     raise ValueError("a varint of more than 10 bytes")
 
 
-def container_links(folder: Path) -> dict[str, PodRef]:
-    """Container ID -> (namespace, pod, container) from the names of the kubelet's log links. Only
+def container_links(folder: Path, ids: set[str]) -> dict[str, PodRef]:
+    """Container ID -> (namespace, pod, container) of the containers `ids` (those GPU processes run in),
+    from the names of the kubelet's log links: a folder of 10^5 links is walked, never kept. Only
     names are read: no log is ever opened."""
     out = {}
-    for name in os.listdir(folder):
-        match = LOG_LINK.match(name)
-        if match:
-            out[match.group("id")] = PodRef(match.group("namespace"), match.group("pod"), match.group("container"))
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            match = LOG_LINK.match(entry.name) if entry.name[-68:-4] in ids else None
+            if match:
+                out[match.group("id")] = PodRef(match.group("namespace"), match.group("pod"), match.group("container"))
     return out
 
 
@@ -464,13 +466,14 @@ class KubeletSampler(HolderSampler):
         if not pids or self.container_logs is None:
             self._containers.lookup(set())
             return {}
+        containers = self._containers.lookup(pids)
         try:
-            links = container_links(self.container_logs)
+            links = container_links(self.container_logs, {c for c in containers.values() if c})
         except OSError as exc:
             problems.append(f"cannot list {self.container_logs} (processes keep their command label): {exc}")
             return {}
         owners = {}
-        for pid, container_id in self._containers.lookup(pids).items():
+        for pid, container_id in containers.items():
             ref = links.get(container_id or "")
             if ref is not None and (ref.namespace, ref.pod, ref.container) in listed:
                 owners[pid] = ref
