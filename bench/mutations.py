@@ -860,6 +860,10 @@ ROUND_37_COST = (
        "        else:\n            heap.give_back()", WINDOW_MEMORY, "the heap is given back after every window"),
     _m("give-back-without-trim", "exporter/heap.py", "    libc.malloc_trim(0)\n", "",
        ("tests/test_cost.py::test_the_heap_gives_its_free_pages_back",), "free pages go back to the system"),
+    _m("health-every-10-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 10.0",
+       ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
+    _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
+       ("tests/test_cost.py",), "exactly every 30 s"),
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
