@@ -79,6 +79,28 @@ def status(pid: int) -> dict:
     return out
 
 
+STEPS = (("exporter.samplers.ctxsw", "attribution"), (" profile ", "profile"), (" export ", "export"))
+
+
+def doing(pid: int) -> str:
+    """Which context-switch step the exporter `pid` waits for, from its children's command lines: profile,
+    export, attribution; else idle."""
+    try:
+        children = [c for t in os.listdir(f"/proc/{pid}/task")
+                    for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    except OSError:
+        return "gone"
+    for child in children:
+        try:
+            cmd = " " + Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for needle, name in STEPS:
+            if needle in cmd:
+                return name
+    return "idle"
+
+
 def get(url: str, timeout: float = 5.0) -> str | None:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
@@ -214,9 +236,12 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
         # From here: the exporter's own CPU (its start and imports left out), its children's whole CPU (the
         # nsys steps and the attribution, reaped later), nsys outside its tree since first seen.
         t0, cpu0 = time.monotonic(), cpu_with_children(proc.pid) or 0.0
+        # the exporter's memory through the window, each second with the step it waits for: where it grows
+        timeline = [(0.0, doing(proc.pid), status(proc.pid))]
         while time.monotonic() - t0 < timeout and proc.poll() is None:
             time.sleep(1)
             meter.sample()
+            timeline.append((round(time.monotonic() - t0, 1), doing(proc.pid), status(proc.pid)))
             if settled(get(f"http://127.0.0.1:{port}/metrics", 5) or ""):
                 break
         time.sleep(1)  # the child reaped, its CPU in the exporter's cutime
@@ -237,6 +262,7 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
             "peak_rss_exporter_and_children_mib": round(meter.peak_tree_rss / 2**20, 1),
             "peak_rss_nsys_mib": round(meter.peak_nsys_rss / 2**20, 1),
             "baseline_percent_of_core": baseline_percent,
+            "exporter_timeline": [{"s": t, "step": step, **mem} for t, step, mem in timeline],
         })
         found = [m for m in (CHILD_COST.search(s.get("reason") or "") for s in states) if m]
         if found:

@@ -821,6 +821,8 @@ ROUND_39_LEDGER = (
 # -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
+STEP_TAIL = ("tests/test_ctxsw_live.py::test_a_step_is_read_up_to_its_last_bytes_and_its_last_line_says_why_it_failed",)
+WINDOW_MEMORY = ("tests/test_ctxsw_live.py", "-k", "failing_capture or answer_is_read_whole or last_bytes")
 ROUND_37_COST = (
     _m("import-metadata-at-start", "nsys_ingest/commandline.py", "import argparse\n",
        "import argparse\nfrom importlib import metadata  # noqa: F401\n", DEFAULT_IMPORTS,
@@ -846,6 +848,22 @@ ROUND_37_COST = (
        "the attribution's classes are loaded by a capture"),
     _m("bind-str-host", "exporter/server.py", 'host = address.encode("ascii") if address.isascii() else address',
        "host = address", DEFAULT_IMPORTS, "an ASCII listen address does not load the IDNA codec"),
+    _m("step-tail-uncut", "exporter/nsys_exports.py", "                del tail[:-keep]\n", "                pass\n",
+       STEP_TAIL, "a step's output costs its last `keep` bytes while read"),
+    _m("step-tail-whole", "exporter/nsys_exports.py", "return bytes(tail[-keep:])", "return bytes(tail)", STEP_TAIL,
+       "exactly the last `keep` bytes come back"),
+    _m("last-line-first", "exporter/nsys_exports.py", 'return out.rstrip().rpartition("\\n")[2].strip()',
+       'return out.strip().partition("\\n")[0].strip()', STEP_TAIL, "a step's last line says why it failed"),
+    _m("answer-cut-at-step-tail", "exporter/samplers/ctxsw.py", '"the attribution", keep=MAX_ANSWER_BYTES)',
+       '"the attribution")', WINDOW_MEMORY, "the child's answer is read whole up to 4 MiB"),
+    _m("give-back-only-on-failure", "exporter/samplers/ctxsw.py", "        finally:\n            heap.give_back()",
+       "        else:\n            heap.give_back()", WINDOW_MEMORY, "the heap is given back after every window"),
+    _m("give-back-without-trim", "exporter/heap.py", "    libc.malloc_trim(0)\n", "",
+       ("tests/test_cost.py::test_the_heap_gives_its_free_pages_back",), "free pages go back to the system"),
+    _m("health-every-10-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 10.0",
+       ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
+    _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
+       ("tests/test_cost.py",), "exactly every 30 s"),
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
