@@ -924,6 +924,8 @@ ROUND_39_KUBECAPS = (
     _m("kubelet-log-links-unfiltered", "exporter/samplers/kubelet.py", "if entry.name[-68:-4] in ids else None",
        "if True else None", ("tests/test_kubelet.py", "-k", "log_links or over_http"),
        "only the log links of GPU processes' containers are kept"),
+    _m("kubelet-pods-held-through-allocatable", "exporter/samplers/kubelet.py", "        del pod_resources\n", "",
+       ("tests/test_kubelet.py", "-k", "let_go"), "the parsed pods go before the Allocatable answer comes"),
 )
 MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
 
