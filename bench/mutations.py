@@ -822,6 +822,7 @@ ROUND_39_LEDGER = (
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
 STEP_TAIL = ("tests/test_ctxsw_live.py::test_a_step_is_read_up_to_its_last_bytes_and_its_last_line_says_why_it_failed",)
+HEAP_CADENCE = ("tests/test_cost.py::test_the_engine_gives_the_heap_back_after_nvmls_first_tick_and_then_every_minute",)
 SCRAPE_ERROR = ("tests/test_cost.py::test_the_8x64_bench_writes_why_it_failed_into_its_result",)
 WINDOW_MEMORY = ("tests/test_ctxsw_live.py", "-k", "failing_capture or answer_is_read_whole or last_bytes")
 ROUND_37_COST = (
@@ -865,6 +866,13 @@ ROUND_37_COST = (
        ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
     _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
        ("tests/test_cost.py",), "exactly every 30 s"),
+    _m("heap-give-back-other-loops", "exporter/engine.py", "            if name == self.nvml.name:\n                self._give_back_heap()",
+       "            if name != self.nvml.name:\n                self._give_back_heap()", HEAP_CADENCE,
+       "NVML's loop gives the heap back"),
+    _m("heap-give-back-boundary", "exporter/engine.py", "if now - self._heap_given_back >= HEAP_GIVE_BACK_S:",
+       "if now - self._heap_given_back > HEAP_GIVE_BACK_S:", HEAP_CADENCE, "exactly every 60 s"),
+    _m("heap-give-back-every-tick", "exporter/engine.py", "            self._heap_given_back = now\n", "", HEAP_CADENCE,
+       "no sooner than 60 s after the last"),
     _m("scrape-8x64-error-uncaught", "bench/scrape_8x64.py", "    except Exception as exc:  # noqa: BLE001 - unattended",
        "    except KeyboardInterrupt as exc:  # noqa: BLE001 - unattended", SCRAPE_ERROR,
        "a failing device run says why in its result"),

@@ -227,6 +227,36 @@ def test_the_heap_gives_its_free_pages_back():
     assert int(freed_mib) >= 30, done.stdout
 
 
+def test_the_engine_gives_the_heap_back_after_nvmls_first_tick_and_then_every_minute(monkeypatch):
+    """NVML's loop, not another sampler's, gives the heap back at its first tick; after that no sooner than
+    60 s later (a clock that moves only when told)."""
+    import exporter.engine as engine_module
+    import exporter.heap
+    from exporter.engine import HEAP_GIVE_BACK_S, Engine
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.nvml import NvmlSampler
+    from tests.helpers import FIXTURES, wait_for
+
+    assert HEAP_GIVE_BACK_S == 60.0
+    given_back = []
+    monkeypatch.setattr(exporter.heap, "give_back", lambda: given_back.append(1))
+    nvml = NvmlSampler(ReplayNvml(str(FIXTURES / "nvml_h100_time_sliced.json")), interval=0.1)
+    engine = Engine(nvml, [], interval=0.1)
+    engine.start()
+    try:
+        wait_for(lambda: given_back, 30, 0.05, "the heap given back after NVML's first tick")
+    finally:
+        engine.stop()
+    now = [1000.0]
+    monkeypatch.setattr(engine_module.time, "monotonic", lambda: now[0])
+    engine._heap_given_back = now[0]
+    given_back.clear()
+    for at, expected in ((59.999, 0), (60.0, 1), (119.0, 1), (120.0, 2)):
+        now[0] = 1000.0 + at
+        engine._give_back_heap()
+        assert len(given_back) == expected, at
+
+
 def test_the_8x64_bench_writes_why_it_failed_into_its_result(tmp_path, monkeypatch):
     """On the device it exited 1 and its log did not come back: the cause (here the stubs' protobuf refusing
     an older runtime, as it does at import) and the versions it ran with come back in its --out."""
