@@ -18,9 +18,9 @@ tree CPU (its nsys steps and the attribution child) plus nsys processes outside 
 Meter) from start until every GPU's window is attributed, less this exporter's own CPU rate of the loaded phase;
 the attribution child's CPU and peak from the source's state reason. Also bench/nvml_call_cost.py on GPU 0.
 
-Writes DIR/cost_per_gpu.json after every phase (what was measured so far) and prints the summary table. Every
-step has a timeout; a failing step is recorded and the next one runs; only processes this script started are
-stopped. Never asserts.
+Writes DIR/cost_per_gpu.json after every phase (what was measured so far), each process's log under DIR/logs/,
+and prints the summary table. Every step has a timeout; a failing step is recorded and the next one runs; only
+processes this script started are stopped. Never asserts.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ def side_by_side(started: Started, out: Path, name: str, kinds: list[str], one_g
             continue
         port = free_port()
         proc = started.start(exporter_command(kind, port, one_gpu, extra if kind == "ours" else []),
-                             out / f"{kind}_{name}.log")
+                             out / "logs" / f"{kind}_{name}.log")
         if wait_up(port, proc, 60):
             running[kind] = (proc, port)
         else:
@@ -225,7 +225,7 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
     port = free_port()
     flags = [*extra, "--no-mps", "--kubelet-socket", "none", "--hpc-job-mapping-dir", str(tmp / "map"), "--workload-ctxsw",
              "--nsys-binary", nsys]
-    proc = started.start(exporter_command("ours", port, one_gpu, flags), out / f"ours_{name}.log", env)
+    proc = started.start(exporter_command("ours", port, one_gpu, flags), out / "logs" / f"ours_{name}.log", env)
     meter = Meter(proc.pid, nsys)
     result: dict = {"phase": name, "one_gpu": one_gpu, "gpus": 1 if one_gpu else gpus}
     try:
@@ -284,7 +284,7 @@ def workers(started: Started, out: Path, gpus: int, per_gpu: int, seconds: float
     for gpu in range(gpus):
         for n in range(per_gpu):
             procs.append(started.start([sys.executable, str(ROOT / "bench" / "ctxsw_jobs.py"), "matmul", "--size", "2048",
-                                        "--seconds", f"{seconds:g}"], out / f"worker_{gpu}_{n}.log",
+                                        "--seconds", f"{seconds:g}"], out / "logs" / f"worker_{gpu}_{n}.log",
                                        {**env, "CUDA_VISIBLE_DEVICES": str(gpu)}, group=True))
     return procs
 
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
     p.add_argument("--nvml-replay", help="our exporter on a recording (a dry run without a GPU)")
     p.add_argument("--nsys")
     args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)  # every process's log: one folder, tarred by cost_per_gpu.sh
     env = environment()
     extra = ["--nvml-replay", args.nvml_replay] if args.nvml_replay else []
     kinds = ["ours"] + ([] if args.no_nvitop else ["nvitop"])

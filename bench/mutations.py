@@ -822,6 +822,7 @@ ROUND_39_LEDGER = (
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
 STEP_TAIL = ("tests/test_ctxsw_live.py::test_a_step_is_read_up_to_its_last_bytes_and_its_last_line_says_why_it_failed",)
+SCRAPE_ERROR = ("tests/test_cost.py::test_the_8x64_bench_writes_why_it_failed_into_its_result",)
 WINDOW_MEMORY = ("tests/test_ctxsw_live.py", "-k", "failing_capture or answer_is_read_whole or last_bytes")
 ROUND_37_COST = (
     _m("import-metadata-at-start", "nsys_ingest/commandline.py", "import argparse\n",
@@ -864,6 +865,11 @@ ROUND_37_COST = (
        ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
     _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
        ("tests/test_cost.py",), "exactly every 30 s"),
+    _m("scrape-8x64-error-uncaught", "bench/scrape_8x64.py", "    except Exception as exc:  # noqa: BLE001 - unattended",
+       "    except KeyboardInterrupt as exc:  # noqa: BLE001 - unattended", SCRAPE_ERROR,
+       "a failing device run says why in its result"),
+    _m("scrape-8x64-exit-0", "bench/scrape_8x64.py", 'return 1 if "error" in result else 0', "return 0", SCRAPE_ERROR,
+       "a failing run exits 1"),
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")

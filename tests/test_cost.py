@@ -227,6 +227,25 @@ def test_the_heap_gives_its_free_pages_back():
     assert int(freed_mib) >= 30, done.stdout
 
 
+def test_the_8x64_bench_writes_why_it_failed_into_its_result(tmp_path, monkeypatch):
+    """On the device it exited 1 and its log did not come back: the cause (here the stubs' protobuf refusing
+    an older runtime, as it does at import) and the versions it ran with come back in its --out."""
+    import json
+
+    import bench.scrape_8x64 as bench
+
+    def refused(*_args):
+        raise ImportError("Detected mismatched Protobuf Gencode/Runtime major versions: gencode 7.35.1 runtime 5.29.5")
+
+    monkeypatch.setattr(bench, "node", refused)
+    assert bench.main(["--out", str(tmp_path / "s.json")]) == 1
+    result = json.loads((tmp_path / "s.json").read_text())
+    assert result["error"] == ("ImportError: Detected mismatched Protobuf Gencode/Runtime major versions: "
+                               "gencode 7.35.1 runtime 5.29.5")
+    assert result["stage"] == "start" and "refused" in result["traceback_tail"]
+    assert set(result["versions"]) == {"python", "grpcio", "protobuf"}
+
+
 # -- /metrics under steady scraping: the render leaves the event loop ----------------------------------------
 def test_scrapes_during_a_render_get_the_previous_body_and_the_one_that_asked_gets_the_current():
     import asyncio
