@@ -934,6 +934,8 @@ ROUND_39_KUBECAPS = (
        "only the log links of GPU processes' containers are kept"),
     _m("kubelet-pods-held-through-allocatable", "exporter/samplers/kubelet.py", "        del pod_resources\n", "",
        ("tests/test_kubelet.py", "-k", "let_go"), "the parsed pods go before the Allocatable answer comes"),
+    _m("alloc-over-cap-called-old-kubelet", "exporter/samplers/kubelet.py", 'if code == "RESOURCE_EXHAUSTED" else',
+       "if False else", WALKS, "an Allocatable answer over the cap is said to be one"),
 )
 MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
 

@@ -205,6 +205,13 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
         server.service.allocatable = hostile
         sampler.tick()
         assert sampler.health.error.startswith(cut) and share() is None
+        server.service.allocatable = pb.AllocatableResourcesResponse(devices=[  # one more MiB: gRPC refuses it
+            pb.ContainerDevices(resource_name=GPU, device_ids=ids_of_size(MAX_MESSAGE_BYTES + 2**20))])
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+        assert share() is None and sampler.health.success  # as from a kubelet without the call
+        assert f"(RESOURCE_EXHAUSTED): the share of a time-slicing or MPS replica is unknown (an answer over " \
+               f"{MAX_MESSAGE_BYTES} bytes" in caplog.records[-1].getMessage()
         answer = hostile.SerializeToString()
         tracemalloc.start()  # the reader alone: the test's server in this process serialises in threads
         try:

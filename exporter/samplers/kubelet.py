@@ -443,9 +443,11 @@ class KubeletSampler(HolderSampler):
             answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
+            why = (f"an answer over {MAX_MESSAGE_BYTES} bytes, as from a device plugin offering a device per MiB "
+                   "of memory" if code == "RESOURCE_EXHAUSTED" else
+                   "KubeletPodResourcesGetAllocatable gate off, or a kubelet older than 1.23")
             self._log.problem("kubelet allocatable", f"GetAllocatableResources failed ({code}): the share of a "
-                              "time-slicing or MPS replica is unknown (KubeletPodResourcesGetAllocatable gate "
-                              "off, or a kubelet older than 1.23)", kind=code)
+                              f"time-slicing or MPS replica is unknown ({why})", kind=code)
             return None
         self._log.clear("kubelet allocatable", "GetAllocatableResources answers again")
         try:
