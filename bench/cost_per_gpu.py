@@ -18,9 +18,9 @@ tree CPU (its nsys steps and the attribution child) plus nsys processes outside 
 Meter) from start until every GPU's window is attributed, less this exporter's own CPU rate of the loaded phase;
 the attribution child's CPU and peak from the source's state reason. Also bench/nvml_call_cost.py on GPU 0.
 
-Writes DIR/cost_per_gpu.json after every phase (what was measured so far) and prints the summary table. Every
-step has a timeout; a failing step is recorded and the next one runs; only processes this script started are
-stopped. Never asserts.
+Writes DIR/cost_per_gpu.json after every phase (what was measured so far), each process's log under DIR/logs/,
+and prints the summary table. Every step has a timeout; a failing step is recorded and the next one runs; only
+processes this script started are stopped. Never asserts.
 """
 from __future__ import annotations
 
@@ -77,6 +77,28 @@ def status(pid: int) -> dict:
     except OSError:
         pass
     return out
+
+
+STEPS = (("exporter.samplers.ctxsw", "attribution"), (" profile ", "profile"), (" export ", "export"))
+
+
+def doing(pid: int) -> str:
+    """Which context-switch step the exporter `pid` waits for, from its children's command lines: profile,
+    export, attribution; else idle."""
+    try:
+        children = [c for t in os.listdir(f"/proc/{pid}/task")
+                    for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
+    except OSError:
+        return "gone"
+    for child in children:
+        try:
+            cmd = " " + Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        for needle, name in STEPS:
+            if needle in cmd:
+                return name
+    return "idle"
 
 
 def get(url: str, timeout: float = 5.0) -> str | None:
@@ -160,7 +182,7 @@ def side_by_side(started: Started, out: Path, name: str, kinds: list[str], one_g
             continue
         port = free_port()
         proc = started.start(exporter_command(kind, port, one_gpu, extra if kind == "ours" else []),
-                             out / f"{kind}_{name}.log")
+                             out / "logs" / f"{kind}_{name}.log")
         if wait_up(port, proc, 60):
             running[kind] = (proc, port)
         else:
@@ -203,7 +225,7 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
     port = free_port()
     flags = [*extra, "--no-mps", "--kubelet-socket", "none", "--hpc-job-mapping-dir", str(tmp / "map"), "--workload-ctxsw",
              "--nsys-binary", nsys]
-    proc = started.start(exporter_command("ours", port, one_gpu, flags), out / f"ours_{name}.log", env)
+    proc = started.start(exporter_command("ours", port, one_gpu, flags), out / "logs" / f"ours_{name}.log", env)
     meter = Meter(proc.pid, nsys)
     result: dict = {"phase": name, "one_gpu": one_gpu, "gpus": 1 if one_gpu else gpus}
     try:
@@ -214,9 +236,12 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
         # From here: the exporter's own CPU (its start and imports left out), its children's whole CPU (the
         # nsys steps and the attribution, reaped later), nsys outside its tree since first seen.
         t0, cpu0 = time.monotonic(), cpu_with_children(proc.pid) or 0.0
+        # the exporter's memory through the window, each second with the step it waits for: where it grows
+        timeline = [(0.0, doing(proc.pid), status(proc.pid))]
         while time.monotonic() - t0 < timeout and proc.poll() is None:
             time.sleep(1)
             meter.sample()
+            timeline.append((round(time.monotonic() - t0, 1), doing(proc.pid), status(proc.pid)))
             if settled(get(f"http://127.0.0.1:{port}/metrics", 5) or ""):
                 break
         time.sleep(1)  # the child reaped, its CPU in the exporter's cutime
@@ -237,6 +262,7 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
             "peak_rss_exporter_and_children_mib": round(meter.peak_tree_rss / 2**20, 1),
             "peak_rss_nsys_mib": round(meter.peak_nsys_rss / 2**20, 1),
             "baseline_percent_of_core": baseline_percent,
+            "exporter_timeline": [{"s": t, "step": step, **mem} for t, step, mem in timeline],
         })
         found = [m for m in (CHILD_COST.search(s.get("reason") or "") for s in states) if m]
         if found:
@@ -258,7 +284,7 @@ def workers(started: Started, out: Path, gpus: int, per_gpu: int, seconds: float
     for gpu in range(gpus):
         for n in range(per_gpu):
             procs.append(started.start([sys.executable, str(ROOT / "bench" / "ctxsw_jobs.py"), "matmul", "--size", "2048",
-                                        "--seconds", f"{seconds:g}"], out / f"worker_{gpu}_{n}.log",
+                                        "--seconds", f"{seconds:g}"], out / "logs" / f"worker_{gpu}_{n}.log",
                                        {**env, "CUDA_VISIBLE_DEVICES": str(gpu)}, group=True))
     return procs
 
@@ -392,7 +418,7 @@ def main(argv=None) -> int:
     p.add_argument("--nvml-replay", help="our exporter on a recording (a dry run without a GPU)")
     p.add_argument("--nsys")
     args = p.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)  # every process's log: one folder, tarred by cost_per_gpu.sh
     env = environment()
     extra = ["--nvml-replay", args.nvml_replay] if args.nvml_replay else []
     kinds = ["ours"] + ([] if args.no_nvitop else ["nvitop"])

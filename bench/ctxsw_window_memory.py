@@ -3,13 +3,15 @@ one window on one GPU). Without a GPU: the exporter on an NVML replay with `--wo
 stand-in tests/fixtures/fake-nsys replaying an export (FAKE_NSYS_EXPORT):
 
     python3 bench/ctxsw_window_memory.py [--export tests/fixtures/h200_ctxsw_10khz.sqlite] [--windows 3]
-        [--window 4] [--period 12] [--code DIR ...] [--out F.json]
+        [--window 4] [--period 12] [--output-bytes N] [--code DIR ...] [--out F.json]
 
 Each --code tree (default: this one) runs its own exporter, all at once. Its VmRSS, VmHWM and threads come from
 /proc every 0.1 s together with what it is doing (which child it waits for: `profile`, `export`, the
 `attribution`; else `idle`). Per window: the memory in its last idle second before it (the exporter at rest,
 the capture thread waiting), at the end of each step, and one second after the attribution; the exporter's
-memory after its first scrape and the last scrape. Prints one JSON document. Never asserts.
+memory after its first scrape and the last scrape. --output-bytes makes every nsys step print that many bytes
+of progress lines first (FAKE_NSYS_OUTPUT_BYTES: what reading a step's output costs the exporter). Prints one
+JSON document. Never asserts.
 """
 from __future__ import annotations
 
@@ -24,36 +26,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cost_per_gpu import get, status  # noqa: E402
+from bench.cost_per_gpu import doing, get, status  # noqa: E402
 from tests.helpers import FIXTURES, free_port  # noqa: E402
 
-STEPS = (("exporter.samplers.ctxsw", "attribution"), (" profile ", "profile"), (" export ", "export"))
-
-
-def doing(pid: int) -> str:
-    """Which step the exporter waits for: its children's command lines."""
-    try:
-        children = [c for t in os.listdir(f"/proc/{pid}/task")
-                    for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()]
-    except OSError:
-        return "gone"
-    for child in children:
-        try:
-            cmd = " " + Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        for needle, name in STEPS:
-            if needle in cmd:
-                return name
-    return "idle"
-
-
 class Run:
-    def __init__(self, code: Path, export: Path, window: float, period: float, work: Path, replay: Path):
+    def __init__(self, code: Path, export: Path, window: float, period: float, work: Path, replay: Path,
+                 output_bytes: int = 0):
         self.code, self.port = code, free_port()
         (work / "map").mkdir(parents=True, exist_ok=True)
         (work / "map" / "0").write_text("100\n")  # a Slurm job holds GPU 0: the source has a holder to serve
-        env = {**os.environ, "PYTHONPATH": str(code), "FAKE_NSYS_EXPORT": str(export)}
+        env = {**os.environ, "PYTHONPATH": str(code), "FAKE_NSYS_EXPORT": str(export),
+               "FAKE_NSYS_OUTPUT_BYTES": str(output_bytes)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "exporter", "--port", str(self.port), "--interval", "1", "--nvml-replay",
              str(replay), "--no-mps", "--kubelet-socket", "none", "--hpc-job-mapping-dir", str(work / "map"),
@@ -62,6 +45,7 @@ class Run:
             stderr=open(work / "exporter.log", "w"))
         self.timeline: list[tuple[float, str, dict]] = []
         self.first_scrape: dict | None = None
+        self.served_at: float | None = None  # at rest means: serving, no step running
 
     def sample(self, t: float) -> str:
         step = doing(self.proc.pid)
@@ -76,8 +60,9 @@ class Run:
             if step == previous:
                 continue
             if previous == "idle" and step == "profile":
-                rest = [m for (u, s, m) in self.timeline[:i] if s == "idle" and t - u <= 1.0]
-                current = {"at_rest_before": rest[0] if rest else None}
+                rest = [m for (u, s, m) in self.timeline[:i] if s == "idle" and t - u <= 1.0
+                        and self.served_at is not None and u >= self.served_at]
+                current = {"at_rest_before": rest[0] if rest else None}  # the first window starts with the exporter
                 out.append(current)
             if current is not None and previous in ("profile", "export", "attribution"):
                 current[f"after_{previous}"] = self.timeline[i - 1][2] if step == "gone" else mem
@@ -95,13 +80,14 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--window", type=float, default=4.0, help="seconds of each capture (fake nsys sleeps them)")
     p.add_argument("--period", type=float, default=12.0)
+    p.add_argument("--output-bytes", type=int, default=0, help="bytes every nsys step prints")
     p.add_argument("--code", type=Path, action="append", help="a source tree (several: run side by side)")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
     codes = [c.resolve() for c in (args.code or [ROOT])]
     work = Path(tempfile.mkdtemp(prefix="ctxsw-window-memory-"))
-    runs = [Run(code, args.export.resolve(), args.window, args.period, work / str(i), args.replay.resolve())
-            for i, code in enumerate(codes)]
+    runs = [Run(code, args.export.resolve(), args.window, args.period, work / str(i), args.replay.resolve(),
+                args.output_bytes) for i, code in enumerate(codes)]
     t0 = time.monotonic()
     deadline = t0 + 60 + args.windows * args.period + 60
     try:
@@ -110,11 +96,12 @@ def main(argv=None) -> int:
             for run in runs:
                 run.sample(now)
                 if run.first_scrape is None and get(f"http://127.0.0.1:{run.port}/metrics", 2) is not None:
-                    run.first_scrape = status(run.proc.pid)
-            if all(len(r.windows()) >= args.windows and "one_second_later" in r.windows()[-1] for r in runs):
+                    run.first_scrape, run.served_at = status(run.proc.pid), now
+            if all(len(r.windows()) >= args.windows and r.windows()[-1].get("one_second_later") for r in runs):
                 break
             time.sleep(0.1)
-        report = {"export": str(args.export), "window_s": args.window, "period_s": args.period, "runs": {}}
+        report = {"export": str(args.export), "window_s": args.window, "period_s": args.period,
+                  "output_bytes": args.output_bytes, "runs": {}}
         for run in runs:
             get(f"http://127.0.0.1:{run.port}/metrics", 5)
             report["runs"][str(run.code)] = {"after_first_scrape": run.first_scrape, "windows": run.windows(),

@@ -11,7 +11,7 @@ once, then as the case says (and a third shared claim makes the exporter ask), a
 separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
 the run the pod `leaver` leaves the kubelet's list. Two cases are a kubelet's answers at the exporter's
 16 MiB receive cap: GetAllocatableResources listing 1.5 million device IDs (`allocatable_16mib`), and List
-with one pod holding as many (`list_16mib`); and an API server whose ResourceSlice list is ten pages of
+with one pod holding as many (`list_16mib`), both in one tick (`both_16mib`); and an API server whose ResourceSlice list is ten pages of
 60,000 devices each (`slice_devices_600k`), listed again every 10 s for a device no slice names. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
 attack, its peak VmHWM), its CPU seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
 kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
@@ -76,6 +76,7 @@ CASES = {  # name -> (kubelet pods, API server on)
     "device_plugin_10k": ("dp10k", False),
     "allocatable_16mib": ("allocatable16", False),
     "list_16mib": ("list16", False),
+    "both_16mib": ("both16", False),
 }
 
 
@@ -94,7 +95,7 @@ def kubelet_pods(kind) -> list:
     leaver = pod("team", "leaver", {"c": [(GPU, [f"{UUID}::7"])]})
     if kind == "api":
         return [leaver, *shared_claims(2)]
-    if kind == "list16":  # one pod listing 16 MiB of device IDs: parsed whole, as one pod is
+    if kind in ("list16", "both16"):  # one pod listing 16 MiB of device IDs: parsed whole, as one pod is
         return [leaver, pod("team", "hoarder", {"c": [(GPU, ids_of_size(HOSTILE_BYTES - 4096))]})]
     if kind == "allocatable16":
         return [leaver]
@@ -167,7 +168,7 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
         api = FakeApiServer().start()
         set_api(api, "baseline")
         server.service.pods = kubelet_pods(kind)
-        if kind == "allocatable16":
+        if kind in ("allocatable16", "both16"):
             server.service.allocatable = hostile_allocatable()
         server.start()
         exporter = Exporter(*args, "--kubernetes-api", api.url if with_api else "off", env={"NODE_NAME": "node-a"})

@@ -821,14 +821,18 @@ ROUND_39_LEDGER = (
 # -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
+STEP_TAIL = ("tests/test_ctxsw_live.py::test_a_step_is_read_up_to_its_last_bytes_and_its_last_line_says_why_it_failed",)
+HEAP_CADENCE = ("tests/test_cost.py::test_the_engine_gives_the_heap_back_after_nvmls_first_tick_and_then_every_minute",)
+SCRAPE_ERROR = ("tests/test_cost.py::test_the_8x64_bench_writes_why_it_failed_into_its_result",)
+WINDOW_MEMORY = ("tests/test_ctxsw_live.py", "-k", "failing_capture or answer_is_read_whole or last_bytes")
 ROUND_37_COST = (
     _m("import-metadata-at-start", "nsys_ingest/commandline.py", "import argparse\n",
        "import argparse\nfrom importlib import metadata  # noqa: F401\n", DEFAULT_IMPORTS,
        "--version reads the package metadata only when given"),
     _m("version-without-prog", "nsys_ingest/commandline.py", 'sys.stdout.write(f"{parser.prog} {version()}\\n")',
        'sys.stdout.write(f"{version()}\\n")', VERSIONS, "--version names the command typed"),
-    _m("sqlite-at-import", "exporter/nsys_exports.py", "import os\nimport subprocess\n",
-       "import os\nimport sqlite3  # noqa: F401\nimport subprocess\n", DEFAULT_IMPORTS,
+    _m("sqlite-at-import", "exporter/nsys_exports.py", "import os\nimport selectors\n",
+       "import os\nimport selectors\nimport sqlite3  # noqa: F401\n", DEFAULT_IMPORTS,
        "SQLite is loaded where an export is read"),
     _m("uploads-always", "exporter/sources.py", '    if "nsys" in order:  # each import',
        '    from exporter.uploads import UploadSpool  # noqa: F401\n    if "nsys" in order:  # each import',
@@ -846,6 +850,34 @@ ROUND_37_COST = (
        "the attribution's classes are loaded by a capture"),
     _m("bind-str-host", "exporter/server.py", 'host = address.encode("ascii") if address.isascii() else address',
        "host = address", DEFAULT_IMPORTS, "an ASCII listen address does not load the IDNA codec"),
+    _m("step-tail-uncut", "exporter/nsys_exports.py", "                del tail[:-keep]\n", "                pass\n",
+       STEP_TAIL, "a step's output costs its last `keep` bytes while read"),
+    _m("step-tail-whole", "exporter/nsys_exports.py", "return bytes(tail[-keep:])", "return bytes(tail)", STEP_TAIL,
+       "exactly the last `keep` bytes come back"),
+    _m("last-line-first", "exporter/nsys_exports.py", 'return out.rstrip().rpartition("\\n")[2].strip()',
+       'return out.strip().partition("\\n")[0].strip()', STEP_TAIL, "a step's last line says why it failed"),
+    _m("answer-cut-at-step-tail", "exporter/samplers/ctxsw.py", '"the attribution", keep=MAX_ANSWER_BYTES)',
+       '"the attribution")', WINDOW_MEMORY, "the child's answer is read whole up to 4 MiB"),
+    _m("give-back-only-on-failure", "exporter/samplers/ctxsw.py", "        finally:\n            heap.give_back()",
+       "        else:\n            heap.give_back()", WINDOW_MEMORY, "the heap is given back after every window"),
+    _m("give-back-without-trim", "exporter/heap.py", "    libc.malloc_trim(0)\n", "",
+       ("tests/test_cost.py::test_the_heap_gives_its_free_pages_back",), "free pages go back to the system"),
+    _m("health-every-10-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 10.0",
+       ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
+    _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
+       ("tests/test_cost.py",), "exactly every 30 s"),
+    _m("heap-give-back-other-loops", "exporter/engine.py", "            if name == self.nvml.name:\n                self._give_back_heap()",
+       "            if name != self.nvml.name:\n                self._give_back_heap()", HEAP_CADENCE,
+       "NVML's loop gives the heap back"),
+    _m("heap-give-back-boundary", "exporter/engine.py", "if now - self._heap_given_back >= HEAP_GIVE_BACK_S:",
+       "if now - self._heap_given_back > HEAP_GIVE_BACK_S:", HEAP_CADENCE, "exactly every 60 s"),
+    _m("heap-give-back-every-tick", "exporter/engine.py", "            self._heap_given_back = now\n", "", HEAP_CADENCE,
+       "no sooner than 60 s after the last"),
+    _m("scrape-8x64-error-uncaught", "bench/scrape_8x64.py", "    except Exception as exc:  # noqa: BLE001 - unattended",
+       "    except KeyboardInterrupt as exc:  # noqa: BLE001 - unattended", SCRAPE_ERROR,
+       "a failing device run says why in its result"),
+    _m("scrape-8x64-exit-0", "bench/scrape_8x64.py", 'return 1 if "error" in result else 0', "return 0", SCRAPE_ERROR,
+       "a failing run exits 1"),
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
@@ -900,6 +932,10 @@ ROUND_39_KUBECAPS = (
     _m("kubelet-log-links-unfiltered", "exporter/samplers/kubelet.py", "if entry.name[-68:-4] in ids else None",
        "if True else None", ("tests/test_kubelet.py", "-k", "log_links or over_http"),
        "only the log links of GPU processes' containers are kept"),
+    _m("kubelet-pods-held-through-allocatable", "exporter/samplers/kubelet.py", "        del pod_resources\n", "",
+       ("tests/test_kubelet.py", "-k", "let_go"), "the parsed pods go before the Allocatable answer comes"),
+    _m("alloc-over-cap-called-old-kubelet", "exporter/samplers/kubelet.py", 'if code == "RESOURCE_EXHAUSTED" else',
+       "if False else", WALKS, "an Allocatable answer over the cap is said to be one"),
 )
 MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
 

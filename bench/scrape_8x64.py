@@ -10,15 +10,22 @@ and what each holds. The exporter runs with its defaults (--interval 1, the hold
 Each scraper is its own process with a keep-alive connection scraping back to back (bench/scrape_bench.py).
 Each level runs twice: without and with `Accept-Encoding: gzip` (what Prometheus sends). Reports p50/p99,
 scrapes per second, the exporter's CPU per scrape, the body's size and series count. Never asserts.
+
+--out is written after every stage; a run that fails says why there (`error`, the traceback's end, the
+exporter's log tail) and exits 1, and `versions` names the Python, grpcio and protobuf it ran with: the test
+kubelet's stubs need grpcio >= 1.85.1 and protobuf >= 7.35.1 (pyproject.toml), which a device's own Python may
+not have (bench/device_wheels.sh fetches them).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import platform
 import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +34,6 @@ from bench.ctxsw_live_cost import stop  # noqa: E402
 from bench.scrape_bench import scrape_latencies  # noqa: E402
 from exporter.nvml_replay import cut  # noqa: E402
 from tests.helpers import FIXTURES, free_port, http_get, wait_for  # noqa: E402
-from tests.kubelet_server import GPU, KubeletServer, pod  # noqa: E402
 
 PIDS = (417, 418, 419, 420)  # the recording's four processes
 
@@ -61,7 +67,10 @@ def node_recording(tmp: Path, gpus: int) -> Path:
     return path
 
 
-def node(tmp: Path, gpus: int, pods_per_gpu: int) -> tuple[KubeletServer, list[str]]:
+def node(tmp: Path, gpus: int, pods_per_gpu: int):
+    """(the test kubelet, the exporter's flags). Imported here: its gRPC stubs are what a device may lack."""
+    from tests.kubelet_server import GPU, KubeletServer, pod
+
     recording = node_recording(tmp, gpus)
     proc, logs = tmp / "proc", tmp / "containers"
     logs.mkdir()
@@ -94,13 +103,18 @@ def main(argv=None) -> int:
     p.add_argument("--clients", default="1,50")
     args = p.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="scrape-8x64-"))
-    server, flags = node(tmp, args.gpus, args.pods_per_gpu)
-    server.start()
-    port = free_port()
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1", *flags],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp / "exporter.log", "wb"))
-    result: dict = {"gpus": args.gpus, "pods_per_gpu": args.pods_per_gpu, "seconds": args.seconds}
+    result: dict = {"gpus": args.gpus, "pods_per_gpu": args.pods_per_gpu, "seconds": args.seconds,
+                    "versions": versions(), "stage": "start"}
+    server = exporter = None
     try:
+        server, flags = node(tmp, args.gpus, args.pods_per_gpu)
+        server.start()
+        port = free_port()
+        result["stage"] = "exporter starting"
+        save(args.out, result)
+        exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--port", str(port), "--interval", "1", *flags],
+                                    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=open(tmp / "exporter.log", "wb"))
+
         def body() -> str:
             status, data = http_get(f"http://127.0.0.1:{port}/metrics", 5)
             return data.decode() if status == 200 else ""
@@ -110,18 +124,45 @@ def main(argv=None) -> int:
         text = body()
         result.update({"body_bytes": len(text), "series": sum(1 for line in text.splitlines() if line and line[0] != "#"),
                        "workload_series": sum(1 for line in text.splitlines() if line.startswith("gpu_workload_")),
-                       "pods_series": text.count("gpu_pods{")})
-        result["latency"] = [scrape_latencies(port, int(n), args.seconds, exporter.pid, gzipped)
-                             for gzipped in (False, True) for n in args.clients.split(",")]
+                       "pods_series": text.count("gpu_pods{"), "stage": "scraping", "latency": []})
+        save(args.out, result)
+        for gzipped in (False, True):
+            for n in args.clients.split(","):
+                result["latency"].append(scrape_latencies(port, int(n), args.seconds, exporter.pid, gzipped))
+                save(args.out, result)
+        result["stage"] = "done"
+    except Exception as exc:  # noqa: BLE001 - unattended on the device: the cause comes back in --out
+        result["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+        result["traceback_tail"] = traceback.format_exc()[-2000:]
     finally:
-        stop(exporter)
-        server.stop()
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
-    return 0
+        if exporter is not None:
+            stop(exporter)
+        if server is not None:
+            server.stop()
+        log = tmp / "exporter.log"
+        if "error" in result and log.is_file():
+            result["exporter_log_tail"] = log.read_bytes()[-3000:].decode(errors="replace")
+        save(args.out, result)
+    print(json.dumps(result, indent=1))
+    return 1 if "error" in result else 0
 
+
+def versions() -> dict:
+    """What this run's Python has: the gRPC stubs' runtime needs (pyproject.toml)."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("grpcio", "protobuf"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def save(out: Path | None, result: dict) -> None:
+    if out is not None:
+        out.write_text(json.dumps(result, indent=1) + "\n")
 
 if __name__ == "__main__":
     sys.exit(main())

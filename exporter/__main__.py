@@ -63,18 +63,6 @@ def build_engine(args):
     return engine, upload
 
 
-def limit_malloc_arenas(arenas: int = 2) -> None:
-    """glibc gives each thread that allocates its own arena, and every sampler runs in a thread:
-    two arenas hold the same data in less resident memory (bench/RESULTS.md, footprint). Must run
-    before the threads start; a no-op where libc is not glibc."""
-    import ctypes
-
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-8, arenas)  # M_ARENA_MAX
-    except (OSError, AttributeError):
-        pass
-
-
 class Stopped(Exception):
     """SIGTERM before the server took the signals over."""
 
@@ -84,7 +72,9 @@ def _stop_on_sigterm(signum, _frame):
 
 
 def main(argv=None, prog: str | None = None) -> int:
-    limit_malloc_arenas()
+    from exporter.heap import limit_arenas
+
+    limit_arenas()
     # Until the server handles the signals itself: a stop while starting is a normal stop too.
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     args = parse_args(argv, prog)

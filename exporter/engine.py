@@ -7,6 +7,7 @@ import threading
 import time
 from dataclasses import replace
 
+from exporter import heap
 from exporter.chain import build_view
 from exporter.holders import HolderSampler, join_owners
 from exporter.sampler import SpatialSource
@@ -20,6 +21,10 @@ TICK_DEADLINE_S = 10.0
 # Samplers that map things to NVML's GPUs (holders: processes) start once NVML's first tick has listed
 # them (or failed to), so their first tick does not report "no GPU" on a host that has some.
 NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for longer
+# The heap's free pages go back to the system after NVML's first tick and then this often (exporter/heap.py):
+# what a start, a burst of scrapes or a slow read freed stays resident otherwise (bench/RESULTS.md, "Resident
+# memory at steady state").
+HEAP_GIVE_BACK_S = 60.0
 
 
 class Engine:
@@ -55,6 +60,7 @@ class Engine:
         self._stop = threading.Event()
         self._nvml_ticked = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._heap_given_back = float("-inf")
         self._version = 0
         self._log = LogOnce(log)
         self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised or is stuck
@@ -121,12 +127,20 @@ class Engine:
             if name not in self._crashed:  # a tick that raised leaves the values withdrawn
                 self._withdrawn.discard(name)
             self.publish()
+            if name == self.nvml.name:
+                self._give_back_heap()
             next_at += interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (slow device call): skip ticks instead of bursting
                 next_at = time.monotonic()
                 delay = 0
             self._stop.wait(delay)
+
+    def _give_back_heap(self) -> None:
+        now = time.monotonic()
+        if now - self._heap_given_back >= HEAP_GIVE_BACK_S:
+            self._heap_given_back = now
+            heap.give_back()
 
     def _tick(self, name, done: threading.Event) -> None:
         try:

@@ -35,9 +35,9 @@ MAX_ANSWER_BYTES = 8 * 1024 * 1024
 MAX_ANSWER_VALUES = 200_000
 PAGE = 200  # ResourceSlices per list page
 MAX_SLICE_PAGES = 10
-# Devices kept from one list of slices, whatever its pages hold (each page may parse into some 60,000
-# devices of `{"name":...}`: ten were 100 MB of names). A node of 8 GPUs publishes a few hundred with
-# every MIG placement; without NODE_NAME this is some 30 such nodes' worth.
+# Devices kept from one list of slices, whatever its pages hold (a page under the caps above may name
+# 60,000 devices: ten such pages kept took the exporter from 70 to 386 MB). A node of 8 GPUs publishes a
+# few hundred with every MIG placement; without NODE_NAME this is some 30 such nodes' worth.
 MAX_SLICE_DEVICES = 8192
 MAX_CLAIM_GETS = 32  # claims fetched per tick; the rest on the next ones
 SLICES_EVERY_S = 60.0

@@ -8,13 +8,16 @@ where an export is read, not here: its pandas costs memory that an exporter read
 from __future__ import annotations
 
 import os
+import selectors
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from exporter.snapshot import GpuIdentity, SpatialReading, as_ratio
 
 READ_BUDGET_S = 60.0  # what validating or publishing one export may cost; a 512 MB export takes ~5 s
+STEP_TAIL_BYTES = 64 << 10  # bytes of a step's output read back by default: its last lines, where nsys says why
 
 
 def spatial_reading(row, start: float, end: float) -> SpatialReading:
@@ -103,37 +106,68 @@ class CaptureError(RuntimeError):
 
 
 class NsysRunner:
-    """Runs nsys steps (profile, export) in their own process group, bounded in time; `stop()` ends a
-    step in progress with what it started (nsys leaves a launcher and the traced `sleep`)."""
+    """Runs nsys steps (profile, export, the attribution's child) in their own process group, bounded in time;
+    `stop()` ends a step in progress with what it started (nsys leaves a launcher and the traced `sleep`).
+    Only the last `keep` bytes of what a step prints are kept as it is read: its progress bars, a child's
+    warnings cost the exporter no memory beyond that (bench/RESULTS.md, "The exporter's memory after a
+    context-switch window")."""
 
     def __init__(self, stopping: threading.Event):
         self.stopping = stopping  # set: no new step starts, and a failing step is no error
         self._running: subprocess.Popen | None = None
 
-    def run(self, cmd: list[str], timeout: float, what: str) -> str:
-        """The step's output (stdout and stderr together); "" when stopping."""
+    def run(self, cmd: list[str], timeout: float, what: str, keep: int = STEP_TAIL_BYTES) -> str:
+        """The step's output (stdout and stderr together, its last `keep` bytes); "" when stopping."""
         if self.stopping.is_set():
             return ""
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
+                                start_new_session=True)
         self._running = proc
         try:
-            out, _ = proc.communicate(timeout=timeout)
+            out = _tail_of(proc, timeout, keep).decode(errors="replace")
         except subprocess.TimeoutExpired:
             _kill(proc)
             raise CaptureError(f"{what} did not finish within {timeout:g} s; it was stopped") from None
         finally:
+            proc.stdout.close()
             self._running = None
         if proc.returncode != 0 and not self.stopping.is_set():
-            tail = [line.strip() for line in (out or "").splitlines() if line.strip()][-1:] or ["no output"]
-            raise CaptureError(f"{what} failed (exit {proc.returncode}): {tail[0][:300]}")
-        return out or ""
+            raise CaptureError(f"{what} failed (exit {proc.returncode}): {(last_line(out) or 'no output')[:300]}")
+        return out
 
     def stop(self) -> None:
         self.stopping.set()
         proc = self._running
         if proc is not None:
             _kill(proc)
+
+
+def last_line(out: str) -> str:
+    """The last line of a step's output that is not blank, stripped ("" for none): found from the end, without
+    a list of every line."""
+    return out.rstrip().rpartition("\n")[2].strip()
+
+
+def _tail_of(proc: subprocess.Popen, timeout: float, keep: int) -> bytes:
+    """The last `keep` bytes `proc` writes until it ends; subprocess.TimeoutExpired past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    tail = bytearray()
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            if not selector.select(left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            if not chunk:
+                break
+            tail += chunk
+            if len(tail) > 2 * keep:  # cut now and then, not at every chunk
+                del tail[:-keep]
+    proc.wait(max(0.0, deadline - time.monotonic()))
+    return bytes(tail[-keep:])
 
 
 def _kill(proc: subprocess.Popen) -> None:

@@ -287,14 +287,60 @@ def test_no_nsys_or_no_root_is_unsupported_with_one_line(tmp_path, caplog, monke
 
 @root_only
 def test_a_failing_capture_is_an_error_and_drops_the_last_window(fake_nsys, monkeypatch):
+    """Every step printing 1 MiB of progress first (more than the 64 KiB read back), and the heap given back
+    after each window, good or failed (bench/RESULTS.md, "The exporter's memory after a context-switch window")."""
+    import exporter.heap
+
+    given_back = []
+    monkeypatch.setattr(exporter.heap, "give_back", lambda: given_back.append(1))
+    monkeypatch.setenv("FAKE_NSYS_OUTPUT_BYTES", str(1 << 20))
     sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
     sampler.tick()
-    assert NVML_UUID in sampler.readings
+    assert NVML_UUID in sampler.readings and len(given_back) == 1
     monkeypatch.setenv("FAKE_NSYS_FAIL", "export")
     sampler.tick()
     state = sampler.states[NVML_UUID]
     assert state.state == ERROR and state.reason == "nsys export failed (exit 1): Error: export failed (FAKE_NSYS_FAIL)"
     assert NVML_UUID not in sampler.readings and not list(fake_nsys.glob("gpu-exporter-ctxsw-*"))
+    assert len(given_back) == 2
+
+
+@root_only
+def test_the_childs_answer_is_read_whole_beyond_what_an_nsys_step_keeps(fake_nsys):
+    """An answer line longer than the 64 KiB kept of an nsys step (a window of many processes) is read whole."""
+    sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.1)
+    sampler.child = ("-c", "import sys, dataclasses, exporter.samplers.ctxsw as c\nreal = c.attribute_export\n"
+                           "c.attribute_export = lambda *a, **k: dataclasses.replace(real(*a, **k), file='x' * 100_000)\n"
+                           "sys.exit(c.main(sys.argv[1:]))")
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == ACTIVE and NVML_UUID in sampler.readings, sampler.states[NVML_UUID]
+
+
+def test_a_step_is_read_up_to_its_last_bytes_and_its_last_line_says_why_it_failed():
+    """What a step prints (nsys' progress bars, a child's warnings) costs the exporter its last `keep` bytes:
+    20 MB printed, 1,000 bytes kept, under 1 MiB allocated while reading (tracemalloc's peak)."""
+    import sys
+    import threading
+    import tracemalloc
+
+    from exporter.nsys_exports import CaptureError, NsysRunner
+
+    runner = NsysRunner(threading.Event())
+    chatty = "import sys; sys.stdout.write('progress 50%\\n' * 1_600_000); print('the last line'); sys.exit({})"
+    tracemalloc.start()
+    try:
+        out = runner.run([sys.executable, "-c", chatty.format(0)], 120, "a step", keep=1000)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(out) == 1000 and out.endswith("progress 50%\nthe last line\n") and peak < 1 << 20, peak
+    with pytest.raises(CaptureError, match=r"^a step failed \(exit 3\): the last line$"):
+        runner.run([sys.executable, "-c", chatty.format(3)], 120, "a step", keep=1000)
+    exactly = "import sys; sys.stdout.write('x' * {})"
+    assert runner.run([sys.executable, "-c", exactly.format(1000)], 60, "a step", keep=1000) == "x" * 1000
+    assert runner.run([sys.executable, "-c", exactly.format(1001)], 60, "a step", keep=1000) == "x" * 1000
+    with pytest.raises(CaptureError, match=r"^a step failed \(exit 1\): no output$"):
+        runner.run([sys.executable, "-c", "raise SystemExit(1)"], 60, "a step")
 
 
 @root_only

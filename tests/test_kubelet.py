@@ -205,6 +205,13 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
         server.service.allocatable = hostile
         sampler.tick()
         assert sampler.health.error.startswith(cut) and share() is None
+        server.service.allocatable = pb.AllocatableResourcesResponse(devices=[  # one more MiB: gRPC refuses it
+            pb.ContainerDevices(resource_name=GPU, device_ids=ids_of_size(MAX_MESSAGE_BYTES + 2**20))])
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+        assert share() is None and sampler.health.success  # as from a kubelet without the call
+        assert f"(RESOURCE_EXHAUSTED): the share of a time-slicing or MPS replica is unknown (an answer over " \
+               f"{MAX_MESSAGE_BYTES} bytes" in caplog.records[-1].getMessage()
         answer = hostile.SerializeToString()
         tracemalloc.start()  # the reader alone: the test's server in this process serialises in threads
         try:
@@ -214,6 +221,41 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
             tracemalloc.stop()
         # what a bounded walk keeps: MAX_DEVICES strings, or the spans of as many fields as it walks (4 MB)
         assert more and len(ids) <= MAX_DEVICES and peak < 8 * 1024 * 1024, peak
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def test_the_parsed_pods_are_let_go_before_allocatable_is_asked(tmp_path):
+    """A List and an Allocatable answer at the 16 MiB cap held at once took the exporter to 222-240 MB,
+    196-199 MB with the parsed pods let go first. Counted by reference: when Allocatable is asked, only
+    this test holds the list of pods. Mutant: `del pod_resources` dropped."""
+    import sys
+
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.kubelet import KubeletSampler
+    from exporter.samplers.nvml import NvmlSampler
+
+    server, _ = kubernetes_node(tmp_path)
+    server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]
+    server.start()
+    nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
+    nvml.tick()
+    sampler = KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    seen, list_pods = {}, sampler.list_pods
+
+    def listed():
+        seen["pods"], more = list_pods()
+        return seen["pods"], more
+
+    def allocatable(problems):
+        seen["references"] = sys.getrefcount(seen["pods"])  # seen's own and the call's argument
+        return None
+
+    sampler.list_pods, sampler.allocatable_devices = listed, allocatable
+    try:
+        sampler.tick()
+        assert seen["references"] == 2 and sampler.snapshot.pods[UUID]
     finally:
         sampler.close()
         server.stop()

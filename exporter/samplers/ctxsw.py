@@ -33,8 +33,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from exporter import heap
 from exporter.config import duration
-from exporter.nsys_exports import CaptureError, NsysRunner, read_export
+from exporter.nsys_exports import CaptureError, NsysRunner, last_line, read_export
 from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
 from exporter.snapshot import CollectorHealth, LogOnce
 from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
@@ -47,7 +48,7 @@ STARTUP_GRACE_S = 120.0  # nsys' own start and finish around the window (its dae
 EXPORT_TIMEOUT_S = 120.0  # `nsys export` of a 10 s window at 500 Hz takes about a second
 READ_BUDGET_S = 60.0
 CHILD_START_S = 30.0  # the attribution's child: Python and its imports, on a loaded node
-MAX_CHILD_OUTPUT = 4 << 20  # bytes of JSON from the child: far above a window's processes
+MAX_ANSWER_BYTES = 4 << 20  # the child's output read back (its answer is the last line): far above a window's processes
 NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
 MPS = "MPS: all clients share one context, so the trace has no per-client slices"
 MIG = "MIG: every instance is its own GPU; the GPU has no time slices to split"
@@ -149,6 +150,8 @@ class CtxswSampler(LatestWindows):
         except (CaptureError, OSError, subprocess.SubprocessError) as exc:
             self._log.problem("ctxsw", str(exc))
             self.health = CollectorHealth(False, time.perf_counter() - started, str(exc))
+        finally:
+            heap.give_back()  # what the window freed (its steps' output, the answer) leaves the exporter's RSS
 
     def _set(self, uuid: str, state: SourceState, quiet: bool = False) -> None:
         """`quiet`: the problem is the whole source's, logged once under "ctxsw", not per GPU."""
@@ -271,7 +274,7 @@ class CtxswSampler(LatestWindows):
             out = self._runner.run([sys.executable, *self.child, str(work / "ctxsw.sqlite"),
                                     *(["--estimator", self.estimator] if self.estimator else []), "--nsys", binary,
                                     "--window", f"{self.window_s:g}", "--budget", f"{READ_BUDGET_S:g}"],
-                                   READ_BUDGET_S + CHILD_START_S, "the attribution")
+                                   READ_BUDGET_S + CHILD_START_S, "the attribution", keep=MAX_ANSWER_BYTES)
             if self._stopping.is_set():
                 return None, ended
             answer = child_answer(out)
@@ -298,13 +301,13 @@ class CtxswSampler(LatestWindows):
 
 def child_answer(out: str) -> dict:
     """The child's last output line, its JSON answer: {"result"} or {"error"}, with its CPU and peak memory."""
-    lines = [line for line in out[-MAX_CHILD_OUTPUT:].splitlines() if line.strip()]
+    line = last_line(out)
     try:
-        answer = json.loads(lines[-1]) if lines else None
+        answer = json.loads(line) if line else None
     except ValueError:
         answer = None
     if not isinstance(answer, dict) or not ("result" in answer or "error" in answer):
-        raise CaptureError(f"the attribution answered no result: {(lines or ['no output'])[-1][:300]}")
+        raise CaptureError(f"the attribution answered no result: {(line or 'no output')[:300]}")
     return answer
 
 

@@ -443,9 +443,11 @@ class KubeletSampler(HolderSampler):
             answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
+            why = (f"an answer over {MAX_MESSAGE_BYTES} bytes, as from a device plugin offering a device per MiB "
+                   "of memory" if code == "RESOURCE_EXHAUSTED" else
+                   "KubeletPodResourcesGetAllocatable gate off, or a kubelet older than 1.23")
             self._log.problem("kubelet allocatable", f"GetAllocatableResources failed ({code}): the share of a "
-                              "time-slicing or MPS replica is unknown (KubeletPodResourcesGetAllocatable gate "
-                              "off, or a kubelet older than 1.23)", kind=code)
+                              f"time-slicing or MPS replica is unknown ({why})", kind=code)
             return None
         self._log.clear("kubelet allocatable", "GetAllocatableResources answers again")
         try:
@@ -505,14 +507,18 @@ class KubeletSampler(HolderSampler):
         pods, problems = attribute(pod_resources, devices, claims)
         if more:
             problems.append(f"the kubelet lists more than {len(pod_resources)} pods: only those are read")
-        offered = offered_replicas(self.allocatable_devices(problems))
         found = self._claims(pod_resources, problems)
+        read = len(pod_resources)
+        # The parsed pods (some 70 MB for a 16 MiB answer) go before the Allocatable answer comes: both
+        # answers at the cap are not held at once.
+        del pod_resources
+        offered = offered_replicas(self.allocatable_devices(problems))
         held = merge(device_plugin_holdings(claims, devices, offered), found)
         for uuid, owners in found.pods.items():
             pods[uuid] = tuple(sorted({*pods.get(uuid, ()), *(PodRef(*o, NVIDIA_DRIVER) for o in owners)}))
         if not any(pods.values()):
             self._log.problem("kubelet pods", f"the kubelet lists no container holding an NVIDIA device or claim "
-                                              f"({len(pod_resources)} pods listed)", logging.INFO)
+                                              f"({read} pods listed)", logging.INFO)
         else:
             self._log.clear("kubelet pods", "containers holding NVIDIA devices or claims listed again")
         listed = {(r.namespace, r.pod, r.container) for refs in pods.values() for r in refs}

@@ -41,8 +41,10 @@ LOST_RETRY_S = 10.0  # a lost GPU is asked who it is this often: after a reset i
 # rows and PCIe replays, which change rarely, every ERRORS_EVERY_S; driver version and maximum clocks
 # once. Per tick only the memory clock and the clock event reasons (the throttle verdict's inputs):
 # NVML has no field value for the current clocks, temperature or memory info to batch them into.
-# Every cadence goes through one schedule per GPU (NvmlSampler._due).
-HEALTH_EVERY_S = 10.0
+# Every cadence goes through one schedule per GPU (NvmlSampler._due). 30 s is dcgm-exporter's default
+# collection interval for the same fields (--collect-interval 30000 ms, pkg/cmd/app.go): the health read
+# costs ~5 ms of driver time on the H200 (bench/RESULTS.md, "Cost per GPU").
+HEALTH_EVERY_S = 30.0
 ERRORS_EVERY_S = 60.0
 POWER_THERMAL_VIOLATIONS = ("power", "thermal")  # the throttle counters behind GpuHealth.throttle_share
 
