@@ -48,9 +48,9 @@ class Tree:
         self.cgroup = CGROUP_ROOT / f"footprint-{label}-{self.proc.pid}"
         try:
             self.cgroup.mkdir()
-            (self.cgroup / "cgroup.procs").write_text(str(self.proc.pid))
-            if not (self.cgroup / "cpu.stat").is_file():
+            if not (self.cgroup / "cpu.stat").is_file():  # before anything is written: a plain folder (tmpfs)
                 raise OSError("no cgroup v2 here")
+            (self.cgroup / "cgroup.procs").write_text(str(self.proc.pid))
         except OSError:
             try:
                 self.cgroup.rmdir()

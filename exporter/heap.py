@@ -8,10 +8,12 @@ memory after a context-switch window")."""
 from __future__ import annotations
 
 import ctypes
+import functools
 
 M_ARENA_MAX = -8
 
 
+@functools.cache
 def _libc():
     try:
         return ctypes.CDLL("libc.so.6")
