@@ -41,6 +41,14 @@ def users_stack(tmp_path_factory):
             prometheus.stop()
 
 
+def commands(*runs: tuple) -> list[subprocess.CompletedProcess]:
+    """Each command line of `runs` (the arguments `command` takes), all at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(runs)) as pool:
+        return list(pool.map(lambda args: command(*args), runs))
+
+
 def report(*args: str) -> subprocess.CompletedProcess:
     return command("-m", "gpu_spatial", "report", *args)
 
@@ -141,8 +149,9 @@ def test_trap4_report_pointed_at_the_exporter_says_it_is_one(api):
 def test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off():
     with Exporter("--no-nvml", "--no-mps", "--replay", str(STEADY)) as exporter:
         wait_for(lambda: "gpu_sm_active_ratio{" in exporter.metrics(), 15, 0.2, "the replay published")
-        for pasted in (f"{exporter.url}/metrics", f"{exporter.url}/", f"{exporter.url}/api/v1/gpus"):
-            done = command("-m", "gpu_spatial", "top", "--once", "--size", "100x20", "--url", pasted)
+        pasted = (f"{exporter.url}/metrics", f"{exporter.url}/", f"{exporter.url}/api/v1/gpus")
+        for done in commands(*(("-m", "gpu_spatial", "top", "--once", "--size", "100x20", "--url", url)
+                               for url in pasted)):
             assert done.returncode == 0, done.stdout + done.stderr
             assert "SM[" in done.stdout and "25%" in done.stdout and "not answering" not in done.stdout
     with Exporter("--no-nvml", "--no-mps", "--no-api") as exporter:

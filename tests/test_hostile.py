@@ -57,10 +57,11 @@ CHILD = """
 import contextlib, io, json, re, sys, time, traceback
 sys.path.insert(0, {root!r})
 from nsys_ingest.__main__ import main
-path, out = sys.argv[1], sys.argv[2]
+path, out, chosen = sys.argv[1], sys.argv[2], sys.argv[3:]
 commands = {{"summary": ["summary", path], "diagnose": ["diagnose", "--json", path],
             "plot": ["plot", path, "-o", out + "/p.png"], "openmetrics": ["openmetrics", path, "-o", out + "/o.om"],
             "scrub": ["scrub", path, "-o", out + "/s.sqlite"]}}
+commands = {{name: args for name, args in commands.items() if not chosen or name in chosen}}
 results = {{}}
 for name, args in commands.items():
     stdout, stderr = io.StringIO(), io.StringIO()
@@ -79,20 +80,76 @@ print(json.dumps(results))
 """
 
 
-def every_command(path: Path, out: Path, timeout: float) -> dict:
-    """CHILD on one export in a fresh process: each command's result, its peak RSS asserted (from outside
-    the commands: the process's own ru_maxrss after all five)."""
-    done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(path), str(out)],
-                          capture_output=True, text=True, timeout=timeout, env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
-    assert done.returncode == 0, done.stderr
-    results = json.loads(done.stdout)
-    assert results.pop("peak_rss_mb") < CASE_RSS_MB
+COMMANDS = ("summary", "diagnose", "plot", "openmetrics", "scrub")
+
+
+def start_commands(path: Path, out: Path, *chosen: str) -> subprocess.Popen:
+    """CHILD on one export in a fresh process: the commands `chosen`, else all five."""
+    return subprocess.Popen([sys.executable, "-c", CHILD.format(root=str(ROOT)), str(path), str(out), *chosen],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "NSYS_INGEST_NO_PROGRESS": "1"})
+
+
+def command_results(children: list, timeout: float) -> dict:
+    """Each command's result from CHILD processes, each one's peak RSS asserted (from outside the commands:
+    the process's own peak after its commands); the processes are gone when this returns."""
+    results = {}
+    try:
+        for child in children:
+            stdout, stderr = child.communicate(timeout=timeout)
+            assert child.returncode == 0, stderr
+            results.update(json.loads(stdout))
+            assert results.pop("peak_rss_mb") < CASE_RSS_MB
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    assert set(results) == set(COMMANDS)
     return results
 
 
+def every_command(path: Path, out: Path, timeout: float) -> dict:
+    """Each command on a large export in a process of its own, all at once (their CPU on both cores)."""
+    return command_results([start_commands(path, out, command) for command in COMMANDS], timeout)
+
+
+class CorpusChildren:
+    """CHILD of each corpus case, started one case ahead of the test that reads it: the next case's imports
+    and reads run on the other core while this one's are checked. Each case in a fresh process still."""
+
+    def __init__(self, root: Path):
+        self.root, self.started = root, {}
+
+    def start(self, case: str) -> tuple[Path, subprocess.Popen]:
+        if case not in self.started:
+            out = self.root / case
+            out.mkdir()
+            self.started[case] = out, start_commands(CORPUS / f"{case}.sqlite", out)
+        return self.started[case]
+
+    def results(self, case: str, timeout: float) -> tuple[Path, dict]:
+        out, child = self.start(case)
+        later = sorted(CASES)[sorted(CASES).index(case) + 1:]
+        if later:
+            self.start(later[0])
+        return out, command_results([child], timeout)
+
+    def close(self):
+        for _out, child in self.started.values():
+            child.kill()
+            child.wait()
+
+
+@pytest.fixture(scope="module")
+def corpus_children(tmp_path_factory):
+    children = CorpusChildren(tmp_path_factory.mktemp("corpus-commands"))
+    yield children
+    children.close()
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
-    results = every_command(CORPUS / f"{case}.sqlite", tmp_path, 120)
+def test_every_command_gives_one_line_or_an_answer(case, corpus_children):
+    out, results = corpus_children.results(case, 120)
     for command, result in results.items():
         err = result["stderr"]
         assert "Traceback" not in err and result["code"] != "raised", (command, err)
@@ -108,7 +165,7 @@ def test_every_command_gives_one_line_or_an_answer(case, tmp_path):
     if case == "dram_read_without_write":  # the figure itself: DRAM read 20 % alone
         gpu = json.loads(results["diagnose"]["stdout"])["gpus"][0]
         assert gpu["gpu_metrics"]["dram_active"] == 0.2
-        assert "gpu_dram_active_ratio{" in (tmp_path / "o.om").read_text()
+        assert "gpu_dram_active_ratio{" in (out / "o.om").read_text()
 
 
 # -- exports too large to keep in the repository (GENERATED): built once per session ---------------------
