@@ -52,15 +52,13 @@ def load_prometheus(tmp: Path, t0: float) -> dict:
     shutil.rmtree(tmp / "om")
     proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
     rules = rules_at(tmp, "1m")
-    # rules added at hour 30; Prometheus down from hour 40 to 41 (no rule runs either): the two runs at once
-    runs = [subprocess.Popen(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 + a)}",
-                              f"--end={int(t0 + b)}", f"--url={url}", f"--output-dir={tmp / f'rules{number}'}",
-                              str(rules)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for number, (a, b) in enumerate(((history.RULES_FROM, history.OUTAGE[0] - 60),
-                                             (history.OUTAGE[1], history.LENGTH)))]
-    for run in runs:
-        _out, err = run.communicate()
-        assert run.returncode == 0, err
+    # rules added at hour 30; Prometheus down from hour 40 to 41 (no rule runs either)
+    for number, (a, b) in enumerate(((history.RULES_FROM, history.OUTAGE[0] - 60),
+                                     (history.OUTAGE[1], history.LENGTH))):
+        result = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 + a)}",
+                                 f"--end={int(t0 + b)}", f"--url={url}", f"--output-dir={tmp / f'rules{number}'}",
+                                 str(rules)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
     stop(proc)
     for number in (0, 1):
         for block in (tmp / f"rules{number}").iterdir():
