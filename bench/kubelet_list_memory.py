@@ -1,6 +1,6 @@
 """Where a List answer at the exporter's 16 MiB receive cap costs memory: the kubelet sampler's own gRPC
 call receiving one pod of 1.5 million device IDs (tests/kubelet_server.py, in a process of its own),
-then read_pods parsing it. Prints this process's VmRSS and VmHWM, in MB, after each step.
+then read_pods walking it. Prints this process's VmRSS and VmHWM, in MB, after each step.
 
     python3 bench/kubelet_list_memory.py
 """
@@ -48,7 +48,7 @@ def main() -> int:
             answer = call(sampler._request, timeout=60)
             print(f"received {len(answer)} bytes:", memory_mb())
             pods, _ = read_pods(answer)
-            print(f"parsed {len(pods)} pod:", memory_mb())
+            print(f"read {len(pods)} pod:", memory_mb())
             sampler.close()
         finally:
             server.kill()

@@ -318,7 +318,7 @@ MUTANTS = (
            "pods listing one ID: ten named"),
     Mutant("kubelet-pods-parsed", "exporter/samplers/kubelet.py", "if len(pods) == limit:", "if len(pods) > limit:",
            KUBELET, "the first 1,024 pods parsed"),
-    Mutant("kubelet-pods-beyond-silent", "exporter/samplers/kubelet.py", "        if more:\n", "        if False:\n",
+    Mutant("kubelet-pods-beyond-silent", "exporter/samplers/kubelet.py", "        if more == Unread.PODS:\n", "        if False:\n",
            KUBELET, "pods beyond the bound are one problem"),
     Mutant("kubelet-varint-field-unskipped", "exporter/samplers/kubelet.py", "        if tag & 7 == 0:\n",
            "        if False:\n", KUBELET, "an unknown varint field is skipped"),
@@ -329,8 +329,8 @@ MUTANTS = (
            "counters=account.published_counters(), created=account.created)",
            "counters=account.published_counters(), created=w.created)", ("tests/test_workloads.py",),
            "a holder back out of pod=\"other\" starts its series again"),
-    Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (DecodeError, ValueError, IndexError) as exc:",
-           "except (DecodeError, IndexError) as exc:", KUBELET, "a garbled List answer is the kubelet's error"),
+    Mutant("kubelet-garbled-uncaught", "exporter/samplers/kubelet.py", "except (ValueError, IndexError) as exc:  # UnicodeDecodeError",
+           "except (IndexError,) as exc:  # UnicodeDecodeError", KUBELET, "a garbled List answer is the kubelet's error"),
     # -- issue 36, the first hour: the traps, the README's checks, the demo profile ------------------------
     Mutant('exporterdown-any-job', 'rules/gpu-utilization.rules.yaml', '          or (up == 0 and on (job, instance) present_over_time(gpu_exporter_collector_success[1d]))\n', '',
            ('tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests',), "ExporterDown for any job that published the exporter's series"),
@@ -937,7 +937,44 @@ ROUND_39_KUBECAPS = (
     _m("alloc-over-cap-called-old-kubelet", "exporter/samplers/kubelet.py", 'if code == "RESOURCE_EXHAUSTED" else',
        "if False else", WALKS, "an Allocatable answer over the cap is said to be one"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST
+# The List answer walked on the wire (kubelet.ListReader): its bounds, its budget, what a cut keeps.
+LIST_WALK = ("tests/test_kubelet.py", "-k", "on_the_wire or fields_budget or hostile_list or parsed_a_pod or garbled")
+KUBELIST = (
+    _m("list-walk-unbounded", "exporter/samplers/kubelet.py", "reader = ListReader(answer, fields)",
+       "reader = ListReader(answer, 10**9)", LIST_WALK, "at most LIST_FIELDS fields walked"),
+    _m("list-walk-boundary", "exporter/samplers/kubelet.py", "if self.fields < 0:\n                raise _WalkSpent",
+       "if self.fields <= 0:\n                raise _WalkSpent", LIST_WALK, "exactly LIST_FIELDS fields are walked"),
+    _m("list-walk-ids-uncounted", "exporter/samplers/kubelet.py",
+       "            for number, inner in self.walk(span):\n                if inner is NO_SPAN:",
+       "            for number, inner in wire_fields(self.answer, *span):\n                if inner is NO_SPAN:", LIST_WALK,
+       "the fields inside a device entry count against the budget"),
+    _m("list-ids-kept-unbounded", "exporter/samplers/kubelet.py", "if len(kept) < room:", "if True:", LIST_WALK,
+       "at most MAX_DEVICES IDs kept (a span per ID listed was the memory)"),
+    _m("list-ids-kept-boundary", "exporter/samplers/kubelet.py", "room = max(0, MAX_DEVICES - self.device_ids)",
+       "room = max(0, MAX_DEVICES + 1 - self.device_ids)", LIST_WALK, "exactly MAX_DEVICES IDs kept"),
+    _m("list-other-resource-counted", "exporter/samplers/kubelet.py",
+       "            if devices.resource_name.startswith(RESOURCE_PREFIX):\n                self.device_ids",
+       "            if True:\n                self.device_ids", LIST_WALK, "only nvidia.com/ IDs are kept and counted"),
+    _m("list-first-name-counts", "exporter/samplers/kubelet.py", "devices.resource_name = self.text(inner)",
+       "devices.resource_name = devices.resource_name or self.text(inner)", LIST_WALK, "a field sent twice: the last counts"),
+    _m("list-cut-entry-dropped", "exporter/samplers/kubelet.py", "        finally:\n            if devices.resource_name",
+       "        except _WalkSpent:\n            raise\n        else:\n            if devices.resource_name", LIST_WALK,
+       "a walk cut inside an entry keeps the IDs it read"),
+    _m("list-containers-kept-unbounded", "exporter/samplers/kubelet.py", "if self.containers <= MAX_CONTAINERS:",
+       "if True:", LIST_WALK, "containers past MAX_CONTAINERS are counted, never walked"),
+    _m("list-containers-kept-boundary", "exporter/samplers/kubelet.py", "if self.containers <= MAX_CONTAINERS:",
+       "if self.containers < MAX_CONTAINERS:", LIST_WALK, "exactly MAX_CONTAINERS containers read"),
+    _m("list-claim-devices-boundary", "exporter/samplers/kubelet.py", "if self.claim_devices <= MAX_DEVICES:",
+       "if self.claim_devices < MAX_DEVICES:", LIST_WALK, "exactly MAX_DEVICES claim devices read"),
+    _m("list-claim-fields-swapped", "exporter/samplers/kubelet.py", '3: "pool_name", 4: "device_name"',
+       '3: "device_name", 4: "pool_name"', LIST_WALK, "a claim device's fields by their numbers"),
+    _m("list-cut-silent", "exporter/samplers/kubelet.py", "        elif more == Unread.FIELDS:", "        elif False:",
+       LIST_WALK, "a cut List answer is said, first"),
+    _m("list-cut-said-last", "exporter/samplers/kubelet.py", "problems.insert(0, f\"the kubelet's List answer",
+       "problems.insert(len(problems), f\"the kubelet's List answer", LIST_WALK,
+       "the cut comes before the counts it qualifies"),
+)
+MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
 
 
 def _is_test_path(arg: str) -> bool:

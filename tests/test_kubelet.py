@@ -108,17 +108,97 @@ def test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound():
         assert caught.type.__name__ in ("ValueError", "IndexError", "DecodeError"), caught
 
 
-def test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem(tmp_path):
+def test_a_list_answer_walked_on_the_wire_reads_as_protobuf_parses_it():
+    """read_pods builds only what the samplers read, from the bytes: attribution, claims and problems
+    are those of the answer parsed by protobuf, with fields nothing reads (cpu_ids, memory, topology,
+    CDI devices, unknown fields), a resource name after its IDs, another resource's IDs (never counted)
+    and the bounds at their boundaries (MAX_DEVICES IDs over two pods, N read, N + 1 counted)."""
+    from exporter.samplers.dra import attribute_claims
+    from tests.kubelet_server import claim_pod
+    from tests.test_dra import node_gpus
+
+    late = pb.ContainerDevices(resource_name="rdma/hca", device_ids=["GPU-aaaa::7"])  # the last name counts
+    late_name = late.SerializeToString() + pb.ContainerDevices(resource_name=GPU).SerializeToString()
+    late_container = b"\x0a\x01c\x12" + bytes([len(late_name)]) + late_name  # as sent: protobuf would merge the names
+    late_pod = pb.PodResources(namespace="ns", name="late").SerializeToString() + b"\x1a" + bytes([len(late_container)]) \
+        + late_container
+    extra = pb.ContainerResources(name="extra", cpu_ids=[1, 2], memory=[pb.ContainerMemory(memory_type="memory", size=4)],
+                                  devices=[pb.ContainerDevices(resource_name=GPU, device_ids=["GPU-aaaa::8"],
+                                                               topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)]))])
+    mixed = [
+        pod("ml", "train", {"main": [(GPU, ["GPU-aaaa"])], "sidecar": [("cpu", ["0"] * 9000)]}),
+        pod("nb", "y", {"c": [("nvidia.com/gpu.shared", ["GPU-bbbb::1", "GPU-bbbb::1", "MIG-1111"])]}),
+        pod("bad", "dup-1", {"c": [(GPU, ["GPU-bbbb::9", "GPU-ghost"])]}), pod("bad", "dup-2", {"c": [(GPU, ["GPU-bbbb::9"])]}),
+        pb.PodResources(namespace="ns", name="extra", containers=[extra]),
+        claim_pod("ns", "claims", {"c": [("one", [("gpu-0", None), ("gpu-1-mig-3g40gb-9-0", None)]),
+                                         ("shared", [("gpu-0", "s1"), ("gpu-9", None)]),
+                                         ("other", [("gpu-0", None)], "example.com")]}),
+    ]
+    bounds = [pod("ns", "a", {"c": [(GPU, [f"GPU-aaaa::{i}" for i in range(MAX_DEVICES // 2)])]}),
+              pod("ns", "b", {"c": [(GPU, [f"GPU-bbbb::{i}" for i in range(MAX_DEVICES // 2)])]})]
+    many_claims = [claim_pod("ns", "p", {"c": [("big", [("gpu-0", f"s{i}") for i in range(MAX_DEVICES)])]})]
+    cases = [mixed, bounds, bounds + [pod("ns", "c", {"c": [(GPU, ["GPU-aaaa::x"])]})],
+             [pod("ns", f"p{i}", {"c": [(GPU, [f"GPU-aaaa::{i}"])]}) for i in range(MAX_CONTAINERS + 1)],
+             many_claims, many_claims + [claim_pod("ns", "q", {"c": [("big", [("gpu-0", "x")])]})]]
+    for parsed in cases:
+        answer = pb.ListPodResourcesResponse(pod_resources=parsed).SerializeToString()
+        if parsed is mixed:
+            answer += b"\x0a" + bytes([len(late_pod)]) + late_pod
+            parsed = list(pb.ListPodResourcesResponse.FromString(answer).pod_resources)
+        walked, more = read_pods(b"\x20\x01" + answer, limit=MAX_CONTAINERS + 1)
+        assert more == 0 and [(p.namespace, p.name) for p in walked] == [(p.namespace, p.name) for p in parsed]
+        found = [(attribute(read, two_gpus_one_mig(), claimed := []), claimed, attribute_claims(read, node_gpus()))
+                 for read in (walked, parsed)]
+        assert found[0] == found[1], parsed[0].name
+    answer = pb.ListPodResourcesResponse(pod_resources=cases[2]).SerializeToString()
+    assert attribute(read_pods(answer)[0], two_gpus_one_mig())[1] == [
+        f"the kubelet lists {MAX_DEVICES + 1} device IDs: only the first {MAX_DEVICES} are read"]
+    answer = pb.ListPodResourcesResponse(pod_resources=cases[-1]).SerializeToString()
+    assert attribute_claims(read_pods(answer)[0], node_gpus()).problems == [
+        f"the kubelet lists {MAX_DEVICES + 1} DRA devices: only the first {MAX_DEVICES} are read"]
+    sidecar = read_pods(pb.ListPodResourcesResponse(pod_resources=mixed).SerializeToString())[0][0].containers[1]
+    assert sidecar.devices == []  # another resource's 9,000 IDs: walked, never kept
+    answer = pb.ListPodResourcesResponse(pod_resources=cases[3]).SerializeToString()
+    last = read_pods(answer, limit=MAX_CONTAINERS + 1)[0][-1]
+    assert len(last.containers) == 1 and list(last.containers) == []  # the container past the bound: counted, not kept
+
+
+def test_the_list_walk_stops_at_its_fields_budget_keeping_what_it_read():
+    """Every field walked counts, at any depth: an answer of exactly `fields` fields is read whole, one
+    more and the walk stops there, with the pod, container and entry it was in as far as they were read."""
+    from exporter.samplers.kubelet import Unread
+
+    one = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, ["GPU-aaaa::0", "GPU-aaaa::1"])]})])
+    answer = one.SerializeToString()  # pod, name, namespace, container, its name, entry, resource name, 2 IDs
+    pods, more = read_pods(answer, fields=9)
+    assert more == Unread.NOTHING and list(pods[0].containers[0].devices[0].device_ids) == ["GPU-aaaa::0", "GPU-aaaa::1"]
+    pods, more = read_pods(answer, fields=8)
+    ids = pods[0].containers[0].devices[0].device_ids
+    assert more == Unread.FIELDS and list(ids) == ["GPU-aaaa::0"] and len(ids) == 1
+    pods, more = read_pods(b"\x20\x01" + answer, fields=5)  # the unknown field counts too: the container's name is the 6th
+    assert more == Unread.FIELDS and (pods[0].name, pods[0].namespace, len(pods[0].containers)) == ("p", "ns", 1)
+    assert pods[0].containers[0].name == "" and pods[0].containers[0].devices == []
+    assert read_pods(answer, fields=0) == ([], Unread.FIELDS)
+
+
+def kubelet_sampler(tmp_path, pods, allocatable=None):
+    """A started kubelet (real gRPC) listing `pods` (and `allocatable`: tests/kubelet_server.py), and a
+    kubelet sampler of the replayed H100 asking it."""
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.kubelet import KubeletSampler
     from exporter.samplers.nvml import NvmlSampler
 
     server, _ = kubernetes_node(tmp_path)
-    server.service.pods = [pod("ns", f"p{i}", {"c": [(GPU, [f"{UUID}::{i}"])]}) for i in range(MAX_CONTAINERS + 1)]
+    server.service.pods, server.service.allocatable = pods, allocatable
     server.start()
     nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
     nvml.tick()
-    sampler = KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    return server, KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+
+
+def test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem(tmp_path):
+    server, sampler = kubelet_sampler(tmp_path, [pod("ns", f"p{i}", {"c": [(GPU, [f"{UUID}::{i}"])]})
+                                                 for i in range(MAX_CONTAINERS + 1)])
     try:
         sampler.tick()
         assert len(sampler.snapshot.pods[UUID]) == MAX_CONTAINERS and not sampler.health.success
@@ -165,26 +245,30 @@ def test_an_allocatable_answer_is_walked_up_to_its_bounds():
             read_allocatable(garbage, limit=5)
 
 
+def traced_peak(reader, answer):
+    """What `reader` makes of `answer`, and the peak of Python memory traced meanwhile: the reader's
+    alone (the test's server in this process serialises in threads, before and after)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        return reader(answer), tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, caplog):
     """GetAllocatableResources over the real gRPC server: MAX_DEVICES IDs are read and give the
     replica's share; one more and the share is unknown (a GPU's replicas may be partly read), in one
     problem line; a garbled answer is a problem too; 16 MiB of IDs costs its bytes, not a Python string
     per ID (traced Python memory: the old reader's 1.5 million strings and their tally were 174 MB)."""
     import logging
-    import tracemalloc
 
     from exporter.holders import Holder
-    from exporter.nvml_replay import ReplayNvml
-    from exporter.samplers.kubelet import MAX_MESSAGE_BYTES, KubeletSampler
-    from exporter.samplers.nvml import NvmlSampler
+    from exporter.samplers.kubelet import MAX_MESSAGE_BYTES
 
-    server, _ = kubernetes_node(tmp_path)
-    server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]
-    server.service.allocatable = [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES)])]
-    server.start()
-    nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
-    nvml.tick()
-    sampler = KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})],
+                                      [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES)])])
     share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share  # noqa: E731
     cut = f"GetAllocatableResources lists more than {MAX_DEVICES} device IDs: it is read no further"
     try:
@@ -213,14 +297,50 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
         assert f"(RESOURCE_EXHAUSTED): the share of a time-slicing or MPS replica is unknown (an answer over " \
                f"{MAX_MESSAGE_BYTES} bytes" in caplog.records[-1].getMessage()
         answer = hostile.SerializeToString()
-        tracemalloc.start()  # the reader alone: the test's server in this process serialises in threads
-        try:
-            ids, more = read_allocatable(answer)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
+        (ids, more), peak = traced_peak(read_allocatable, answer)
         # what a bounded walk keeps: MAX_DEVICES strings, or the spans of as many fields as it walks (4 MB)
         assert more and len(ids) <= MAX_DEVICES and peak < 8 * 1024 * 1024, peak
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog):
+    """List over the real gRPC server: one pod of 16 MiB of device IDs (1.5 million) was parsed whole by
+    protobuf (+72 MB). Now its first LIST_FIELDS fields are walked: the pod is still attributed (its
+    first MAX_DEVICES IDs), the IDs walked counted exactly, the cut said first, in one line over two
+    ticks; an answer of exactly LIST_FIELDS fields is read whole. The reader keeps MAX_DEVICES strings
+    and spans, never one per ID listed (traced Python memory, the reader alone)."""
+    import logging
+
+    from exporter.samplers.kubelet import LIST_FIELDS, MAX_MESSAGE_BYTES
+
+    walked = LIST_FIELDS - 7  # the IDs among the first LIST_FIELDS fields (pod, its name and namespace,
+    # container, its name, device entry, resource name come first)
+    counted = f"the kubelet lists {walked} device IDs: only the first {MAX_DEVICES} are read"
+    cut = f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} fields (1 pods): " \
+          "what it lists after them is neither read nor counted"
+    server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(walked)])]})])
+    try:
+        sampler.tick()
+        assert sampler.health.error == counted and sampler.snapshot.pods[UUID]  # exactly the budget: no cut
+        server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(walked + 1)])]})]
+        sampler.tick()
+        assert sampler.health.error == f"{cut}; {counted}" and sampler.snapshot.pods[UUID]
+        hostile = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [
+            (GPU, [f"{UUID}::{i}" for i in range(8)] + ids_of_size(MAX_MESSAGE_BYTES - 5000))]})])
+        server.service.raw = answer = hostile.SerializeToString()
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+            sampler.tick()
+        assert sampler.health.error == f"{cut}; {counted}" and not sampler.health.success
+        assert sampler.snapshot.pods[UUID] == (PodRef("ns", "p", "c", GPU),)  # its first IDs name this GPU
+        assert sum(cut in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+        (pods, more), peak = traced_peak(read_pods, answer)
+        ids = pods[0].containers[0].devices[0].device_ids
+        assert more and len(ids) == walked and len(list(ids)) == MAX_DEVICES
+        # MAX_DEVICES strings and spans (0.8 MB); a span or a string per ID walked would be 5 MB or more
+        assert peak < 2 * 1024 * 1024, peak
     finally:
         sampler.close()
         server.stop()
@@ -232,16 +352,7 @@ def test_the_parsed_pods_are_let_go_before_allocatable_is_asked(tmp_path):
     this test holds the list of pods. Mutant: `del pod_resources` dropped."""
     import sys
 
-    from exporter.nvml_replay import ReplayNvml
-    from exporter.samplers.kubelet import KubeletSampler
-    from exporter.samplers.nvml import NvmlSampler
-
-    server, _ = kubernetes_node(tmp_path)
-    server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]
-    server.start()
-    nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
-    nvml.tick()
-    sampler = KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})])
     seen, list_pods = {}, sampler.list_pods
 
     def listed():

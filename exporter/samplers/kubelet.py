@@ -19,6 +19,7 @@ import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from enum import IntEnum
 from pathlib import Path
 
 from exporter.config import api_server, duration
@@ -38,8 +39,9 @@ API_PODS_PER_GPU = 256
 # What gRPC receives of one answer. 250 pods of two containers answer 23 KB, but a device plugin
 # offering one device per MiB of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch)
 # lists tens of thousands of IDs per pod; the kubelet and containerd give their own gRPC clients 16 MiB.
-# At the cap, measured from outside: a List answer of one pod of 1.5 million IDs (parsed whole, as one
-# pod is) takes the exporter to 200 MB at its peak, an Allocatable answer to 135 MB (bench/RESULTS.md).
+# At the cap, measured from outside: a List answer of one pod of 1.5 million IDs (walked, its first
+# LIST_FIELDS fields) takes the exporter to 128-136 MB at its peak, an Allocatable answer to 135 MB
+# (bench/RESULTS.md): what is left is gRPC receiving the answer.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 # read_allocatable's walk: an entry per device (and NUMA node) of resource name, ID and topology, twice
 # over for a device on two NUMA nodes.
@@ -236,24 +238,195 @@ def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
     return {uuid: tuple(sorted(refs)) for uuid, refs in pods.items()}, problems
 
 
-def read_pods(answer: bytes, limit: int = MAX_CONTAINERS) -> tuple[list, bool]:
-    """The first `limit` pods of a ListPodResourcesResponse's bytes, parsed one at a time (a pod holds
-    a container at least: no more are read), and whether it lists more: 10^5 listed pods cost as much
-    as `limit`, never 10^5 parsed messages. More than `limit` fields that are no pod (the answer has
-    no other field) is no List answer: 16 MiB of them would be millions of steps."""
-    from exporter.kubelet.podresources_pb2 import PodResources
+# read_pods's walk: fields of any kind (pods, containers, device entries, IDs, claims and their parts,
+# cpu_ids and memory entries) per container and device it reads. A real node's answer needs a few per
+# item; past this budget the rest of the answer is neither read nor counted, so 16 MiB of tiny fields
+# costs what the bounds cost (73,728 fields: 27 ms of CPU for one pod of 16 MiB of IDs).
+LIST_FIELDS = 8 * (MAX_CONTAINERS + 2 * MAX_DEVICES)
 
+
+class Unread(IntEnum):
+    """What read_pods left of a List answer (false: nothing)."""
+
+    NOTHING = 0
+    PODS = 1  # pods past its limit
+    FIELDS = 2  # fields past its walk's budget: the counts are of what was walked
+
+
+class Listed:
+    """A repeated field as read: its first items (iterated and sliced) and how many were listed (len)."""
+
+    __slots__ = ("items", "listed")
+
+    def __init__(self):
+        self.items, self.listed = [], 0
+
+    def __len__(self) -> int:
+        return self.listed
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+@dataclass(slots=True)
+class Pod:  # PodResources, as the samplers read it
+    name: str = ""
+    namespace: str = ""
+    containers: Listed = field(default_factory=Listed)
+
+
+@dataclass(slots=True)
+class Container:  # ContainerResources
+    name: str = ""
+    devices: list = field(default_factory=list)
+    dynamic_resources: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Devices:  # ContainerDevices
+    resource_name: str = ""
+    device_ids: Listed = field(default_factory=Listed)
+
+
+@dataclass(slots=True)
+class Claim:  # DynamicResource
+    claim_name: str = ""
+    claim_namespace: str = ""
+    claim_resources: Listed = field(default_factory=Listed)
+
+
+@dataclass(slots=True)
+class ClaimDevice:  # ClaimResource
+    driver_name: str = ""
+    pool_name: str = ""
+    device_name: str = ""
+    share_id: str | None = None
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 - protobuf's name, which attribute_claims calls
+        return getattr(self, name) is not None
+
+
+class _WalkSpent(Exception):
+    pass
+
+
+class ListReader:
+    """Builds what the samplers read of a ListPodResourcesResponse from its bytes, walked on the wire
+    (never parsed whole: one pod of 16 MiB of device IDs was 72 MB of protobuf): the first MAX_CONTAINERS
+    containers, of their NVIDIA device entries the first MAX_DEVICES IDs, of their claims the first
+    MAX_DEVICES devices, each listed field counted; at most `fields` fields walked."""
+
+    def __init__(self, answer: bytes, fields: int):
+        self.answer, self.fields = answer, fields
+        self.containers = self.device_ids = self.claim_devices = 0  # listed so far, as attribute counts them
+
+    def walk(self, span):
+        for number, inner in wire_fields(self.answer, *span):
+            self.fields -= 1
+            if self.fields < 0:
+                raise _WalkSpent
+            yield number, inner
+
+    def text(self, span) -> str:
+        return self.answer[span[0]:span[1]].decode()
+
+    # Each item joins its parent before its fields are walked: a walk cut inside it keeps what it read.
+    def pod(self, span, pod: Pod) -> None:
+        for number, inner in self.walk(span):
+            if inner is NO_SPAN:
+                continue
+            if number == 1:
+                pod.name = self.text(inner)
+            elif number == 2:
+                pod.namespace = self.text(inner)
+            elif number == 3:
+                pod.containers.listed += 1
+                self.containers += 1
+                if self.containers <= MAX_CONTAINERS:  # the rest are counted, never walked
+                    pod.containers.items.append(Container())
+                    self.container(inner, pod.containers.items[-1])
+
+    def container(self, span, container: Container) -> None:
+        for number, inner in self.walk(span):
+            if inner is NO_SPAN:
+                continue
+            if number == 1:
+                container.name = self.text(inner)
+            elif number == 2:
+                self.devices(inner, container)
+            elif number == 5:
+                container.dynamic_resources.append(Claim())
+                self.claim(inner, container.dynamic_resources[-1])
+
+    def devices(self, span, container: Container) -> None:
+        """An entry of NVIDIA devices (another resource's is left out), its IDs read while the answer's
+        first MAX_DEVICES last. The resource name may come after the IDs: spans are kept until it is known."""
+        devices, kept = Devices(), []
+        room = max(0, MAX_DEVICES - self.device_ids)
+        try:
+            for number, inner in self.walk(span):
+                if inner is NO_SPAN:
+                    continue
+                if number == 1:  # the last one counts, as in protobuf
+                    devices.resource_name = self.text(inner)
+                elif number == 2:
+                    devices.device_ids.listed += 1
+                    if len(kept) < room:
+                        kept.append(inner)
+        finally:
+            if devices.resource_name.startswith(RESOURCE_PREFIX):
+                self.device_ids += devices.device_ids.listed
+                devices.device_ids.items = [self.text(ids) for ids in kept]
+                container.devices.append(devices)
+
+    def claim(self, span, claim: Claim) -> None:
+        for number, inner in self.walk(span):
+            if inner is NO_SPAN:
+                continue
+            if number == 2:
+                claim.claim_name = self.text(inner)
+            elif number == 3:
+                claim.claim_namespace = self.text(inner)
+            elif number == 4:
+                claim.claim_resources.listed += 1
+                self.claim_devices += 1
+                if self.claim_devices <= MAX_DEVICES:
+                    claim.claim_resources.items.append(ClaimDevice())
+                    self.claim_device(inner, claim.claim_resources[-1])
+
+    def claim_device(self, span, device: ClaimDevice) -> None:
+        for number, inner in self.walk(span):
+            if inner is not NO_SPAN and number in CLAIM_DEVICE_FIELDS:
+                setattr(device, CLAIM_DEVICE_FIELDS[number], self.text(inner))
+
+
+CLAIM_DEVICE_FIELDS = {2: "driver_name", 3: "pool_name", 4: "device_name", 5: "share_id"}  # 1: CDI devices, unread
+
+
+def read_pods(answer: bytes, limit: int = MAX_CONTAINERS, fields: int = LIST_FIELDS) -> tuple[list[Pod], Unread]:
+    """The first `limit` pods of a ListPodResourcesResponse's bytes, walked on the wire (ListReader),
+    and what it left unread (a pod holds a container at least: no more pods are read past `limit`).
+    More than `limit` fields that are no pod (the answer has no other field) is no List answer; past
+    `fields` fields of any kind walked, the walk stops with what it read."""
+    reader = ListReader(answer, fields)
     pods, others = [], 0
-    for number, span in wire_fields(answer, 0, len(answer)):
-        if number != 1 or span is NO_SPAN:
-            others += 1
-            if others > limit:
-                raise ValueError(f"more than {limit} fields that are no pod")
-            continue
-        if len(pods) == limit:
-            return pods, True
-        pods.append(PodResources.FromString(answer[span[0]:span[1]]))
-    return pods, False
+    try:
+        for number, span in reader.walk((0, len(answer))):
+            if number != 1 or span is NO_SPAN:
+                others += 1
+                if others > limit:
+                    raise ValueError(f"more than {limit} fields that are no pod")
+                continue
+            if len(pods) == limit:
+                return pods, Unread.PODS
+            pods.append(Pod())
+            reader.pod(span, pods[-1])
+    except _WalkSpent:
+        return pods, Unread.FIELDS
+    return pods, Unread.NOTHING
 
 
 def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str], bool]:
@@ -373,7 +546,7 @@ class KubeletSampler(HolderSampler):
 
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
-            self._list = self._channel.unary_unary(  # the answer's bytes: read_pods parses what is read
+            self._list = self._channel.unary_unary(  # the answer's bytes: read_pods walks them
                 "/v1.PodResourcesLister/List",
                 request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString)
             self._request = podresources_pb2.ListPodResourcesRequest()
@@ -413,7 +586,7 @@ class KubeletSampler(HolderSampler):
         problems.extend(found.problems)
         return found
 
-    def list_pods(self) -> tuple[list, bool]:
+    def list_pods(self) -> tuple[list[Pod], Unread]:
         """The pods of a List answer that are read, and whether it lists more (read_pods)."""
         grpc = import_grpc()
         try:
@@ -426,11 +599,9 @@ class KubeletSampler(HolderSampler):
                 raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
-        from google.protobuf.message import DecodeError
-
         try:
             return read_pods(answer)
-        except (DecodeError, ValueError, IndexError) as exc:
+        except (ValueError, IndexError) as exc:  # UnicodeDecodeError is a ValueError
             raise KubeletError(f"PodResources List on {self.socket_path}: not a List answer ({exc})", "garbled") from None
 
     def allocatable_devices(self, problems: list[str]) -> list[str] | None:
@@ -505,11 +676,14 @@ class KubeletSampler(HolderSampler):
         devices = DeviceMap(gpus, self.nvml.telemetry)
         claims: list = []
         pods, problems = attribute(pod_resources, devices, claims)
-        if more:
+        if more == Unread.PODS:
             problems.append(f"the kubelet lists more than {len(pod_resources)} pods: only those are read")
+        elif more == Unread.FIELDS:  # first: the counts of the lines after it are of what was walked
+            problems.insert(0, f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} "
+                               f"fields ({len(pod_resources)} pods): what it lists after them is neither read nor counted")
         found = self._claims(pod_resources, problems)
         read = len(pod_resources)
-        # The parsed pods (some 70 MB for a 16 MiB answer) go before the Allocatable answer comes: both
+        # The pods read (a few MB at most: ListReader) go before the Allocatable answer comes: both
         # answers at the cap are not held at once.
         del pod_resources
         offered = offered_replicas(self.allocatable_devices(problems))
