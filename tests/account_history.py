@@ -199,29 +199,17 @@ def samples(t0: float, millis: bool = False):
                 yield name, labels, value, stamp(i)
 
 
-BLOCK = 2 * HOUR  # promtool's block length: it reads its whole input once per block
-
-
-def write_openmetrics(t0: float, directory) -> list:
-    """Every counter from t0 to t0 + LENGTH, OpenMetrics for `promtool tsdb create-blocks-from openmetrics`,
-    one file per block (t0 is a whole number of blocks): promtool reads each file once, not once per block
-    of the whole 48 hours (16 s of CPU on one file, 3 s on 25)."""
-    files, last = {}, {}
-    try:
-        for name, labels, value, stamp in samples(t0):
-            block = int((float(stamp) - t0) // BLOCK)
-            if block not in files:
-                files[block] = open(directory / f"history-{block:02d}.om", "w")
-            fh = files[block]
-            if last.get(block) != name:
-                fh.write(f"# HELP {name} GPU-seconds ({name}).\n# TYPE {name} counter\n")
-                last[block] = name
-            fh.write(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
-    finally:
-        for fh in files.values():
-            fh.write("# EOF\n")
-            fh.close()
-    return [fh.name for _block, fh in sorted(files.items())]
+def write_openmetrics(t0: float, fh) -> int:
+    """Every counter from t0 to t0 + LENGTH, OpenMetrics for `promtool tsdb create-blocks-from openmetrics`."""
+    count, last = 0, None
+    for name, labels, value, stamp in samples(t0):
+        if name != last:
+            fh.write(f"# HELP {name} GPU-seconds ({name}).\n# TYPE {name} counter\n")
+            last = name
+        fh.write(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
+        count += 1
+    fh.write("# EOF\n")
+    return count
 
 
 def prometheus_text(t0: float):

@@ -45,11 +45,11 @@ def rfc3339(t: float) -> str:
 
 
 def load_prometheus(tmp: Path, t0: float) -> dict:
-    (tmp / "om").mkdir()
-    for path in history.write_openmetrics(t0, tmp / "om"):
-        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", path, str(tmp / "tsdb")],
-                       check=True, capture_output=True)
-    shutil.rmtree(tmp / "om")
+    with open(tmp / "history.om", "w") as fh:
+        history.write_openmetrics(t0, fh)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "history.om"),
+                    str(tmp / "tsdb")], check=True, capture_output=True)
+    (tmp / "history.om").unlink()
     proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
     rules = rules_at(tmp, "1m")
     # rules added at hour 30; Prometheus down from hour 40 to 41 (no rule runs either)
