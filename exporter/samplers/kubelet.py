@@ -313,15 +313,12 @@ class _WalkSpent(Exception):
     pass
 
 
-class ListReader:
-    """Builds what the samplers read of a ListPodResourcesResponse from its bytes, walked on the wire
-    (never parsed whole: one pod of 16 MiB of device IDs was 72 MB of protobuf): the first MAX_CONTAINERS
-    containers, of their NVIDIA device entries the first MAX_DEVICES IDs, of their claims the first
-    MAX_DEVICES devices, each listed field counted; at most `fields` fields walked."""
+class WireWalk:
+    """A kubelet answer's bytes walked on the wire, at most `fields` fields of any kind at every depth
+    together: past them, _WalkSpent."""
 
     def __init__(self, answer: bytes, fields: int):
         self.answer, self.fields = answer, fields
-        self.containers = self.device_ids = self.claim_devices = 0  # listed so far, as attribute counts them
 
     def walk(self, span):
         for number, inner in wire_fields(self.answer, *span):
@@ -332,6 +329,17 @@ class ListReader:
 
     def text(self, span) -> str:
         return self.answer[span[0]:span[1]].decode()
+
+
+class ListReader(WireWalk):
+    """Builds what the samplers read of a ListPodResourcesResponse from its bytes, walked on the wire
+    (never parsed whole: one pod of 16 MiB of device IDs was 72 MB of protobuf): the first MAX_CONTAINERS
+    containers, of their NVIDIA device entries the first MAX_DEVICES IDs, of their claims the first
+    MAX_DEVICES devices, each listed field counted; at most `fields` fields walked."""
+
+    def __init__(self, answer: bytes, fields: int):
+        super().__init__(answer, fields)
+        self.containers = self.device_ids = self.claim_devices = 0  # listed so far, as attribute counts them
 
     # Each item joins its parent before its fields are walked: a walk cut inside it keeps what it read.
     def pod(self, span, pod: Pod) -> None:
@@ -436,29 +444,26 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
     of any kind (the kubelet sends an entry of 3 fields per device and NUMA node), so an answer costs
     what `limit` devices cost, whatever its size."""
     ids: dict[str, None] = {}  # an ordered set: a device on two NUMA nodes is listed twice
-    fields = ALLOCATABLE_FIELDS_PER_DEVICE * limit
-    for number, span in wire_fields(answer, 0, len(answer)):
-        fields -= 1
-        if fields < 0:
-            return list(ids), True
-        if number != 1 or span is NO_SPAN:  # cpu_ids, memory: not read
-            continue
-        resource, listed = "", []
-        for inner, (a, b) in wire_fields(answer, *span):
-            fields -= 1
-            if fields < 0:
-                return list(ids), True
-            if inner == 1 and a is not None:  # resource_name: the last one counts, as in protobuf
-                resource = answer[a:b].decode()
-            elif inner == 2 and a is not None:  # device_ids
-                listed.append((a, b))
-        if not resource.startswith(RESOURCE_PREFIX):
-            continue
-        for a, b in listed:
-            device_id = answer[a:b].decode()
-            if device_id not in ids and len(ids) == limit:
-                return list(ids), True
-            ids[device_id] = None
+    reader = WireWalk(answer, ALLOCATABLE_FIELDS_PER_DEVICE * limit)
+    try:
+        for number, span in reader.walk((0, len(answer))):
+            if number != 1 or span is NO_SPAN:  # cpu_ids, memory: not read
+                continue
+            resource, listed = "", []
+            for inner, field in reader.walk(span):
+                if inner == 1 and field is not NO_SPAN:  # resource_name: the last one counts, as in protobuf
+                    resource = reader.text(field)
+                elif inner == 2 and field is not NO_SPAN:  # device_ids
+                    listed.append(field)
+            if not resource.startswith(RESOURCE_PREFIX):
+                continue
+            for field in listed:
+                device_id = reader.text(field)
+                if device_id not in ids and len(ids) == limit:
+                    return list(ids), True
+                ids[device_id] = None
+    except _WalkSpent:
+        return list(ids), True
     return list(ids), False
 
 
