@@ -218,6 +218,12 @@ class BacklogCupti(ReplayCupti):
         self.completed([SimpleNamespace(**r) for r in self.window["records"][self.delivered:]])
 
 
+def backlog_client(api: BacklogCupti, close_wait_s: float) -> tuple[Tracer, Client]:
+    """A client (pid 7) whose tracer over `api` waits 0.01 s for a flush and `close_wait_s` for the rest."""
+    tracer = Tracer(api, settle_s=0, close_wait_s=close_wait_s, flush_wait_s=0.01)
+    return tracer, Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+
+
 def answer_of(client: Client, number: int) -> dict:
     """The client's answer, on a thread of its own: a tracer that waits for CUPTI would hang the test."""
     answers = []
@@ -231,8 +237,7 @@ def answer_of(client: Client, number: int) -> dict:
 def test_the_answer_never_waits_for_a_flush_that_has_not_returned(capfd):
     w = window("spin66")
     api = BacklogCupti(w, delivered=40)
-    tracer = Tracer(api, settle_s=0, close_wait_s=60, flush_wait_s=0.01)
-    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    tracer, client = backlog_client(api, close_wait_s=60)
     try:
         first = answer_of(client, 1)
         ends = [r["end"] for r in w["records"][:40]]
@@ -260,8 +265,7 @@ def test_a_flush_that_delivers_nothing_in_time_is_answered_as_an_error(delivered
         lo = w["stamps"][0]
         w = {**w, "records": [{**r, "start": lo - 2_000_000, "end": lo} for r in w["records"][:3]] + w["records"]}
     api = BacklogCupti(w, delivered=0 if delivered == "nothing" else 3)
-    tracer = Tracer(api, settle_s=0, close_wait_s=60, flush_wait_s=0.01)
-    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    _, client = backlog_client(api, close_wait_s=60)
     try:
         answer = answer_of(client, 1)
     finally:
@@ -280,8 +284,7 @@ def test_a_cupti_call_that_does_not_return_is_answered_on_time(step):
         return held(*args)
     setattr(api, step, stuck)
     phase = {"register": "registration"}.get(step, step)
-    tracer = Tracer(api, settle_s=0, close_wait_s=0.01, flush_wait_s=0.01)
-    client = Client("/nonexistent", tracer_factory=lambda: tracer, pid=7, cuda_check=lambda: True)
+    _, client = backlog_client(api, close_wait_s=0.01)
     try:
         answer = answer_of(client, 1)
     finally:
