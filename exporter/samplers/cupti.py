@@ -116,7 +116,10 @@ def parse_report(line: bytes, peer_pid: int, window: int, asked_at: float, asked
             raise BadReport("a device without a GPU UUID")
         if entry["uuid"] not in gpus:
             raise BadReport(f"{entry['uuid']} is not a GPU of this host")
-        busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * SLACK)
+        # busy_s (the native tracer): kernels, device-side copies and work queued before the window, all on
+        # the SMs; an older client reports its kernels only
+        key = "busy_s" if "busy_s" in entry else "kernel_busy_s"
+        busy = _number(entry.get(key), key, 0.0, length * SLACK)
         out[entry["uuid"]] = DeviceReport(
             busy, _number(entry.get("sm_seconds"), "sm_seconds", 0.0, busy * SLACK + 1e-9),
             _number(entry.get("copy_busy_s"), "copy_busy_s", 0.0, length * SLACK),
