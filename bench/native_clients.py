@@ -156,7 +156,12 @@ def main(argv=None) -> int:
     p.add_argument("--truth", default=None)
     p.add_argument("--progress", default=None)
     p.add_argument("--profile-windows", default=None)
+    p.add_argument("--stacks-after", type=float, default=0, help="print every thread's stack and exit after S s")
     args = p.parse_args(argv)
+    if args.stacks_after:
+        import faulthandler
+
+        faulthandler.dump_traceback_later(args.stacks_after, exit=True)
     result = {"deepqueue": deepqueue, "d2d": d2d, "resnet": resnet}[args.kind](args)
     if args.truth:
         with open(args.truth, "w") as f:

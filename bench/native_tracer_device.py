@@ -197,7 +197,7 @@ def cxx(args, work):
     for name, (sms, on, off) in jobs.items():
         progress = work / f"{name}.txt"
         clients[name] = ([args.cxx, str(sms), str(KERNEL_MS), on, off, seconds, str(progress)],
-                         {"CUDA_INJECTION64_PATH": args.lib}, False,
+                         {"CUDA_INJECTION64_PATH": args.lib, "GPU_SPATIAL_TRACE_SOCKET": str(work / "cxx.sock")}, False,
                          lambda r, p=progress, s=sms: spin_truth(p, r["start"], r["end"], s))
     return phase_accuracy("cxx", clients, args, work)
 
@@ -216,22 +216,30 @@ def gpm_sampler(stop: threading.Event, out: list):
         out.append((time.time(), {"error": repr(exc)}))
 
 
-def resnet(args, work):
+def resnet(args, work, variant="default", env=None):
+    """The trainer traced (env: the tracer's switches, GPU_SPATIAL_TRACE_DETACH / _LATENCY), each CUPTI step
+    logged (GPU_SPATIAL_TRACE_DEBUG); a trainer that stops stepping is killed and its stacks kept."""
     from cupti_slowdown import rates
 
     seconds = WARM_S + args.windows * args.period + 3
-    progress = work / "resnet.txt"
-    sock = str(work / "resnet.sock")
+    progress = work / f"resnet_{variant}.txt"
+    sock = str(work / f"resnet_{variant}.sock")
     asker = Asker(sock, args.window, args.period)
     gpm, stop = [], threading.Event()
     sampler = threading.Thread(target=gpm_sampler, args=(stop, gpm), daemon=True)
     sampler.start()
     started = time.time()
-    proc = traced([sys.executable, "bench/native_clients.py", "resnet", "--seconds", str(seconds), "--progress",
-                   str(progress)], sock)
+    proc = traced([sys.executable, "-X", "faulthandler", "bench/native_clients.py", "resnet", "--seconds", str(seconds),
+                   "--progress", str(progress), "--stacks-after", str(seconds + 15)], sock,
+                  {"GPU_SPATIAL_TRACE_DEBUG": "1", **(env or {})})
     time.sleep(WARM_S)
     windows = asker.windows(args.windows, args.period, started)
-    _, err = proc.communicate(timeout=180)
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        err = "KILLED: the trainer did not finish\n" + err
     stop.set()
     asker.source.close()
     marks = [(r["start"], r["end"]) for reports in windows for r in reports if "error" not in r]
@@ -256,12 +264,16 @@ def resnet(args, work):
     k_in = rates(progress_k, lambda a, b: any(lo + 0.2 <= a and b <= hi for lo, hi in k_marks))
     k_out = rates(progress_k, lambda a, b: all(b <= lo - 0.2 or a >= hi + 0.5 for lo, hi in k_marks) and a > k_marks[0][0] - 4
                   if k_marks else False)
-    return {"phase": "resnet", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
+    if args.skip_kineto:
+        return {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
+                "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
+                "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]), "stderr": err[-3000:]}
+    return {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
             "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
             "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]),
             "kineto": {"steps_per_s_inside": mean(k_in), "steps_per_s_outside": mean(k_out),
                        "windows": kineto.get("profiler_windows")},
-            "stderr": err[-600:]}
+            "stderr": err[-3000:]}
 
 
 def main(argv=None) -> int:
@@ -273,13 +285,17 @@ def main(argv=None) -> int:
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--lib", required=True)
     p.add_argument("--cxx", default=None)
+    p.add_argument("--skip-kineto", action="store_true")
     args = p.parse_args(argv)
     out = Path(args.out)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
     results = []
     phases = {"spins": spins, "deepqueue": lambda a, w: events_phase("deepqueue", a, w),
-              "d2d": lambda a, w: events_phase("d2d", a, w), "cxx": cxx, "resnet": resnet}
+              "d2d": lambda a, w: events_phase("d2d", a, w), "cxx": cxx, "resnet": resnet,
+              # the tracer's switches, where the default stalls a trainer: which CUPTI step is the cause
+              "resnet_nodetach": lambda a, w: resnet(a, w, "nodetach", {"GPU_SPATIAL_TRACE_DETACH": "0"}),
+              "resnet_nolatency": lambda a, w: resnet(a, w, "nolatency", {"GPU_SPATIAL_TRACE_LATENCY": "0"})}
     for name in args.phases.split(","):
         try:
             results.append(phases[name](args, work))

@@ -294,3 +294,24 @@ def test_one_client_per_process_whoever_claims_first(lib):
     assert lib.gt_claim() == 1
     assert lib.gt_claim() == 0
     assert lib.InitializeInjection() == 1  # the injection defers to the claim already made
+
+
+US = 1_000
+
+
+@pytest.mark.parametrize("gap_ns, queued_at, stream, counted", [
+    (5 * US, LO + 5 * MS, 7, True),  # queued long before the first ended: the GPU turned to it
+    (100 * US, LO + 5 * MS, 7, True),  # the longest turn counted
+    (100 * US + 1, LO + 5 * MS, 7, False),  # longer: a wait on something else
+    (5 * US, LO + 10 * MS + 1, 7, False),  # queued after the first ended: the stream was idle
+    (5 * US, LO + 5 * MS, 8, False),  # another stream: no order between them
+])
+def test_a_gap_between_queued_kernels_of_one_stream_is_busy_time(lib, gap_ns, queued_at, stream, counted):
+    first = kernel(LO + 2 * MS, LO + 10 * MS, (33, 1, 1), (32, 1, 1), queued=LO + 2 * MS - US)
+    second = kernel(LO + 10 * MS + gap_ns, LO + 20 * MS, (33, 1, 1), (32, 1, 1), queued=queued_at, stream=stream)
+    [gpu], _ = window(lib, [second, first])
+    kernels = 8 * MS + 10 * MS - gap_ns
+    assert gpu["queue_gap_s"] == pytest.approx(gap_ns / 1e9 if counted else 0.0, abs=1e-12)
+    if stream == 7:  # (on stream 8 the second kernel is that stream's first, and it waited: a backlog)
+        assert gpu["sm_seconds"] == pytest.approx(kernels / 1e9 * 0.25, abs=1e-9)  # a gap holds no SMs
+        assert gpu["busy_s"] == pytest.approx((kernels + (gap_ns if counted else 0)) / 1e9, abs=1e-12)

@@ -25,6 +25,9 @@
  *    the whole window, when it had not started by the flush). Its SMs are taken as that kernel's;
  *  - sm_copy_busy: device-to-device copies and memsets: they run on the SMs (a copy kernel of the driver's),
  *    counted as holding every SM the process may use;
+ *  - queue gaps: between two kernels (or copies) of one stream, when the second was queued before the first
+ *    ended, the GPU was turning from one to the next of this process's work (a few us each; a burst of
+ *    small kernels has thousands): busy in time, as NVML and CUDA events count it, with no SMs held;
  *  - busy: the union of all of the above; sm_seconds: the integral of the SMs they hold (min 1 of the GPU);
  *  - copy_busy: host-device and peer copies, on the copy engines: no SMs.
  * A kernel's SMs come from its grid and resources (occupancy, as gpu_trace/occupancy.py), spread over the
@@ -89,6 +92,7 @@ static struct {
 #define BUFFER_BYTES (1u << 20)   /* one CUPTI activity buffer (~7,000 kernel records) */
 #define DEFAULT_MAX_RECORDS (1u << 20) /* per window: 24 MiB at most, freed when the window ends */
 #define QUEUE_WAIT_NS 20000       /* a launch waits a few us on an idle stream; longer is work ahead of it */
+#define QUEUE_GAP_MAX_NS 100000   /* a longer gap between queued work is a wait on something else (an event) */
 #define SETTLE_NS 100000000LL     /* after the disable: kernels running across the end complete */
 #define MAX_WINDOW_S 120.0
 
@@ -99,13 +103,14 @@ typedef struct {
   char uuid[48];
 } device_t;
 
-typedef struct {          /* one interval kept for the sweep: 24 bytes */
-  int64_t start, end;
+typedef struct {          /* one interval kept for the sweep: 40 bytes */
+  int64_t start, end, queued;  /* queued: 0 where CUPTI did not collect it */
   float sm;               /* share of the GPU's SMs it holds while it runs (0 for copy-engine copies) */
+  uint32_t stream;
   int16_t device;
   uint8_t kind;           /* REC_* */
 } record_t;
-enum { REC_KERNEL, REC_SM_COPY, REC_COPY, REC_BACKLOG };
+enum { REC_KERNEL, REC_SM_COPY, REC_COPY, REC_BACKLOG, REC_QUEUE_GAP };
 
 typedef struct {          /* per stream: its first kernel launched inside the window */
   uint32_t stream;
@@ -131,6 +136,17 @@ static struct {
 } W = {.lock = PTHREAD_MUTEX_INITIALIZER, .max_records = DEFAULT_MAX_RECORDS};
 
 static char last_error[512];
+
+/* GPU_SPATIAL_TRACE_DEBUG=1: each CUPTI step of a window on stderr, with the time it took. */
+static int debug_on(void) {
+  const char *v = getenv("GPU_SPATIAL_TRACE_DEBUG");
+  return v && *v == '1';
+}
+
+static int switched_off(const char *name) {  /* GPU_SPATIAL_TRACE_DETACH=0, ..._LATENCY=0 */
+  const char *v = getenv(name);
+  return v && *v == '0';
+}
 
 static void set_error(const char *fmt, ...) {
   va_list ap;
@@ -200,7 +216,8 @@ static const device_t *device_of(uint32_t id) {
   return id < (uint32_t)W.device_count ? &W.devices[id] : NULL;
 }
 
-static int keep(int64_t start, int64_t end, float sm, uint32_t device, uint8_t kind) {
+static int keep(int64_t start, int64_t end, float sm, uint32_t device, uint8_t kind, uint32_t stream,
+                int64_t queued) {
   if (W.count >= W.max_records) {
     W.refused++;
     W.full = 1;
@@ -218,7 +235,7 @@ static int keep(int64_t start, int64_t end, float sm, uint32_t device, uint8_t k
     W.records = r;
     W.capacity = grown;
   }
-  W.records[W.count++] = (record_t){start, end, sm, (int16_t)device, kind};
+  W.records[W.count++] = (record_t){start, end, queued, sm, stream, (int16_t)device, kind};
   return 1;
 }
 
@@ -255,14 +272,15 @@ static void take(const uint8_t *r, size_t size) {
      * backlog holds, its own interval is not known */
     if (queued > 0) note_stream(FIELD(uint32_t, r, K_STREAM), FIELD(uint32_t, r, K_DEVICE), queued, start, sm);
     if (start <= 0 || end <= 0) { W.incomplete++; return; }
-    keep(start, end, sm, FIELD(uint32_t, r, K_DEVICE), REC_KERNEL);
+    keep(start, end, sm, FIELD(uint32_t, r, K_DEVICE), REC_KERNEL, FIELD(uint32_t, r, K_STREAM), queued);
   } else if ((kind == KIND_MEMCPY || kind == KIND_MEMSET) && size >= C_MIN_SIZE) {
     const device_t *d = device_of(FIELD(uint32_t, r, C_DEVICE));
     if (!d) return;
     int64_t start = (int64_t)FIELD(uint64_t, r, C_START), end = (int64_t)FIELD(uint64_t, r, C_END);
     if (start <= 0 || end < start) { W.incomplete++; return; }
     int on_sms = kind == KIND_MEMSET || FIELD(uint8_t, r, C_COPY_KIND) == COPY_DTOD;
-    keep(start, end, on_sms ? whole_share(d) : 0.0f, FIELD(uint32_t, r, C_DEVICE), on_sms ? REC_SM_COPY : REC_COPY);
+    keep(start, end, on_sms ? whole_share(d) : 0.0f, FIELD(uint32_t, r, C_DEVICE), on_sms ? REC_SM_COPY : REC_COPY,
+         FIELD(uint32_t, r, C_STREAM), 0);
   }
 }
 
@@ -318,8 +336,45 @@ static void add_backlog(int64_t lo, int64_t hi) {
     stream_first_t *s = &W.streams[i];
     if (!s->used) continue;
     int64_t until = s->start > 0 ? s->start : hi;  /* not started by the flush: waited all window */
-    if (until - s->queued > QUEUE_WAIT_NS && until > lo) keep(lo, until < hi ? until : hi, s->sm, s->device, REC_BACKLOG);
+    if (until - s->queued > QUEUE_WAIT_NS && until > lo)
+      keep(lo, until < hi ? until : hi, s->sm, s->device, REC_BACKLOG, s->stream, 0);
   }
+}
+
+static int stream_order(const void *a, const void *b) {
+  const record_t *x = *(record_t *const *)a, *y = *(record_t *const *)b;
+  if (x->device != y->device) return x->device - y->device;
+  if (x->stream != y->stream) return x->stream < y->stream ? -1 : 1;
+  return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* Queue gaps: consecutive SM work of one stream, the second queued before the first ended. */
+static int add_queue_gaps(void) {
+  size_t n = 0, total = W.count;
+  record_t **order = malloc((total ? total : 1) * sizeof *order);
+  if (!order) { set_error("no memory for the queue gaps of %zu records", total); return -1; }
+  for (size_t i = 0; i < total; i++)
+    if (W.records[i].kind == REC_KERNEL || W.records[i].kind == REC_SM_COPY) order[n++] = &W.records[i];
+  qsort(order, n, sizeof *order, stream_order);
+  int64_t *gaps = malloc((n ? n : 1) * 2 * sizeof *gaps);  /* kept apart: keep() may move the records */
+  size_t g = 0;
+  int16_t *devices = malloc((n ? n : 1) * sizeof *devices);
+  uint32_t *streams = malloc((n ? n : 1) * sizeof *streams);
+  if (!gaps || !devices || !streams) { free(order); free(gaps); free(devices); free(streams); return -1; }
+  for (size_t i = 1; i < n; i++) {
+    const record_t *a = order[i - 1], *b = order[i];
+    if (a->device != b->device || a->stream != b->stream || b->queued <= 0) continue;
+    if (b->queued <= a->end && b->start > a->end && b->start - a->end <= QUEUE_GAP_MAX_NS) {
+      gaps[2 * g] = a->end;
+      gaps[2 * g + 1] = b->start;
+      devices[g] = a->device;
+      streams[g++] = a->stream;
+    }
+  }
+  free(order);
+  for (size_t i = 0; i < g; i++) keep(gaps[2 * i], gaps[2 * i + 1], 0.0f, devices[i], REC_QUEUE_GAP, streams[i], 0);
+  free(gaps); free(devices); free(streams);
+  return 0;
 }
 
 /* ---- the sweep -------------------------------------------------------------------------------------- */
@@ -371,7 +426,9 @@ static int summarise(int64_t lo, int64_t hi, char *out, size_t cap, size_t *used
     sweep(edges, d, BIT(REC_KERNEL), lo, hi, &kernel_busy, &kernel_sm);
     sweep(edges, d, BIT(REC_SM_COPY), lo, hi, &copy_sm_busy, &unused);
     sweep(edges, d, BIT(REC_BACKLOG), lo, hi, &backlog_busy, &unused);
-    sweep(edges, d, BIT(REC_KERNEL) | BIT(REC_SM_COPY) | BIT(REC_BACKLOG), lo, hi, &busy, &sm);
+    double gap_busy;
+    sweep(edges, d, BIT(REC_QUEUE_GAP), lo, hi, &gap_busy, &unused);
+    sweep(edges, d, BIT(REC_KERNEL) | BIT(REC_SM_COPY) | BIT(REC_BACKLOG) | BIT(REC_QUEUE_GAP), lo, hi, &busy, &sm);
     sweep(edges, d, BIT(REC_COPY), lo, hi, &copy_busy, &unused);
     size_t kernels = 0;
     for (size_t i = 0; i < W.count; i++) {
@@ -381,9 +438,10 @@ static int summarise(int64_t lo, int64_t hi, char *out, size_t cap, size_t *used
     const device_t *dv = &W.devices[d];
     written = snprintf(out + at, cap - at,
         "%s{\"uuid\":\"%s\",\"kernels\":%zu,\"kernel_busy_s\":%.9f,\"backlog_busy_s\":%.9f,"
-        "\"sm_copy_busy_s\":%.9f,\"busy_s\":%.9f,\"sm_seconds\":%.9f,\"copy_busy_s\":%.9f,"
+        "\"sm_copy_busy_s\":%.9f,\"queue_gap_s\":%.9f,\"busy_s\":%.9f,\"sm_seconds\":%.9f,\"copy_busy_s\":%.9f,"
         "\"sms\":%d,\"gpu_sms\":%d}",
-        d ? "," : "", dv->uuid, kernels, kernel_busy / 1e9, backlog_busy / 1e9, copy_sm_busy / 1e9, busy / 1e9,
+        d ? "," : "", dv->uuid, kernels, kernel_busy / 1e9, backlog_busy / 1e9, copy_sm_busy / 1e9, gap_busy / 1e9,
+        busy / 1e9,
         sm / 1e9, copy_busy / 1e9, dv->sm_count, dv->gpu_sm_count);
     at += written > 0 ? (size_t)written : 0;
   }
@@ -426,6 +484,7 @@ GT_EXPORT size_t gt_test_feed(const uint8_t *buffer, size_t valid, size_t record
 GT_EXPORT int gt_test_summary(int64_t lo, int64_t hi, char *out, size_t cap) {
   window_close();
   add_backlog(lo, hi);
+  if (add_queue_gaps() != 0) return -1;
   size_t used;
   return summarise(lo, hi, out, cap, &used);
 }
@@ -572,6 +631,7 @@ static void sleep_ns(int64_t ns) {
  * Python hook calls this at start-up, the injection at cuInit. Without them the backlog rule is idle. */
 GT_EXPORT int gt_prepare(void) {
   if (load_cupti(NULL) != 0) return -1;
+  if (switched_off("GPU_SPATIAL_TRACE_LATENCY")) return 0;
   return cupti.latency_timestamps ? check(cupti.latency_timestamps(1), "cuptiActivityEnableLatencyTimestamps") : -1;
 }
 
@@ -592,7 +652,12 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
   if (!registered && check(cupti.register_callbacks(buffer_requested, buffer_completed),
                            "cuptiActivityRegisterCallbacks") != 0) return -1;
   registered = 1;
-  if (cupti.latency_timestamps) cupti.latency_timestamps(1);  /* queued and submitted: the backlog rule */
+  if (cupti.latency_timestamps && !switched_off("GPU_SPATIAL_TRACE_LATENCY"))
+    cupti.latency_timestamps(1);  /* queued and submitted: the backlog rule */
+  int debug = debug_on();
+  double step_at = wall_now();
+#define STEP(name) do { if (debug) { double t_ = wall_now(); fprintf(stderr, "gpu_trace[%d]: %s %.4f s\n", \
+    (int)getpid(), name, t_ - step_at); step_at = t_; } } while (0)
   uint64_t lo = 0, hi = 0;
   W.max_records = DEFAULT_MAX_RECORDS;
   double host_start = wall_now();
@@ -602,19 +667,25 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
   size_t enabled = 0;
   for (; enabled < sizeof KINDS / sizeof *KINDS && rc == 0; enabled++)
     rc = check(cupti.enable(KINDS[enabled]), "cuptiActivityEnable");
+  STEP("enable");
   for (int64_t left = (int64_t)(seconds * 1e9); rc == 0 && left > 0 && !(stop && *stop) && !W.full;) {
     int64_t step = left < 20000000LL ? left : 20000000LL;  /* a stop or a full store is seen within 20 ms */
     sleep_ns(step);
     left -= step;
   }
+  STEP("window");
   for (size_t k = 0; k < enabled; k++) cupti.disable(KINDS[k]);
   cupti.timestamp(&hi);
+  STEP("disable");
   if (rc == 0) {
     sleep_ns(SETTLE_NS);
     rc = check(cupti.flush_all(1), "cuptiActivityFlushAll");  /* forced: buffers not yet full too */
+    STEP("flush");
   }
   window_close();
-  if (cupti.finalize && cupti.finalize() == 0) registered = 0;  /* the next window registers again */
+  if (!switched_off("GPU_SPATIAL_TRACE_DETACH") && cupti.finalize && cupti.finalize() == 0)
+    registered = 0;  /* the next window registers again */
+  STEP("detach");
   if (rc != 0) { window_free(); return -1; }
   pthread_mutex_lock(&W.lock);
   int64_t end = (int64_t)hi;
@@ -624,10 +695,11 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
     if (last < end) end = last;
   }
   add_backlog((int64_t)lo, end);
+  if (add_queue_gaps() != 0) rc = -1;
   int at = snprintf(out, cap, "{\"start\":%.6f,\"end\":%.6f,\"devices\":", host_start,
                     host_start + (double)(end - (int64_t)lo) / 1e9);
   size_t used = 0;
-  rc = at > 0 && (size_t)at < cap ? summarise((int64_t)lo, end, out + at, cap - (size_t)at, &used) : -1;
+  rc = rc == 0 && at > 0 && (size_t)at < cap ? summarise((int64_t)lo, end, out + at, cap - (size_t)at, &used) : -1;
   if (rc == 0) {
     size_t bytes = W.capacity * sizeof(record_t);
     int more = snprintf(out + at + used, cap - at - used,
