@@ -291,15 +291,18 @@ static void buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records
   *max_records = 0;
 }
 
+/* W.lock is never held across a CUPTI call: CUPTI may call this on one thread while another, inside a CUPTI
+ * call (a forced flush), waits for CUPTI's own lock; holding ours across next_record stalled a trainer's
+ * second window on the device (bench/RESULTS.md). */
 static void buffer_completed(void *ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
   (void)ctx; (void)stream; (void)size;
-  pthread_mutex_lock(&W.lock);
   void *record = NULL;
   while (cupti.next_record(buffer, valid, &record) == 0) {
-    if (!W.taking) { W.late++; continue; }
-    take(record, (size_t)(buffer + valid - (uint8_t *)record));
+    pthread_mutex_lock(&W.lock);
+    if (W.taking) take(record, (size_t)(buffer + valid - (uint8_t *)record));
+    else W.late++;
+    pthread_mutex_unlock(&W.lock);
   }
-  pthread_mutex_unlock(&W.lock);
   free(buffer);
 }
 
