@@ -295,7 +295,7 @@ def main(argv=None) -> int:
               "d2d": lambda a, w: events_phase("d2d", a, w), "cxx": cxx, "resnet": resnet,
               # the tracer's switches, where the default stalls a trainer: which CUPTI step is the cause
               "resnet_nodetach": lambda a, w: resnet(a, w, "nodetach", {"GPU_SPATIAL_TRACE_DETACH": "0"}),
-              "resnet_nolatency": lambda a, w: resnet(a, w, "nolatency", {"GPU_SPATIAL_TRACE_LATENCY": "0"})}
+              "resnet_queued": lambda a, w: resnet(a, w, "queued", {"GPU_SPATIAL_TRACE_QUEUED": "1"})}
     for name in args.phases.split(","):
         try:
             results.append(phases[name](args, work))

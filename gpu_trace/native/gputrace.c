@@ -143,9 +143,14 @@ static int debug_on(void) {
   return v && *v == '1';
 }
 
-static int switched_off(const char *name) {  /* GPU_SPATIAL_TRACE_DETACH=0, ..._LATENCY=0 */
+static int switched_off(const char *name) {  /* GPU_SPATIAL_TRACE_DETACH=0 */
   const char *v = getenv(name);
   return v && *v == '0';
+}
+
+static int switched_on(const char *name) {  /* GPU_SPATIAL_TRACE_QUEUED=1 */
+  const char *v = getenv(name);
+  return v && *v == '1';
 }
 
 static void set_error(const char *fmt, ...) {
@@ -630,11 +635,15 @@ static void sleep_ns(int64_t ns) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
-/* CUPTI collects kernels' queued and submitted timestamps only when asked before CUDA initialises: the
- * Python hook calls this at start-up, the injection at cuInit. Without them the backlog rule is idle. */
+/* CUPTI collects kernels' queued and submitted timestamps only when asked before CUDA initialises, once
+ * (never again in the session): the Python hook calls this at start-up, the injection at cuInit. Opt-in
+ * (GPU_SPATIAL_TRACE_QUEUED=1): with them asked for again at every window, a trainer launching from two
+ * threads stalled in the second window's forced flush on the device (bench/RESULTS.md). Without them the
+ * backlog and queue-gap rules are idle: work queued before a window and the turns between queued kernels
+ * are not counted. */
 GT_EXPORT int gt_prepare(void) {
+  if (!switched_on("GPU_SPATIAL_TRACE_QUEUED")) return 0;
   if (load_cupti(NULL) != 0) return -1;
-  if (switched_off("GPU_SPATIAL_TRACE_LATENCY")) return 0;
   return cupti.latency_timestamps ? check(cupti.latency_timestamps(1), "cuptiActivityEnableLatencyTimestamps") : -1;
 }
 
@@ -655,8 +664,6 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
   if (!registered && check(cupti.register_callbacks(buffer_requested, buffer_completed),
                            "cuptiActivityRegisterCallbacks") != 0) return -1;
   registered = 1;
-  if (cupti.latency_timestamps && !switched_off("GPU_SPATIAL_TRACE_LATENCY"))
-    cupti.latency_timestamps(1);  /* queued and submitted: the backlog rule */
   int debug = debug_on();
   double step_at = wall_now();
 #define STEP(name) do { if (debug) { double t_ = wall_now(); fprintf(stderr, "gpu_trace[%d]: %s %.4f s\n", \
