@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
+from exporter import holders
 from exporter.vocabulary import (HELD_SHARE_BASES, PUBLISHED_STATES, SM_ACTIVE_BASES, TIME_SHARE_BASES,
                                  WORKLOAD_SOURCE_STATES)
 
@@ -217,15 +218,21 @@ class Slurm(BaseModel):
     process_jobs: dict[str, str] = Field(description="host pid -> its Slurm job (cgroup)")
 
 
-class HolderRef(BaseModel):
-    """A holder (exporter.holders.Holder); the labels that do not apply are empty."""
+# Every holder label the registered kinds declare (exporter/holders.py KINDS), as "" where it does not apply.
+HOLDER_LABELS = holders.labels()
+_HOLDER_FIELDS = {label: (str, Field("", description=what)) for label, what in holders.label_meanings().items()}
+HolderRef = create_model("HolderRef", __doc__="A holder (exporter.holders.Holder); the labels that do not apply "
+                         "are empty.", **_HOLDER_FIELDS)
 
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-    claim: str = ""
-    user: str = ""
+
+class GpuRef(BaseModel):
+    gpu: int
+    uuid: str
+    model: str
+
+
+# A GPU and one of its holders: their labels first, as a workload's series carry them.
+GpuHolderRef = create_model("GpuHolderRef", __base__=GpuRef, **_HOLDER_FIELDS)
 
 
 class HeldShare(HolderRef):
@@ -281,19 +288,10 @@ class WorkloadGpuSeconds(BaseModel):
         "busy_unsplit, time_idle; docs/ledger.md). Never add held (the allocation view) to these"))
 
 
-class Workload(BaseModel):
+class Workload(GpuHolderRef):
     """One holder (a Kubernetes container, with its DRA claim where it holds the GPU through one, a Slurm
-    job or a Unix user) of one GPU: docs/metrics.md, Workloads."""
+    job, a Unix user, or any registered kind's) of one GPU: docs/metrics.md, Workloads."""
 
-    gpu: int
-    uuid: str
-    model: str
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-    claim: str = Field("", description="the DRA ResourceClaim the container holds the GPU through")
-    user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
     held_share_basis: Literal[HELD_SHARE_BASES] = Field(

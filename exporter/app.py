@@ -8,6 +8,7 @@ it: FastAPI and pydantic cost 19 MB of resident memory (bench/RESULTS.md), which
 scraped and probed never pays; `--no-api` switches the API off altogether."""
 import asyncio
 import dataclasses
+import importlib
 import json
 import logging
 import time
@@ -169,6 +170,10 @@ def api(engine, upload=None):
     from fastapi.security import HTTPBearer
 
     from exporter import api_models as models
+    from exporter.holders import labels
+
+    if models.HOLDER_LABELS != labels():  # a kind registered after the models were built: its labels too
+        models = importlib.reload(models)
 
     upload_errors = {
         400: {"model": models.Error, "description": "not a usable export (one line why)"},

@@ -4,7 +4,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
-from exporter.holders import join_gpu
+from exporter.holders import join_gpu, owner_labels
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import SPATIAL_FIELDS
 from exporter.vocabulary import PUBLISHED_STATES
@@ -47,10 +47,6 @@ PROCESS_KINDS = ("mps", "time_sliced")  # an MPS server is infrastructure, not a
 OTHER = "other"
 
 
-OWNER_LABELS = ["namespace", "pod", "container", "hpc_job", "user"]  # the process series' owner (Holder.owner())
-NO_OWNER = ("",) * len(OWNER_LABELS)
-
-
 def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[list[str], float, float]]:
     """Per-process utilization summed per owner (container, Slurm job or user: `owners`, the snapshot's
     one owners map) and command: a label set lives as long as its owner, not the pid. An owner that
@@ -58,12 +54,13 @@ def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[li
     `limit` largest by SM time stay; the rest are summed into command="other" so a node running
     thousands of short processes keeps a bounded series count."""
     groups: dict[tuple, list[float]] = {}
+    names = owner_labels()
+    no_owner = ("",) * len(names)
     for proc in processes:
         owner = owners.get(proc.pid)
         if holding is not None and owner not in holding:
             owner = None
-        key = (*((owner.namespace, owner.pod, owner.container, owner.hpc_job, owner.user) if owner else NO_OWNER),
-               proc.command)
+        key = (*(owner.values_of(names) if owner else no_owner), proc.command)
         sums = groups.setdefault(key, [0.0, 0.0])
         sums[0] += proc.sm
         sums[1] += proc.memory
@@ -71,7 +68,7 @@ def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[li
     kept, rest = ranked[:limit], ranked[limit:]
     out = [(list(key), round(min(sm, 1.0), 6), round(min(mem, 1.0), 6)) for key, (sm, mem) in kept]
     if rest:
-        out.append(([*NO_OWNER, OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
+        out.append(([*no_owner, OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
                     round(min(sum(v[1] for _, v in rest), 1.0), 6)))
     return out
 
@@ -188,7 +185,7 @@ class GpuCollector:
     def _families(self) -> dict:
         """Every family collect() yields, empty, in the order it yields them."""
         mode, _ = self._engine.process_series
-        process_labels = ["pid", "command"] if mode == "pid" else [*OWNER_LABELS, "command"]
+        process_labels = ["pid", "command"] if mode == "pid" else [*owner_labels(), "command"]
         f = {
             "time_util": _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML "
                                 "utilization.gpu, or GPM GRAPHICS_UTIL over the same tick where GPM serves the GPU)."),
