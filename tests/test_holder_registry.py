@@ -65,6 +65,12 @@ def test_holders_sort_by_the_registered_label_order():
         Holder(user="u"), Holder(hpc_job="j"), Holder("a", "z"), Holder("b", "a")]
 
 
+def test_a_label_two_kinds_declare_keeps_the_first_kinds_meaning(monkeypatch):
+    monkeypatch.setattr(holders, "KINDS", {**holders.KINDS, "lsf": "tests.dummy_holder"})  # an hpc_job too
+    assert holders.labels().count("hpc_job") == 1
+    assert holders.label_meanings()["hpc_job"] == "the batch job (Slurm job ID) holding the GPU"
+
+
 def test_a_claim_is_not_its_processes_owner():
     held = Holder("ml", "train", "c", claim="gpu-0")
     assert held.owner() == Holder("ml", "train", "c") and held.owner().claim == ""
