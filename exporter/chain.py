@@ -20,8 +20,6 @@ from exporter.snapshot import (
     SourceStatus,
 )
 
-DEFAULT_ORDER = ("dcgm", "gpm", "nsys")
-
 
 def choose_source(order, results: dict[str, SourceResult | None], disabled_reasons: dict[str, str | SourceResult]):
     """The first source in `order` with a reading is active; the rest say why they are not.
