@@ -39,7 +39,7 @@ from exporter.nsys_exports import CaptureError, NsysRunner, last_line, read_expo
 from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState
 from exporter.sources import profiled_by
 from exporter.snapshot import CollectorHealth, LogOnce
-from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
+from exporter.vocabulary import ACTIVE, CTXSW, ERROR, MPS_CLIENT, MPS_SERVER, STANDBY, UNSUPPORTED
 
 if TYPE_CHECKING:  # loaded where a window is attributed: every exporter imports this module for its flags
     from nsys_ingest.attribution import Attribution
@@ -240,7 +240,7 @@ class CtxswSampler(LatestWindows):
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)
         if tel is not None and tel.mig_enabled:
             return MIG
-        if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
+        if tel is not None and any(p.kind in (MPS_CLIENT, MPS_SERVER) for p in tel.compute_processes or ()):
             return MPS
         profiler = profiled_by(self._others, uuid)
         if profiler is not None:
