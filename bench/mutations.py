@@ -1,16 +1,22 @@
-"""Hand mutations, reproducible: each mutant is one text substitution in one file and the tests that
-should catch it. The file is changed, the tests run, the file restored (always, also on Ctrl-C); a
-mutant is caught when the tests fail. Results: bench/RESULTS.md, "Mutation review".
+"""Mutations, reproducible: each hand mutant is one substitution in one file and the tests that should catch
+it; generated mutants are every operator of a named function. The file is changed, the tests run, the file
+restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Results: bench/RESULTS.md,
+"Mutation review".
 
     python3 bench/mutations.py [--only ID ...] [--module PATH ...] [--out results.json] [--list] [--check]
     python3 bench/mutations.py --module exporter/holders.py --without tests/test_edge_guards.py  # "before"
     python3 bench/mutations.py --rerun results.json   # only the mutants that survived that run
+    python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
-Run from the repository root, on a clean tree (it refuses a mutant whose text is not found exactly
-once, so a mutant that no longer applies says so instead of passing as "survived"). The tests of a
-mutant are pytest arguments (files, node ids, `-k` expressions): targeted, never the whole suite.
-`--without FILE` drops a test file from every mutant (the survival rate before the tests it holds);
-the summary gives the rate per module.
+Run from the repository root, on a clean tree. A hand mutant survives refactors (tests/mutants.py): its
+`old` is matched as written, else by its tokens (whitespace, line breaks, comments, quotes and trailing commas
+do not count), inside its `function` when it names one, wherever that function now stands in the file or in
+its package; a test named in a file it left is followed to the file that holds it. A mutant that does not
+match exactly once is refused ("not applicable"), never counted as survived. `--function PATH:NAME` needs no
+table: each comparison of the function flipped, each constant off by one, each min/max clamp, `not` dropped
+and each and/or swapped, all to be caught by `--tests`. The tests of a mutant are pytest arguments (files,
+node ids, `-k` expressions): targeted, never the whole suite. `--without FILE` drops a test file from every
+mutant (the survival rate before the tests it holds); the summary gives the rate per module.
 """
 from __future__ import annotations
 
@@ -21,22 +27,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests  # noqa: E402
+
 TIMEOUT_S = 600
-
-
-@dataclass(frozen=True)
-class Mutant:
-    id: str
-    path: str
-    old: str
-    new: str
-    tests: tuple[str, ...]
-    why: str  # the rule the mutant breaks
-    listed: bool = False  # one of the issue's surviving mutants (issue 27, "Tests that guard")
 
 
 GUARDS = "tests/test_guards.py"
@@ -422,8 +420,8 @@ KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "te
 ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
 
 
-def _m(id, path, old, new, tests, why, listed=False):
-    return Mutant(id, path, old, new, tuple(tests), why, listed)
+def _m(id, path, old, new, tests, why, listed=False, function=None):
+    return Mutant(id, path, old, new, tuple(tests), why, listed, function)
 
 
 ROUND_39 = (
@@ -988,22 +986,26 @@ def tests_without(tests: tuple[str, ...], without: set[str]) -> list[str]:
     return kept if any(_is_test_path(t) for t in kept) else []
 
 
-def applies(mutant: Mutant) -> int:
-    return (ROOT / mutant.path).read_text().count(mutant.old)
+def applies(mutant: Mutant) -> str | None:
+    """None when the mutant applies exactly once, else why not."""
+    try:
+        locate(mutant)
+    except NotApplicable as exc:
+        return str(exc)
+    return None
 
 
 def run_mutant(mutant: Mutant, without: set[str] = frozenset()) -> dict:
-    path = ROOT / mutant.path
-    original = path.read_text()
-    found = original.count(mutant.old)
-    if found != 1:
-        return {**asdict(mutant), "result": "not applicable", "detail": f"text found {found} times"}
-    tests = tests_without(mutant.tests, without)
+    try:
+        where = locate(mutant)[0]
+    except NotApplicable as exc:
+        return {**asdict(mutant), "result": "not applicable", "detail": str(exc)}
+    tests = resolve_tests(tuple(tests_without(mutant.tests, without)))
     if not tests:
         return {**asdict(mutant), "result": "survived", "detail": "no test left to run", "seconds": 0.0}
     started = time.monotonic()
+    target, original = apply(mutant)
     try:
-        path.write_text(original.replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
@@ -1014,8 +1016,9 @@ def run_mutant(mutant: Mutant, without: set[str] = frozenset()) -> dict:
         except subprocess.TimeoutExpired:
             result, tail = "caught (timeout)", f"tests ran past {TIMEOUT_S} s"
     finally:
-        path.write_text(original)
-    return {**asdict(mutant), "result": result, "detail": tail, "seconds": round(time.monotonic() - started, 1)}
+        target.write_text(original)
+    moved = {"applied_in": where} if where != mutant.path else {}
+    return {**asdict(mutant), **moved, "result": result, "detail": tail, "seconds": round(time.monotonic() - started, 1)}
 
 
 def per_module(results: list[dict]) -> dict[str, dict]:
@@ -1046,21 +1049,36 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--check", action="store_true", help="say which mutants no longer apply, and exit")
+    parser.add_argument("--function", nargs="+", metavar="PATH:NAME",
+                        help="instead of the table: every operator mutant of these functions (tests/mutants.py: "
+                             "comparisons flipped, constants off by one, clamps and `not` dropped, and/or swapped)")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="ARG",
+                        help="with --function: the pytest arguments that must catch them (one -k expression as "
+                             "'-k=EXPR')")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTANTS if (not args.only or m.id in args.only) and (not args.module or m.path in args.module)]
+    table = MUTANTS
+    if args.function:
+        if not any(t.startswith("tests/") for t in args.tests):
+            parser.error("--function needs --tests naming test files (never the whole suite)")
+        tests = tuple(x for t in args.tests for x in (("-k", t[3:]) if t.startswith("-k=") else (t,)))
+        try:
+            table = tuple(m for spec in args.function for m in operator_mutants(*spec.split(":", 1), tests))
+        except (NotApplicable, TypeError) as exc:
+            parser.error(f"--function: {exc}")
+    chosen = [m for m in table if (not args.only or m.id in args.only) and (not args.module or m.path in args.module)]
     if args.rerun:
         survived = {r["id"] for r in json.loads(Path(args.rerun).read_text()) if r["result"] == "survived"}
         chosen = [m for m in chosen if m.id in survived]
-    if len({m.id for m in MUTANTS}) != len(MUTANTS):
+    if len({m.id for m in table}) != len(table):
         raise SystemExit("two mutants share an id")
     if args.list:
         for m in chosen:
             print(f"{m.id:42} {m.path:36} {m.why}")
         return 0
     if args.check:
-        stale = [(m, n) for m in chosen if (n := applies(m)) != 1]
-        for m, n in stale:
-            print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
+        stale = [(m, why) for m in chosen if (why := applies(m)) is not None]
+        for m, why in stale:
+            print(f"not applicable: {m.id} ({m.path}: {why})")
         print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
         return 1 if stale else 0
     # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run
