@@ -1031,7 +1031,31 @@ KUBELIST = (
        "problems.insert(len(problems), f\"the kubelet's List answer", LIST_WALK,
        "the cut comes before the counts it qualifies"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
+# Issue 42 item 1: a lost GPU is that GPU's problem (tests/test_nvml_lost.py; the alert's boundaries: promtool).
+LOST = ("tests/test_nvml_lost.py",)
+LOST_GPU = (
+    _m("lost-at-listing-fails-all", "exporter/samplers/nvml.py", "            except NvmlError as exc:\n"
+       "                unreachable[index] = exc\n", "            except KeyError as exc:\n"
+       "                unreachable[index] = exc\n", LOST, "one GPU that cannot be asked leaves the others listed"),
+    _m("lost-address-guessed", "exporter/nvml.py", "        if len(unclaimed) == len(silent):",
+       "        if len(unclaimed) >= len(silent):", LOST, "no address is guessed where the lists do not add up"),
+    _m("lost-address-not-pci-order", "exporter/nvml.py", "unclaimed = sorted(set(", "unclaimed = sorted(reverse=True, "
+       "iterable=set(", LOST, "the silent GPUs take the unclaimed addresses in PCI order"),
+    _m("lost-retry-boundary", "exporter/samplers/nvml.py", "self._lost[gpu.index] < LOST_RETRY_S:",
+       "self._lost[gpu.index] <= LOST_RETRY_S:", LOST, "asked again exactly LOST_RETRY_S after"),
+    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer[\"uuid\"] != gpu.uuid:\n            return True\n",
+       "", LOST, "another GPU answering at a lost one's index is not that GPU back"),
+    _m("lost-placeholder-read-under-its-name", "exporter/samplers/nvml.py", "        return is_unnamed(gpu)\n",
+       "        return False\n", LOST, "the tick that names a placeholder does not read it under the placeholder"),
+    _m("lost-placeholder-telemetry-kept", "exporter/samplers/nvml.py", "        telemetry = {}\n        for gpu in self.gpus:",
+       "        telemetry = dict(self.telemetry)\n        for gpu in self.gpus:", LOST, "a renamed GPU's placeholder goes"),
+    _m("lost-gauge-inverted", "exporter/collectors/gpu.py", "1.0 if tel.lost else 0.0", "0.0 if tel.lost else 1.0", LOST,
+       "gpu_lost is 1 while lost"),
+    _m("lost-healthz-silent", "exporter/app.py", "    if lost:\n        # 200", "    if False:\n        # 200", LOST,
+       "/healthz names the lost GPU"),
+)
+MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
+           + LOST_GPU)
 
 
 def _is_test_path(arg: str) -> bool:
