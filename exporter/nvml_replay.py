@@ -25,7 +25,7 @@ from hostio.files import read_text_capped
 
 # Methods answered once (identity does not change); the others are per-tick streams.
 STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices", "driver_version", "max_clocks",
-                  "xid_open")
+                  "xid_open", "pci_bus_ids")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",
