@@ -4,6 +4,7 @@ Exit codes: 0 after SIGTERM/SIGINT (one log line, no traceback), 2 for bad input
 in use), one line on stderr."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -61,6 +62,40 @@ def build_engine(args):
     return engine, upload
 
 
+class HeldLogs(logging.Handler):
+    """Keeps the records logged while starting; deliver() logs them through the handlers they were meant for."""
+
+    def __init__(self, handlers: list[logging.Handler]):
+        super().__init__()
+        self.handlers, self.records = handlers, []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def deliver(self) -> None:
+        for record in self.records:
+            for handler in self.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+        self.records = []
+
+
+@contextlib.contextmanager
+def held_logs():
+    """The root logger's records held until deliver(); those not delivered by the end (a port in use) are
+    dropped, those of bad input (SystemExit) logged before its line."""
+    root = logging.getLogger()
+    held = HeldLogs(root.handlers[:])
+    root.handlers[:] = [held]
+    try:
+        yield held
+    except SystemExit:
+        held.deliver()
+        raise
+    finally:
+        root.handlers[:] = held.handlers
+
+
 class Stopped(Exception):
     """SIGTERM before the server took the signals over."""
 
@@ -80,8 +115,12 @@ def main(argv=None, prog: str | None = None) -> int:
     from exporter.server import BindError, Limits, bind, serve
 
     try:
-        sock = bind(args.listen_address, args.port)  # first: a port in use is the one thing said
-        engine, upload = build_engine(args)
+        # The inputs first (a bad --replay is the mistake to name even when the port is taken too), then the
+        # port; a port in use is the one thing said: what building the samplers logged is dropped with it.
+        with held_logs() as held:
+            engine, upload = build_engine(args)
+            sock = bind(args.listen_address, args.port)
+            held.deliver()
         from exporter.app import create_app
 
         app = create_app(engine, upload, api_on=not args.no_api)

@@ -18,13 +18,23 @@ class Error(BaseModel):
     error: str = Field(description="what is wrong, in one line, and how to fix it")
 
 
+class LostGpu(BaseModel):
+    gpu: int = Field(description="NVML index")
+    uuid: str = Field(description="its UUID, or unknown-pci-<PCI bus id> (unknown-gpu-<index>) when it was lost "
+                                  "before the exporter could ask it")
+    model: str
+
+
 class Health(BaseModel):
-    status: Literal["ok", "no_gpu", "stale"] = Field(
-        description="ok: fresh snapshot with GPUs; no_gpu: fresh, but no GPU known (HTTP 200 only with --no-nvml, "
-                    "503 when NVML was asked for); stale: the samplers stopped (503)")
+    status: Literal["ok", "gpu_lost", "no_gpu", "stale"] = Field(
+        description="ok: fresh snapshot with GPUs; gpu_lost: fresh, but a GPU does not answer NVML (GPU_IS_LOST; "
+                    "HTTP 200: the exporter serves the others, and restarting it brings no GPU back); no_gpu: fresh, "
+                    "but no GPU known (HTTP 200 only with --no-nvml, 503 when NVML was asked for); stale: the "
+                    "samplers stopped (503)")
     snapshot_age_seconds: float
-    gpus: int = Field(description="GPUs in the snapshot (NVML's and those only an export knows)")
+    gpus: int = Field(description="GPUs in the snapshot (NVML's and those only an export knows), lost ones included")
     reason: Optional[str] = Field(None, description="why the status is not ok")
+    lost: Optional[list[LostGpu]] = Field(None, description="the GPUs that do not answer NVML (status gpu_lost)")
 
 
 class SpatialReading(BaseModel):

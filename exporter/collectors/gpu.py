@@ -113,6 +113,9 @@ class HealthFamilies:
         self.ecc = _counter("gpu_ecc_errors", "ECC errors: error corrected or uncorrected, scope volatile (since the "
                             "driver loaded) or aggregate (the GPU's life) (NVML).", ["error", "scope"])
         self.rows = _counter("gpu_remapped_rows", "Memory rows remapped, by the error that caused it (NVML).", ["error"])
+        self.lost = _gauge("gpu_lost", "1 while the GPU does not answer NVML (GPU_IS_LOST: fell off the bus), 0 while "
+                           "it does; a GPU lost before the exporter started is named by its PCI bus id or index "
+                           "(uuid unknown-pci-..., model unknown).")
         self.xid = _counter("gpu_xid_errors", "XID events since the exporter started, by XID (NVML event set).", ["xid"])
         self.last_xid = _gauge("gpu_xid_last_code", "The last XID this GPU reported since the exporter started (NVML).")
         self.pcie = _gauge("gpu_pcie_throughput_bytes_per_second", "PCIe throughput: GPM over its window, or "
@@ -124,6 +127,7 @@ class HealthFamilies:
         tel = view.telemetry
         if tel is None:
             return
+        self.lost.add_metric(labels, 1.0 if tel.lost else 0.0)
         for xid, count in tel.xid_counts:  # kept for a lost GPU: XID 79 says why it was lost
             self.xid.add_metric(labels + [str(xid)], count)
         if tel.last_xid is not None:
@@ -161,7 +165,7 @@ class HealthFamilies:
     def families(self):
         yield from self.gauges.values()
         yield from (self.driver, self.reasons, self.energy, self.throttle, self.replays, self.ecc, self.rows,
-                    self.xid, self.last_xid, self.pcie, self.nvlink)
+                    self.lost, self.xid, self.last_xid, self.pcie, self.nvlink)
 
 
 def _counter(name, documentation, extra_labels=()):

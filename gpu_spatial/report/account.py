@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import time
 from dataclasses import dataclass, field
 
 from exporter.holders import report_groups
@@ -586,19 +585,3 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: 
     frame = pd.DataFrame([(*key, value) for key, value in points.items()],
                          columns=[*plan.labels, "t", "gpu_seconds"])
     return frame.groupby([*plan.labels, "t"], as_index=False)["gpu_seconds"].sum()
-
-
-def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> ReportError:
-    """Why a range gave nothing: no exporter at all, an exporter without workload series, or just this range."""
-    workload, gpu = counter(HELD), "gpu_time_utilization_ratio"
-    year = 366 * DAY
-    seen = api.metric_names([workload, gpu], end - year, max(end, time.time()) + DAY)
-    if workload in seen:
-        matched = f" matching {plan.selector}" if plan.matchers else ""
-        return ReportError(f"no workload series{matched} between the start and the end: choose a range in which "
-                           f"the exporter ran (--start/--end or --last)")
-    if gpu in seen:
-        return ReportError(f"{api.url} has this exporter's GPU series but no {workload}: holders are known only on "
-                           f"Kubernetes (kubelet PodResources) or Slurm (--hpc-job-mapping-dir)")
-    return ReportError(f"{api.url} has no series of the gpu-spatial exporter ({workload}): is it the Prometheus "
-                       f"(or Thanos/Mimir/VictoriaMetrics) that scrapes or receives it?")

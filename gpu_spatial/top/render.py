@@ -249,8 +249,9 @@ def wrap(lines, width: int):
     return out
 
 
-def render(state: ScreenState, view: View, width: int, height: int) -> list[list[tuple[str, str]]]:
-    """The whole screen: at most `height` lines, each at most `width` characters."""
+def render(state: ScreenState, view: View, width: int, height: int, cut: bool = True) -> list[list[tuple[str, str]]]:
+    """The whole screen: at most `height` lines, each at most `width` characters (laid out for `width` but
+    never cut without `cut`: a pipe has no edge)."""
     gpu = state.gpus[min(view.selected, len(state.gpus) - 1)] if state.gpus else None
     if view.page == "help":
         lines = [header_line(state, view)] + wrap([[(line, "")] for line in HELP.splitlines()], width)
@@ -260,7 +261,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
         lines = [header_line(state, view)]
         if state.problem:
             lines.append([(state.problem, "bad")])
-        if not state.gpus:
+        if not state.gpus and not state.refused:
             lines.append([("no GPUs in this snapshot" if not state.problem else "no values shown: they would be stale",
                            "dim")])
             lines += [[("collector ", "bad"), (error, "")] for error in state.collector_errors[:3]]
@@ -272,7 +273,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
             lines += process_lines(gpu, view, width, height - len(lines) - 1)
         for paging in state.mps_paging[:1]:
             lines.append([(paging, "bad")])
-    return [clip(line, width) for line in lines[:height]]
+    return [clip(line, width) if cut else line for line in lines[:height]]
 
 
 def clip(line, width: int):
