@@ -9,8 +9,8 @@ restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Resul
     python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
 Run from the repository root, on a clean tree. A hand mutant survives refactors (tests/mutants.py): its
-`old` is matched as written, else by its tokens (whitespace, line breaks, comments, quotes and trailing commas
-do not count), inside its `function` when it names one, wherever that function now stands in the file or in
+`old` is matched as written, else by its syntax tree (parentheses, line breaks, comments and quotes do not count),
+else by its tokens, inside its `function` when it names one, wherever that function now stands in the file or in
 its package; a test named in a file it left is followed to the file that holds it. A mutant that does not
 match exactly once is refused ("not applicable"), never counted as survived. `--function PATH:NAME` needs no
 table: each comparison of the function flipped, each constant off by one, each min/max clamp, `not` dropped
