@@ -361,6 +361,10 @@ def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog)
     try:
         sampler.tick()  # exactly the budget: no cut
         assert sampler.health.error == counted and sampler.snapshot.pods[UUID] == (*only_ok, PodRef("ns", "p", "c", GPU))
+        server.service.pods = [ok, big(walked), pod("ns", "tail", {"c": [(GPU, [f"{UUID}::99999999"])]})]
+        sampler.tick()  # cut in the third pod: the cut said first, then the counts of what was read
+        assert sampler.health.error == f"{cut.replace('(1 pods', '(2 pods')}; {counted}"
+        assert sampler.snapshot.pods[UUID] == (*only_ok, PodRef("ns", "p", "c", GPU))
         server.service.pods = [ok, big(walked + 1)]
         sampler.tick()
         assert sampler.health.error == cut and sampler.snapshot.pods[UUID] == only_ok
@@ -624,9 +628,11 @@ def test_huge_names_and_device_ids_from_the_kubelet_are_refused_or_shown_short(t
         assert sampler.snapshot.pods[UUID] == attributed and not sampler.health.success
         assert sampler.health.error == f"the kubelet lists 1 pods with a name longer than Kubernetes allows (first: a " \
                                        f"pod name of {MAX_MESSAGE_BYTES - 4096} bytes): refused, what they hold is unattributed"
-        server.service.pods = [ok, *(pod("n" * 4 * 2**20, f"p{i}", {"c": [(GPU, [f"{UUID}::1"])]}) for i in range(3))]
+        # a namespace, and a container name one byte too long: the first says why
+        server.service.pods = [ok, *(pod("n" * 4 * 2**20, f"p{i}", {"c" * 64: [(GPU, [f"{UUID}::1"])]}) for i in range(3))]
         sampler.tick()
-        assert sampler.snapshot.pods[UUID] == attributed and "lists 3 pods with a name" in sampler.health.error
+        assert sampler.snapshot.pods[UUID] == attributed and sampler.health.error.startswith(
+            f"the kubelet lists 3 pods with a name longer than Kubernetes allows (first: a namespace of {4 * 2**20} bytes)")
         huge = 1468006
         server.service.pods = [ok, *(pod("ns", f"g{i}", {"c": [(GPU, [f"GPU-{i}" + "x" * (huge - 5)])]}) for i in range(11))]
         sampler.tick()
