@@ -975,6 +975,7 @@ KUBELIST = (
 UIDS = ("tests/test_users.py", "-k", "uid_no or uid_and_names")
 NAMES = ("tests/test_kubelet.py", "-k", "longer_than or huge_names or shown_whole or varint or fields_budget or hostile_list "
          "or on_the_wire")
+UNSENT = ("tests/test_http.py", "-k", "never_read_the_docs or unsent_budget")
 ROUND_42_HOSTILE = (
     _m("uid-digits-unbounded", "exporter/samplers/users.py", " or len(text) > len(str(MAX_UID)):", ":", UIDS,
        "a uid field of thousands of digits is never given to int()"),
@@ -1033,6 +1034,14 @@ ROUND_42_HOSTILE = (
        "a chunk larger than the cap is refused by its size line"),
     _m("plain-length-boundary", "hostio/answers.py", "len(self.body) >= self.length:", "len(self.body) > self.length:",
        (HTTP,), "an answer of exactly its Content-Length is whole"),
+    _m("unsent-budget-dropped", "exporter/server.py", "        self.guard.not_reading(self)\n", "", UNSENT,
+       "answers waiting on clients that do not read are bounded in all"),
+    _m("unsent-budget-newest-first", "exporter/server.py", "for victim, held in unsent.items():",
+       "for victim, held in reversed(unsent.items()):", UNSENT, "those waiting longest are closed first"),
+    _m("unsent-reader-kept-blocked", "exporter/server.py", "        self.guard.reading(self)\n", "", UNSENT,
+       "a client reading again is no longer counted as waiting (it would be closed for others)"),
+    _m("docs-asset-per-answer", "exporter/app.py", "return Response(asset(static / name),",
+       "return Response((static / name).read_bytes(),", UNSENT, "one copy of an asset for every reader"),
     _m("wire-varint-end-boundary", "exporter/samplers/kubelet.py", "        if at > end:\n            raise ValueError",
        "        if at >= end:\n            raise ValueError", NAMES, "a field ending exactly at its message's end is read"),
 )

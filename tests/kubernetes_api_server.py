@@ -11,7 +11,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GROUP = "/apis/resource.k8s.io/v1"
-DRIPS = ("body", "chunks", "headers")  # what FakeApiServer.drip sends one byte at a time
+DRIPS = ("body", "chunks", "headers", "unframed")  # what FakeApiServer.drip sends one byte at a time
+# ("unframed": the body without Content-Length or chunks, ended by closing the connection)
 
 
 def nested(depth: int) -> bytes:
@@ -104,7 +105,8 @@ class FakeApiServer:
             def _drip(self, body: bytes, status: int, what: str, every: float):
                 chunked = what == "chunks"
                 head = (f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
-                        + ("Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {len(body)}\r\n")
+                        + ("Transfer-Encoding: chunked\r\n" if chunked else
+                           "" if what == "unframed" else f"Content-Length: {len(body)}\r\n")
                         + "X-Padding: " + "x" * 4096 + "\r\n\r\n").encode()
                 if chunked and server.raw_chunks is not None:
                     pieces = [server.raw_chunks]

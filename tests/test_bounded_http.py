@@ -23,10 +23,10 @@ def get(server, max_bytes: int, seconds: float = 30.0):
     return answers.get(host, port, "/x", time.monotonic() + seconds, max_bytes, {"Accept": "application/json"})
 
 
-@pytest.mark.parametrize("drip", [None, ("chunks", 0.0)])  # Content-Length, then 1-byte chunks
+@pytest.mark.parametrize("drip", [None, ("chunks", 0.0), ("unframed", 0.0)])  # Content-Length, 1-byte chunks, neither
 def test_an_answer_of_exactly_the_cap_is_read_one_byte_more_is_refused(server, drip):
     server.body, server.drip = b"x" * 100, drip
-    framing = 0 if drip is None else 100 * 5 + 5  # "1\r\n" + byte + "\r\n" per chunk, "0\r\n\r\n"
+    framing = 100 * 5 + 5 if drip and drip[0] == "chunks" else 0  # "1\r\n" + byte + "\r\n" per chunk, "0\r\n\r\n"
     answer = get(server, 100 + framing)
     assert (answer.status, bytes(answer.body)) == (200, b"x" * 100)
     with pytest.raises(AnswerError, match=f"answer over {99 + framing} bytes"):
@@ -82,7 +82,7 @@ def test_chunks_finer_than_their_floor_are_refused_past_the_free_ones(server):
     (b"-5\r\nabc", "chunk size b'-5' is no number"), (b"0x5\r\nabcde\r\n0\r\n\r\n", "chunk size b'0x5' is no number"),
     (b"3\r\nabcdef\r\n0\r\n\r\n", "a chunk longer than its size"), (b"3\r\nabc\r\n" + b"1" * 2000, "a chunk size line over"),
     (b"fffffff\r\nab", "answer over 100000 bytes (a chunk of 268435455)"), (b"3\r\nab", "the connection closed inside"),
-])
+], ids=["signed", "0x", "longer", "endless-line", "over-the-cap", "cut"])
 def test_chunk_framing_that_is_no_chunk_is_refused(server, chunks, why):
     """A sign or 0x that int(, 16) takes, a chunk longer than its size, an endless size line, a chunk
     larger than the cap, a cut: each an AnswerError, before the body it claims is read."""
