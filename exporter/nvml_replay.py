@@ -24,7 +24,7 @@ from exporter.nvml import NvmlError, PartialAnswer
 
 # Methods answered once (identity does not change); the others are per-tick streams.
 STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices", "driver_version", "max_clocks",
-                  "xid_open")
+                  "xid_open", "pci_bus_ids")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",

@@ -68,9 +68,7 @@ class WorkloadView:
     ledger: dict = field(default_factory=dict)  # its ledger cells now: cell -> share of the GPU (exporter/ledger.py)
 
     def to_json(self) -> dict:
-        return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
-                "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
-                "hpc_job": self.holder.hpc_job, "claim": self.holder.claim, "user": self.holder.user,
+        return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model, **self.holder.to_json(),
                 "held_share": self.held_share, "held_share_basis": self.held_share_basis, "processes": self.processes,
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
                 "time_share_basis": self.time_share_basis,

@@ -4,11 +4,8 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
-from exporter.holders import Holder
+from exporter.holders import labels as holder_labels
 from exporter.vocabulary import ACTIVE, CUPTI, LEDGER, WORKLOAD_SOURCE_STATES
-
-HOLDER_LABELS = list(Holder.LABELS)
-LABELS = GPU_LABELS + HOLDER_LABELS
 
 
 class WorkloadCollector:
@@ -108,11 +105,11 @@ class WorkloadCollector:
 
 
 def _gauge(name, doc, extra=()):
-    return GaugeMetricFamily(name, doc, labels=LABELS + list(extra))
+    return GaugeMetricFamily(name, doc, labels=[*GPU_LABELS, *holder_labels(), *extra])
 
 
 def _counter(name, doc, extra=()):
-    return CounterMetricFamily(name, doc, labels=LABELS + list(extra))
+    return CounterMetricFamily(name, doc, labels=[*GPU_LABELS, *holder_labels(), *extra])
 
 
 def _families() -> dict:

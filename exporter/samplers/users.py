@@ -134,6 +134,7 @@ class UsersSampler(HolderSampler):
 
 
 SCHEDULER = False  # exporter/holders.py KINDS: users hold GPUs only where no scheduler is configured
+LABELS = {"user": "the Unix user (name, or uid where no name resolves) of a user holder"}  # label -> meaning
 
 
 def add_arguments(parser) -> None:

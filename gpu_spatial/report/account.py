@@ -25,6 +25,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from exporter.holders import report_groups
+
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
@@ -41,10 +43,21 @@ BASES = {"busy": ("nvml", "ctxsw", "cupti"), "sm_active": ("exact", "ctxsw", "ti
          "hidden_idle": ("exact", "ctxsw", "time_share", "cupti")}
 EXACT_BASES = ("exact", "ctxsw")
 UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
-GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
-                "node": ("instance",), "model": ("model",), "user": ("user",), "claim": ("claim",)}
-RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model",
-              "user": "user", "claim": "claim"}
+GPU_GROUPS = {"node": ("instance",), "model": ("model",)}  # --by choices of the GPUs; the holders' are registered
+# The groupings the shipped recording rules roll up (rules/gpu-utilization.rules.yaml; tests/test_report.py checks
+# them against it): the others (pods, a new kind's labels) are read from the raw counters.
+RULED = ("namespace", "hpc_job", "node", "model", "user", "claim")
+
+
+def group_labels() -> dict[str, tuple[str, ...]]:
+    """--by choice -> the labels of a group: the GPUs' groupings, then every registered holder kind's
+    (exporter/holders.py KINDS)."""
+    return {**GPU_GROUPS, **report_groups()}
+
+
+def rule_label(by: str) -> str | None:
+    """The label the rollups of a --by choice are kept by (None: no rollup; the counters answer)."""
+    return group_labels()[by][-1] if by in RULED else None
 HEARTBEAT = "gpu_workload:rollup_window_seconds"
 DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
@@ -92,7 +105,7 @@ class Plan:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return GROUP_LABELS[self.by]
+        return group_labels()[self.by]
 
     @property
     def selector(self) -> str:
@@ -103,9 +116,9 @@ class Plan:
 
     def rules_unusable(self) -> str | None:
         """Why the rollups cannot answer this report, or None."""
-        if self.by not in RULE_LABEL:
+        if rule_label(self.by) is None:
             return f"no recording rule groups by {self.by}"
-        other = sorted({label for label, _op, _value in self.matchers} - {RULE_LABEL[self.by]})
+        other = sorted({label for label, _op, _value in self.matchers} - {rule_label(self.by)})
         if other:
             return f"--match on {', '.join(other)}, which the {self.by} rollups do not keep"
         return None
@@ -128,7 +141,7 @@ class Plan:
         """As counter_queries, from the rollups: sum of the samples in the window x factor (their spacing).
         once: what takes every series' copies of the samples in the window down to one (the average less
         the sum: an evaluation stored twice counts once)."""
-        label = RULE_LABEL[self.by]
+        label = rule_label(self.by)
 
         def summed(record, by):
             series = f"{record}{self.selector}[{window}]"
@@ -332,7 +345,7 @@ def why_no_rollups(evaluations) -> str:
 def other_groupings(api: PrometheusAPI, plan: Plan, start: float, end: float) -> str:
     """For a report whose every group is (none): the --by choices whose label the held series do carry."""
     held = counter("held") + plan.selector
-    found = [f"--by {by} ({len(values)})" for by, labels in GROUP_LABELS.items() if by != plan.by
+    found = [f"--by {by} ({len(values)})" for by, labels in group_labels().items() if by != plan.by
              and (values := [v for v in api.label_values(labels[-1], held, start, end) if v])]
     said = f"; {', '.join(found)} {'has' if len(found) == 1 else 'have'} data" if found else ""
     return f"every group is (none): no workload series of the range carries {'/'.join(plan.labels)}{said}"
@@ -557,7 +570,7 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: 
             continue
         window = promql_window(step)
         if span.source == "rules":
-            label = RULE_LABEL[plan.by]
+            label = rule_label(plan.by)
             expr = (f"sum by ({label}) (sum_over_time({rollup(label, LEDGER)}{selector}[{window}])) * "
                     f"{span.step!r}")
         else:

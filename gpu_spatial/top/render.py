@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from exporter.holders import holder_name
 from exporter.vocabulary import (BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
                                  UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
@@ -135,9 +136,7 @@ def _ledger(cells: dict) -> str:
 def _workload(record: dict) -> str:
     """A workload record of the exporter, whatever its exact fields: the holder, then its figures, each with
     its basis where the record names one (`time_share_basis` nvml|ctxsw|cupti, `sm_active_basis` exact|ctxsw|time_share|cupti)."""
-    holder = (record.get("pod") or record.get("hpc_job") or (record.get("claim") and f"claim {record['claim']}")
-              or (record.get("user") and f"user {record['user']}") or record.get("namespace") or record.get("holder")
-              or "?")
+    holder = holder_name(record) or (record.get("holder") if isinstance(record.get("holder"), str) else "") or "?"
 
     def basis(key):
         value = record.get(f"{key}_basis")
