@@ -27,7 +27,9 @@ GPU_SMS = 132
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    return native.load(native.build(tmp_path_factory.mktemp("native")))
+    # bench/native_mutations.py points the tests at a mutant of gputrace.c
+    source = os.environ.get("GPU_TRACE_NATIVE_SOURCE", native.SOURCE)
+    return native.load(native.build(tmp_path_factory.mktemp("native"), source=source))
 
 
 def kernel(start, end, grid=(1, 1, 1), block=(1, 1, 1), registers=0, shared=0, device=0, stream=7, queued=None):
@@ -201,6 +203,7 @@ def test_a_record_of_an_unknown_device_is_not_counted(lib):
     (256, 128, 0, 2),  # 128 registers x 256 threads: 65,536 / 32,768
     (256, 0, 100 * 1024, 2),  # 100 KiB + 1 KiB reserved per block in 228 KiB
     (256, 0, 114 * 1024, 1),
+    (256, 33, 0, 6),  # 33 registers: 1,056 a warp, allocated as 1,280 (units of 256)
 ])
 def test_blocks_per_sm_follows_cudas_occupancy_rules(lib, threads, registers, shared, fit):
     assert lib.gt_blocks_per_sm(64, 32, 65536, 233472, threads, registers, shared) == fit
@@ -315,3 +318,19 @@ def test_a_gap_between_queued_kernels_of_one_stream_is_busy_time(lib, gap_ns, qu
     if stream == 7:  # (on stream 8 the second kernel is that stream's first, and it waited: a backlog)
         assert gpu["sm_seconds"] == pytest.approx(kernels / 1e9 * 0.25, abs=1e-9)  # a gap holds no SMs
         assert gpu["busy_s"] == pytest.approx((kernels + (gap_ns if counted else 0)) / 1e9, abs=1e-12)
+
+
+def test_a_kernel_still_running_at_the_flush_is_not_counted_but_its_stream_is_followed(lib):
+    running = bytearray(kernel(LO + 900 * MS, LO + 950 * MS, (132, 1, 1), (32, 1, 1)))
+    struct.pack_into("<Q", running, 24, 0)  # a forced flush: no end yet
+    [gpu], (kept, _r, incomplete) = window(lib, [bytes(running)])
+    assert (kept, incomplete) == (0, 1)
+    assert gpu["busy_s"] == 0.0 and gpu["kernels"] == 0
+
+
+def test_a_record_queued_before_the_window_tells_no_backlog(lib):
+    # CUPTI records only what was launched while it was on: a record queued before the window is
+    # inconsistent, not evidence that its stream was busy
+    [gpu], _ = window(lib, [kernel(LO + 30 * MS, LO + 40 * MS, (33, 1, 1), (32, 1, 1), queued=LO - 50 * MS)])
+    assert gpu["backlog_busy_s"] == 0.0
+    assert gpu["busy_s"] == pytest.approx(0.01, abs=1e-9)

@@ -74,16 +74,20 @@ class BadReport(ValueError):
 @dataclass(frozen=True)
 class DeviceReport:
     kernel_busy_s: float  # the union of its kernels
-    busy_s: float  # the union of all its SM work: kernels, device-side copies and memsets, queued work
-    sm_seconds: float  # the integral of the share of the GPU's SMs that work held
+    sm_seconds: float  # the integral of the share of the GPU's SMs its SM work held
     copy_busy_s: float  # host-device and peer copies (copy engines: no SMs)
-    sm_copy_busy_s: float  # device-to-device copies and memsets (on the SMs)
-    backlog_busy_s: float  # work queued before the window that ran inside it
-    queue_gap_s: float  # turns between queued work of one stream
     kernels: int
-    sms: int | None  # the SMs its device lets it use (an MPS active-thread limit lowers it); None: not said
-    gpu_sms: int | None  # the whole GPU's, which its SM share is of
+    busy_s: float | None = None  # the union of all its SM work (None: its kernels', an older client's meaning)
+    sm_copy_busy_s: float = 0.0  # device-to-device copies and memsets (on the SMs)
+    backlog_busy_s: float = 0.0  # work queued before the window that ran inside it
+    queue_gap_s: float = 0.0  # turns between queued work of one stream
+    sms: int | None = None  # the SMs its device lets it use (an MPS active-thread limit lowers it); None: not said
+    gpu_sms: int | None = None  # the whole GPU's, which its SM share is of
     native: bool = False  # recorded in C (gpu_trace/native); False: through cupti-python, which slows the job
+
+    def __post_init__(self):
+        if self.busy_s is None:
+            object.__setattr__(self, "busy_s", self.kernel_busy_s)
 
     def parts(self, length: float) -> tuple[tuple[str, float], ...]:
         """What its busy time is made of, each as a share of the window (the API shows them apart)."""

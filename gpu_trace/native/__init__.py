@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -40,15 +41,27 @@ def library_path() -> Path | None:
     return None
 
 
-def build(out_dir: str | os.PathLike, compiler: str | None = None) -> Path:
-    """Compiles gputrace.c into out_dir/libgputrace.so with the system C compiler (tests, the device)."""
+def build(out_dir: str | os.PathLike, compiler: str | None = None, source: os.PathLike = SOURCE) -> Path:
+    """Compiles gputrace.c (or a mutant of it: bench/native_mutations.py) into out_dir/libgputrace.so with
+    the system C compiler (tests, the device)."""
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise NativeUnavailable("no C compiler to build the native tracer")
     out = Path(out_dir) / "libgputrace.so"
-    subprocess.run([cc, *COMPILE, "-o", str(out), str(SOURCE), "-ldl", "-lpthread"], check=True,
+    subprocess.run([cc, *COMPILE, "-o", str(out), str(source), "-ldl", "-lpthread"], check=True,
                    capture_output=True, text=True)
     return out
+
+
+def cupti_library() -> str | None:
+    """libcupti where the library's own search (the loader's path, CUDA's folder) would miss it: the
+    nvidia-cuda-cupti wheel that PyTorch installs (site-packages/nvidia/*/lib). None: let it search."""
+    if os.environ.get("GPU_SPATIAL_CUPTI_LIBRARY"):
+        return None  # the library reads it itself
+    for folder in sys.path:
+        for found in sorted(Path(folder or ".").glob("nvidia/*/lib/libcupti.so*")):
+            return str(found)
+    return None
 
 
 def load(path: os.PathLike | None = None) -> ctypes.CDLL:
@@ -88,7 +101,8 @@ class NativeTracer:
 
     def __init__(self, lib=None, close_wait_s: float = 4.5):
         self.lib = lib if lib is not None else load()
-        if self.lib.gt_load(None) != 0:  # libcupti and the CUDA driver, opened now: a missing one is said once
+        cupti = cupti_library()
+        if self.lib.gt_load(cupti.encode() if cupti else None) != 0:  # libcupti and the driver: said once if missing
             raise NativeUnavailable(last_error(self.lib))
         self.close_wait_s = close_wait_s  # past the window's end: disable, settle, flush and summary are done
         self._stop = ctypes.c_int(0)

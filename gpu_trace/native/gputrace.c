@@ -98,7 +98,8 @@ static struct {
 
 typedef struct {
   int sm_count;           /* what this process's device reports: under MPS, the SMs it may use */
-  int gpu_sm_count;       /* the whole GPU's (NVML), >= sm_count; sm_count where NVML cannot tell */
+  int gpu_sm_count;       /* the whole GPU's (NVML); never below sm_count (where NVML cannot tell: sm_count), so
+                           * no share of it is above 1 */
   int max_warps, max_blocks, registers, shared;
   char uuid[48];
 } device_t;
@@ -201,8 +202,7 @@ static float kernel_share(const device_t *d, long blocks, int threads, int regis
   size_t slot = (size_t)(key % SHAPE_SLOTS);
   if (W.shapes[slot].used && W.shapes[slot].key == key) return W.shapes[slot].sm;
   int fit = gt_blocks_per_sm(d->max_warps, d->max_blocks, d->registers, d->shared, threads, registers, shared);
-  double held = gt_sms_occupied(d->sm_count, blocks, fit) / (double)d->gpu_sm_count;
-  float sm = (float)(held > 1.0 ? 1.0 : held);
+  float sm = (float)(gt_sms_occupied(d->sm_count, blocks, fit) / (double)d->gpu_sm_count);  /* <= 1: see device_t */
   W.shapes[slot].key = key;
   W.shapes[slot].sm = sm;
   W.shapes[slot].used = 1;
@@ -210,8 +210,7 @@ static float kernel_share(const device_t *d, long blocks, int threads, int regis
 }
 
 static float whole_share(const device_t *d) {  /* every SM this process may use */
-  double s = (double)d->sm_count / (double)d->gpu_sm_count;
-  return (float)(s > 1.0 ? 1.0 : s);
+  return (float)((double)d->sm_count / (double)d->gpu_sm_count);
 }
 
 /* ---- one record, decoded at CUPTI's offsets --------------------------------------------------------- */
@@ -388,10 +387,9 @@ static int add_queue_gaps(void) {
 /* ---- the sweep -------------------------------------------------------------------------------------- */
 typedef struct { int64_t t; float w; int8_t d; } edge_t;
 
-static int edge_order(const void *a, const void *b) {
+static int edge_order(const void *a, const void *b) {  /* edges at one instant in any order: no gap between */
   const edge_t *x = a, *y = b;
-  if (x->t != y->t) return x->t < y->t ? -1 : 1;
-  return y->d - x->d;  /* opens before closes at one instant: a zero-length gap is not idle */
+  return x->t < y->t ? -1 : x->t > y->t;
 }
 
 /* Union of the selected intervals and the integral of min(1, sum of their SM shares), in ns, over [lo, hi]. */
