@@ -23,6 +23,7 @@ from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from hostio.files import FileTooLarge, read_capped
 from exporter.samplers.cgroups import ProcFileOwners
 from exporter.snapshot import CollectorHealth, LogOnce
+from exporter.vocabulary import MPS_SERVER
 
 log = logging.getLogger(__name__)
 MAX_STATUS_BYTES = 16384  # /proc/PID/status is ~1.5 KB
@@ -52,7 +53,7 @@ def parse_passwd(text: str) -> dict[int, str]:
 
 def context_pids(telemetry) -> dict[str, set[int]]:
     """GPU UUID -> pids with a context on it (compute processes and MPS clients, not the MPS server)."""
-    return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != "mps_server"}
+    return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != MPS_SERVER}
             for uuid, tel in telemetry.items() if not tel.lost}
 
 
