@@ -20,7 +20,6 @@ def build_engine(args):
     from exporter.holders import build_holders
     from exporter.nvml import Nvml, NvmlError
     from exporter.nvml_replay import ReplayNvml
-    from exporter.samplers.gpm import GpmSource
     from exporter.samplers.mps import MpsSampler
     from exporter.samplers.nvml import NvmlSampler
     from exporter.sources import build_spatial_sources
@@ -35,12 +34,11 @@ def build_engine(args):
     elif not args.no_nvml:
         factory = Nvml  # retried while the driver is missing
     nvml = NvmlSampler(backend, interval=args.interval, factory=factory)
-    gpm = GpmSource(nvml) if "gpm" in args.spatial_sources and not args.no_nvml else None
-    spatial, disabled, upload = build_spatial_sources(args, nvml, gpm)
-    if gpm is None and "gpm" in args.spatial_sources:
-        disabled["gpm"] = "NVML switched off (--no-nvml)"
-    nvml.spatial = {**spatial, **({"gpm": gpm} if gpm is not None else {})}  # GPM's busy time saves NVML's samples
-    samplers = [s for s in (gpm, *spatial.values()) if s is not None]
+    spatial, disabled = build_spatial_sources(args, nvml)
+    nvml.spatial = spatial  # GPM's busy time saves NVML's samples
+    # those ticked in NVML's loop (GPM) first; an upload spool comes with the source that publishes it (nsys)
+    samplers = sorted(spatial.values(), key=lambda source: not source.in_nvml_loop)
+    upload = next((s.upload for s in samplers if getattr(s, "upload", None) is not None), None)
     if not args.no_mps:
         samplers.append(MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                                    interval=max(args.interval, 1.0)))

@@ -15,6 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from exporter.vocabulary import HELD
 from nsys_ingest.commandline import missing_extra
 
 from .promapi import BASIC_AUTH_ENV, TOKEN_ENV, PrometheusAPI, ReportError, auth_header
@@ -158,7 +159,7 @@ def build(args, now: float):
     api = PrometheusAPI(args.prometheus, auth_header(args.bearer_token_file, args.basic_auth_file),
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
-    if not any(q == "held" for row in collected.totals.values() for q, _b in row):
+    if not any(q == HELD for row in collected.totals.values() for q, _b in row):
         raise empty.diagnose_empty(api, plan, start, end)
     if all(not any(group) for group in collected.totals):
         collected.notes.append(account.other_groupings(api, plan, start, end))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from exporter.vocabulary import HELD
+
 from .account import DAY, Plan, _value, counter
 from .promapi import PrometheusAPI, ReportError
 
@@ -15,7 +17,7 @@ NEVER_SCRAPED = "unknown"  # a target's health before its first scrape (the /api
 
 def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> ReportError:
     """No exporter at all, one not scraped yet, one scraped once, one without holders, or just this range."""
-    workload, gpu = counter("held"), "gpu_time_utilization_ratio"
+    workload, gpu = counter(HELD), "gpu_time_utilization_ratio"
     seen = api.metric_names([workload, gpu], end - 366 * DAY, max(end, time.time()) + DAY)
     if workload in seen:
         if scraped_once(api, plan, start, end):

@@ -8,6 +8,7 @@ import textwrap
 from dataclasses import dataclass
 
 from exporter.holders import holder_name
+from exporter.sources import default_order
 from exporter.vocabulary import (BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
                                  UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
@@ -208,8 +209,9 @@ def why_lines(state: ScreenState, gpu: Gpu | None, view: View, width: int) -> li
             if value is None:
                 lines.append([(f"  {name}: n/a: ", "na"), (gpu.why("time" if name.startswith("time") else name), "")])
         lines.append([("spatial sources, in order of preference:", "bold")])
+        named = max(map(len, default_order())) + 1  # the registered sources' names (exporter/sources.py)
         for source, source_state, reason in gpu.sources:
-            lines.append([(f"  {source:<5} {source_state:<11} ", "sel" if source_state == "active" else "dim"),
+            lines.append([(f"  {source:<{named}} {source_state:<11} ", "sel" if source_state == "active" else "dim"),
                           (reason, "")])
         if gpu.sharing_mode is None:
             lines.append([("  sharing mode: n/a: NVML did not list the GPU's compute processes", "")])
