@@ -60,6 +60,8 @@ def build_engine(args):
                     "runs", ", ".join(source.name for source in sources))
     engine = Engine(nvml, samplers, order=args.spatial_sources, disabled_reasons=disabled, interval=args.interval,
                     process_series=(args.process_series, args.process_series_limit), workloads=workloads)
+    if args.unwatched_interval > 0 and not spatial and not sources:  # DCGM, nsys, ctxsw: NVML's samples as windows end
+        engine.unwatched_interval = args.unwatched_interval
     return engine, upload
 
 
@@ -88,8 +90,10 @@ def main(argv=None, prog: str | None = None) -> int:
 
         app = create_app(engine, upload, api_on=not args.no_api)
         port = sock.getsockname()[1]  # the port bound, also where --port 0 chose one
-        log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s%s)", args.listen_address,
-                 port, args.interval, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
+        unwatched = (f", NVML every {engine.unwatched_interval:g} s while no API reader watches"
+                     if engine.unwatched_interval else "")
+        log.info("serving on http://%s:%d/metrics (interval %.2f s%s, spatial sources %s%s)", args.listen_address,
+                 port, args.interval, unwatched, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
         serve(app, sock, Limits.from_args(args))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)
