@@ -8,8 +8,8 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from exporter import holders
-from exporter.vocabulary import (HELD_SHARE_BASES, PUBLISHED_STATES, SM_ACTIVE_BASES, TIME_SHARE_BASES,
-                                 WORKLOAD_SOURCE_STATES)
+from exporter.vocabulary import (HELD_SHARE_BASES, PROCESS_KINDS, PUBLISHED_STATES, SHARING_MODES, SM_ACTIVE_BASES,
+                                 TIME_SHARE_BASES, WORKLOAD_SOURCE_STATES)
 
 Ratio = Optional[float]
 
@@ -102,7 +102,7 @@ class ProcessUtilization(BaseModel):
 class ComputeProcess(BaseModel):
     pid: int
     command: str
-    kind: Literal["mps", "time_sliced", "mps_server"]
+    kind: Literal[PROCESS_KINDS]
 
 
 class MigDevice(BaseModel):
@@ -178,7 +178,7 @@ class Gpu(BaseModel):
     time_window: Optional[tuple[float, float]] = None
     spatial: Optional[SpatialReading] = Field(description="the active source's reading")
     hidden_idle_sm_ratio: Ratio = Field(description="max(0, time utilization - SM active) over the spatial window")
-    sharing_mode: Optional[Literal["exclusive", "time_sliced", "mps", "mig", "idle"]] = None
+    sharing_mode: Optional[Literal[SHARING_MODES]] = None
     diagnosis: Optional[Diagnosis] = None
     sources: list[SourceStatus] = Field(description="every candidate spatial source, in order of preference")
     pods: Optional[list[PodRef]] = Field(description="holders from the kubelet, at most 256; None: pod attribution off "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth
-from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE  # noqa: F401
+from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401
 
 
 def weakest_basis(bases) -> str:
@@ -134,6 +134,9 @@ class Held:
     share: float | None  # GPU-equivalents; None: the scheduler's share cannot be known (the sampler logs why)
     basis: str = WHOLE  # one of HELD_SHARE_BASES
     mig: tuple[str, ...] = ()  # MIG devices (UUIDs) it holds whole: their instances' SM activity is its own
+
+    def __post_init__(self):
+        check(self.basis, HELD_SHARE_BASES, "held-share basis")
 
 
 @dataclass(frozen=True)

@@ -164,12 +164,13 @@ def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
 # -- resident memory: what a default exporter imports -------------------------------------------------------
 # Each is loaded where the flag that needs it is given (bench/RESULTS.md, "Resident memory at steady state"):
 # the package metadata (--version), SQLite and the export reader (an nsys export read), the upload spool and its
-# HMAC (--nsys-upload-token-file), the nsys source (--replay, --nsys-watch-dir, --nsys-live), the attribution
+# HMAC (--nsys-upload-token-file), the nsys source's reading of exports (--replay, --nsys-watch-dir, --nsys-live;
+# its module declares the flags, exporter/sources.py, so it is loaded: 0.25 MB, bench/RESULTS.md), the attribution
 # (--workload-ctxsw: its child), the IDNA codec (a host name that is not ASCII). What uvicorn, click, argparse and
 # prometheus_client import themselves (ssl, pickle, configparser, uuid, tempfile, timeit, mimetypes, shutil) is
 # theirs; gpu_trace.protocol holds the cupti flags' defaults.
 NOT_AT_DEFAULTS = ("importlib.metadata", "csv", "zipfile", "sqlite3", "nsys_ingest.reader",
-                   "nsys_ingest.attribution", "exporter.uploads", "exporter.spool", "hmac", "exporter.samplers.nsys",
+                   "nsys_ingest.attribution", "exporter.uploads", "exporter.spool", "hmac",
                    "encodings.idna", "numpy", "pandas")
 
 

@@ -7,7 +7,7 @@ from exporter.chain import time_utilization_source
 from exporter.holders import join_gpu, owner_labels
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import SPATIAL_FIELDS
-from exporter.vocabulary import PUBLISHED_STATES
+from exporter.vocabulary import PUBLISHED_STATES, WORKLOAD_PROCESS_KINDS
 from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
 GPU_LABELS = ["gpu", "uuid", "model"]
@@ -43,7 +43,6 @@ HEALTH_GAUGES = (
 )
 
 
-PROCESS_KINDS = ("mps", "time_sliced")  # an MPS server is infrastructure, not a workload
 OTHER = "other"
 
 
@@ -270,7 +269,7 @@ class GpuCollector:
                         proc_sm.add_metric(labels + group, sm)
                         proc_mem.add_metric(labels + group, mem)
                 if tel.compute_processes is not None:
-                    for kind in PROCESS_KINDS:
+                    for kind in WORKLOAD_PROCESS_KINDS:  # an MPS server is infrastructure, not a workload
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
             if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
                 refs = kubelet.pods[view.identity.uuid]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from exporter.nvml import NvmlError, PartialAnswer
 from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
+from exporter import vocabulary
 from exporter.snapshot import (
     CollectorHealth,
     ComputeProcess,
@@ -492,7 +493,8 @@ def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:
     everyone = {p["pid"]: p for p in answer.get("compute", ())} | clients
     out = []
     for pid, p in sorted(everyone.items()):
-        kind = "mps_server" if p["command"] == MPS_SERVER else "mps" if pid in clients else "time_sliced"
+        kind = vocabulary.MPS_SERVER if p["command"] == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
+            else vocabulary.TIME_SLICED
         out.append(ComputeProcess(pid, p["command"], kind))
     return tuple(out)
 

@@ -15,6 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from exporter.vocabulary import HELD
 from nsys_ingest.commandline import missing_extra
 
 from .promapi import BASIC_AUTH_ENV, TOKEN_ENV, PrometheusAPI, ReportError, auth_header
@@ -145,7 +146,7 @@ def chart_step(length: float) -> float:
 def build(args, now: float):
     from exporter.vocabulary import WASTE_CELLS
 
-    from . import account, summary
+    from . import account, empty, summary
     from .render import Report
 
     start, end = time_range(args, now)
@@ -158,8 +159,8 @@ def build(args, now: float):
     api = PrometheusAPI(args.prometheus, auth_header(args.bearer_token_file, args.basic_auth_file),
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
-    if not any(q == "held" for row in collected.totals.values() for q, _b in row):
-        raise account.diagnose_empty(api, plan, start, end)
+    if not any(q == HELD for row in collected.totals.values() for q, _b in row):
+        raise empty.diagnose_empty(api, plan, start, end)
     if all(not any(group) for group in collected.totals):
         collected.notes.append(account.other_groupings(api, plan, start, end))
     table = summary.summarize(collected.totals, plan.labels)

@@ -105,6 +105,7 @@ class ScreenState:
     created: float | None = None
     gpus: list[Gpu] = field(default_factory=list)
     problem: str = ""  # shown instead of numbers: the exporter is not answering, the snapshot is stale
+    refused: bool = False  # the problem is the URL given (not an exporter, its API off): no retry helps
     collector_errors: list[str] = field(default_factory=list)
     mps_paging: list[str] = field(default_factory=list)  # MPS servers taking major faults
 
