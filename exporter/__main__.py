@@ -59,7 +59,9 @@ def build_engine(args):
                     "runs", ", ".join(source.name for source in sources))
     engine = Engine(nvml, samplers, order=args.spatial_sources, disabled_reasons=disabled, interval=args.interval,
                     process_series=(args.process_series, args.process_series_limit), workloads=workloads)
-    if args.unwatched_interval > 0 and not spatial and not sources:  # DCGM, nsys, ctxsw: NVML's samples as windows end
+    # A source with a loop and windows of its own (DCGM, nsys) or a workload source (ctxsw, cupti) needs NVML's
+    # samples as its windows end; GPM, ticked in NVML's loop, shares its window.
+    if args.unwatched_interval > 0 and all(s.in_nvml_loop for s in spatial.values()) and not sources:
         engine.unwatched_interval = args.unwatched_interval
     return engine, upload
 
