@@ -1091,8 +1091,8 @@ LOST_GPU = (
 # Issue 47: NVML's loop at the rate its readers need, every buffered sample read once.
 CADENCE = ("tests/test_cadence.py",)
 CADENCE_47 = (
-    _m("watch-wake-boundary", "exporter/engine.py", "        if now >= self._watched_until:\n",
-       "        if now > self._watched_until:\n", CADENCE, "a reader coming as a watch ends wakes the loop"),
+    _m("watch-wake-boundary", "exporter/engine.py", "        if now >= self._watched_until and",
+       "        if now > self._watched_until and", CADENCE, "a reader coming as a watch ends wakes the loop"),
     _m("watched-boundary", "exporter/engine.py", "time.monotonic() < self._watched_until:",
        "time.monotonic() <= self._watched_until:", CADENCE, "a watch lasts exactly WATCHED_FOR_S"),
     _m("unwatched-faster-than-interval", "exporter/engine.py", "return max(self.interval, self.unwatched_interval)",

@@ -92,7 +92,7 @@ class Engine:
         """A reader that wants values as fresh as `interval` came (the JSON API): NVML's loop ticks at
         `interval` for the next WATCHED_FOR_S, starting now rather than at the end of an unwatched wait."""
         now = time.monotonic()
-        if now >= self._watched_until:
+        if now >= self._watched_until and self.unwatched_interval is not None:  # no slower wait to end otherwise
             self._watched.set()
         self._watched_until = now + WATCHED_FOR_S
 

@@ -67,6 +67,9 @@ def test_an_unwatched_tick_reads_every_buffered_sample_since_the_last_and_says_i
 def test_the_device_loop_ticks_at_interval_while_watched_and_unwatched_otherwise(clock):
     engine = Engine(NvmlSampler(), interval=1.0)
     assert engine.device_interval() == 1.0  # no unwatched interval: always --interval
+    engine.watch()
+    assert not engine._watched.is_set()  # and no wait to end: the loop's ticks stay where they were
+    clock.advance(WATCHED_FOR_S)
     engine.unwatched_interval = 10.0
     assert engine.device_interval() == 10.0 and engine.longest_interval == 10.0
     engine.watch()
