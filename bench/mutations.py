@@ -1299,8 +1299,39 @@ LOST_GPU = (
     _m("lost-healthz-silent", "exporter/app.py", "    if lost:\n        # 200", "    if False:\n        # 200", LOST,
        "/healthz names the lost GPU", function="health_json"),
 )
+# Issue 47: NVML's loop at the rate its readers need, every buffered sample read once.
+CADENCE = ("tests/test_cadence.py",)
+CADENCE_47 = (
+    _m("watch-wake-boundary", "exporter/engine.py", "        if now >= self._watched_until and",
+       "        if now > self._watched_until and", CADENCE, "a reader coming as a watch ends wakes the loop"),
+    _m("watched-boundary", "exporter/engine.py", "time.monotonic() < self._watched_until:",
+       "time.monotonic() <= self._watched_until:", CADENCE, "a watch lasts exactly WATCHED_FOR_S"),
+    _m("unwatched-faster-than-interval", "exporter/engine.py", "return max(self.interval, self.unwatched_interval)",
+       "return self.unwatched_interval", CADENCE, "never faster than --interval"),
+    _m("window-past-the-buffer", "exporter/samplers/nvml.py",
+       "max(previous.taken_at, taken_at - NVML_BUFFER_S) if previous", "previous.taken_at if previous", CADENCE,
+       "a window never claims more than NVML kept"),
+    _m("samples-of-the-interval-only", "exporter/samplers/nvml.py",
+       "window = max(2 * self.interval, 1.0, taken_at - window_start + 1.0)", "window = max(2 * self.interval, 1.0)",
+       CADENCE, "every sample since the previous tick is read"),
+    _m("view-window-of-the-interval", "exporter/chain.py",
+       "start = telemetry.window_start if telemetry.window_start is not None else",
+       "start = None if telemetry.window_start is not None else None\n        start =", CADENCE,
+       "a view's window is the time since the previous tick"),
+    _m("slow-cadence-with-nsys", "exporter/__main__.py", "and all(s.in_nvml_loop for s in spatial.values()) and",
+       "and", CADENCE,
+       "DCGM's and nsys' windows keep NVML's loop at --interval"),
+    _m("unwatched-past-the-buffer", "exporter/config.py",
+       '_unwatched_interval = _at_least(_duration, 0.0, "an interval", UNWATCHED_INTERVAL_S)',
+       '_unwatched_interval = _at_least(_duration, 0.0, "an interval", 60)', CADENCE, "at most 10 s: no sample lost"),
+    _m("api-does-not-watch", "exporter/app.py", 'scope["path"].startswith("/api/")', 'scope["path"].startswith("/nope/")',
+       CADENCE, "an API reader brings --interval back"),
+    _m("top-unwatched", "gpu_spatial/top/feeds.py", "        self.engine.unwatched_interval = None  #",
+       "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
+       ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
+)
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47)
 
 
 def _is_test_path(arg: str) -> bool:
