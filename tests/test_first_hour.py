@@ -437,8 +437,8 @@ def test_the_inputs_are_checked_before_the_port():
         missing, good = commands(*(("-m", "exporter", "--no-nvml", "--no-mps", "--replay", replay, "--port", port)
                                    for replay in ("nothere.sqlite", str(STEADY))))
     assert (missing.returncode, missing.stderr) == (2, "error: --replay nothere.sqlite: nothere.sqlite: no such file\n")
-    assert (good.returncode, good.stderr) == (2, f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
-                                                 f"choose another with --port\n")
+    assert (good.returncode, good.stderr) == (2, (f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
+                                                  f"choose another with --port\n"))
 
 
 def test_top_once_piped_cuts_no_line():

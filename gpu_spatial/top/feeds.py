@@ -6,9 +6,9 @@ import threading
 import time
 import urllib.parse
 
-from hostio import answers
 from gpu_spatial.endpoints import exporter_base, serves_prometheus_api, with_scheme
 from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
+from hostio import answers
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
 STALE_AFTER_TICKS = 10  # as the exporter's /healthz
