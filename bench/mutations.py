@@ -1045,13 +1045,11 @@ ROUND_37_COST = (
     _m("sqlite-at-import", "exporter/nsys_exports.py", "import os\nimport selectors\n",
        "import os\nimport selectors\nimport sqlite3  # noqa: F401\n", DEFAULT_IMPORTS,
        "SQLite is loaded where an export is read"),
-    _m("uploads-always", "exporter/sources.py", '    if "nsys" in order:  # each import',
-       '    from exporter.uploads import UploadSpool  # noqa: F401\n    if "nsys" in order:  # each import',
+    # (nsys-source-always went with the source registry (issue 44): exporter/samplers/nsys.py is imported for its
+    # flags by design; what it must not load at defaults is sqlite-at-import's and uploads-always's)
+    _m("uploads-always", "exporter/samplers/nsys.py", "from pathlib import Path\n",
+       "from pathlib import Path\n\nfrom exporter.uploads import UploadSpool  # noqa: F401\n",
        DEFAULT_IMPORTS, "the upload spool is loaded with its flag"),
-    _m("nsys-source-always", "exporter/sources.py", "        if args.replay or watch_dir or args.nsys_live:\n",
-       "        from exporter.samplers.nsys import NsysSource  # noqa: F811\n"
-       "        if args.replay or watch_dir or args.nsys_live:\n", DEFAULT_IMPORTS,
-       "the nsys source is loaded with its flags"),
     _m("serves-from-nsys", "exporter/samplers/nvml.py", "        from exporter.samplers.gpm import engine_busy\n",
        "        from exporter.samplers.gpm import engine_busy\n        from exporter.samplers.nsys import serves\n",
        DEFAULT_IMPORTS, "the NVML sampler does not load the nsys source", function="NvmlSampler._engine_busy_measured"),
