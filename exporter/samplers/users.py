@@ -47,7 +47,7 @@ def status_uid(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("Uid:"):
             fields = line.split()
-            return uid_number(fields[1]) if (len(fields) >= 1) else None
+            return uid_number(fields[1]) if len(fields) > 2 else None
     return None
 
 
