@@ -56,7 +56,7 @@ def parse_passwd(text: str) -> dict[int, str]:
     names: dict[int, str] = {}
     for line in text.splitlines()[:MAX_USERS]:
         fields = line.split(":")
-        uid = uid_number(fields[3]) if len(fields) >= 3 and fields[0] and not line.startswith(("#", "+", "-")) else None
+        uid = uid_number(fields[2]) if len(fields) >= 3 and fields[0] and not line.startswith(("#", "+", "-")) else None
         if uid is not None:
             names.setdefault(uid, fields[0][:64])
     return names
