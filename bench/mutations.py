@@ -9,8 +9,8 @@ restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Resul
     python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
 Run from the repository root, on a clean tree. A hand mutant survives refactors (tests/mutants.py): its
-`old` is matched as written, else by its tokens (whitespace, line breaks, comments, quotes and trailing commas
-do not count), inside its `function` when it names one, wherever that function now stands in the file or in
+`old` is matched as written, else by its syntax tree (parentheses, line breaks, comments and quotes do not count),
+else by its tokens, inside its `function` when it names one, wherever that function now stands in the file or in
 its package; a test named in a file it left is followed to the file that holds it. A mutant that does not
 match exactly once is refused ("not applicable"), never counted as survived. `--function PATH:NAME` needs no
 table: each comparison of the function flipped, each constant off by one, each min/max clamp, `not` dropped
@@ -370,8 +370,11 @@ MUTANTS = (
     Mutant('top-prometheus-probe', 'gpu_spatial/endpoints.py', 'return status == 200 and isinstance(data, dict) and data.get("status") == "success"', 'return True',
            ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter_or_a_prometheus',), 'only a query answered makes a URL a Prometheus',
            function="serves_prometheus_api"),
-    Mutant('top-prometheus-said', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and serves_prometheus_api(self.url, self.timeout):', 'if False:',
+    Mutant('top-prometheus-said', 'gpu_spatial/top/feeds.py', 'if answer.status in (400, 404) and serves_prometheus_api(self.url, self.timeout):', 'if False:',
            ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one',), 'top says a URL is a Prometheus',
+           function="HttpFeed._get"),
+    Mutant('top-victoria-400', 'gpu_spatial/top/feeds.py', 'answer.status in (400, 404) and serves_prometheus_api', 'answer.status == 404 and serves_prometheus_api',
+           ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one',), "VictoriaMetrics' 400 is a Prometheus API too",
            function="HttpFeed._get"),
     Mutant('top-refused-stderr', 'gpu_spatial/top/__init__.py', '    if state.refused:\n        print(', '    if False:\n        print(',
            ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one', 'tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off'), 'a URL no retry helps: one line on stderr, exit 2',
@@ -418,6 +421,14 @@ MUTANTS = (
     Mutant('trace-help-needs', 'gpu_trace/__main__.py', 'epilog=NEEDS,', 'epilog=None,',
            ('tests/test_first_hour.py::test_trace_help_says_what_tracing_needs',), 'trace --help says what tracing needs',
            function="main"),
+    Mutant('demo-stops-its-parts', 'deploy/demo/local.sh', '  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done\n', '',
+           ('tests/test_tour.py::test_the_demo_without_docker_fires_hidden_idle_and_stops', 'tests/test_tour.py::test_the_demo_stops_whole_when_a_part_cannot_start'), 'the demo stops the parts it started'),
+    Mutant('demo-removes-state', 'deploy/demo/local.sh', '  rm -rf "$STATE"\n', '',
+           ('tests/test_tour.py::test_the_demo_without_docker_fires_hidden_idle_and_stops',), 'the demo leaves nothing behind'),
+    Mutant('demo-part-died', 'deploy/demo/local.sh', '      kill -0 "$pid" 2>/dev/null || {', '      true || {',
+           ('tests/test_tour.py::test_the_demo_stops_whole_when_a_part_cannot_start',), 'a part that cannot start stops the demo at once'),
+    Mutant('demo-alert-for', 'deploy/demo/local.sh', 'if [ -n "$alert_for" ]; then', 'if false; then',
+           ('tests/test_tour.py::test_the_demo_without_docker_fires_hidden_idle_and_stops',), '--alert-for cuts the alerts\' for:'),
     Mutant('plot-format', 'nsys_ingest/plot.py', '    if suffix not in formats:', '    if False:',
            ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'plot refuses an unknown format',
            function="check_output"),
@@ -894,7 +905,7 @@ ROUND_39_CUPTI = (
        function="gpu_windows"),
     _m("cupti-max-clients-boundary", "exporter/samplers/cupti.py", "if len(self._clients) >= self.max_clients:",
        "if len(self._clients) > self.max_clients:", CUPTI, "at most --cupti-max-clients connections",
-       function="CuptiSource._admit"),
+       function="CuptiSource._over_limit"),
     _m("cupti-max-age", "exporter/samplers/cupti.py", "self.max_age = 2 * period_s + window_s",
        "self.max_age = period_s + window_s", CUPTI, "a window lasts two periods and a window",
        function="CuptiSource.__init__"),
@@ -943,17 +954,22 @@ ISSUE_42_CUPTI = (  # the tracing socket's hostile numbers, slots and reused pid
        "except BadReport as exc:  # whatever", CUPTI_ONLY, "an unforeseen parser error is that client's refusal",
        function="CuptiSource._read"),
     _m("cupti-pid-reuse-unchecked", "exporter/samplers/cupti.py",
-       "if process_start(self.proc_root, client.pid) != client.start:", "if False:", CUPTI_ONLY,
-       "a report after the connecting process exited is refused", function="CuptiSource._read"),
+       "if self._exited(client):\n            return self._refused", "if False:\n            return self._refused",
+       CUPTI_ONLY, "a report after the connecting process exited is refused", function="CuptiSource._read"),
     _m("cupti-zombie-alive", "exporter/samplers/cupti.py", 'stat["state"] in ("Z", "X")', 'stat["state"] in ("X",)',
        CUPTI_ONLY, "a zombie's socket kept by its parent speaks for no one", function="process_start"),
+    _m("cupti-exited-slots-kept", "exporter/samplers/cupti.py", "            self._drop_exited()\n",
+       "            pass\n", CUPTI_ONLY, "the slots of exited processes are freed before anyone is refused",
+       function="CuptiSource._admit"),
+    _m("cupti-live-slots-freed", "exporter/samplers/cupti.py", "            if self._exited(client):\n",
+       "            if True:\n", CUPTI_ONLY, "a live process keeps its slot", function="CuptiSource._drop_exited"),
     _m("cupti-unbound-accepted", "exporter/samplers/cupti.py", "        if client.start is None:\n", "        if False:\n",
        CUPTI_ONLY, "a connection without a process to bind to is closed", function="CuptiSource._admit"),
     _m("cupti-per-process-unlimited", "exporter/samplers/cupti.py", "        if older is not None:\n",
        "        if False:\n", CUPTI_ONLY, "one connection per process", function="CuptiSource._admit"),
-    _m("cupti-per-user-boundary", "exporter/samplers/cupti.py", "if self._per_user[client.uid] >= self.max_per_user:",
-       "if self._per_user[client.uid] > self.max_per_user:", CUPTI_ONLY, "at most --cupti-max-clients-per-user",
-       function="CuptiSource._admit"),
+    _m("cupti-per-user-boundary", "exporter/samplers/cupti.py", "if self._per_user[uid] >= self.max_per_user:",
+       "if self._per_user[uid] > self.max_per_user:", CUPTI_ONLY, "at most --cupti-max-clients-per-user",
+       function="CuptiSource._over_limit"),
     _m("cupti-per-user-never-freed", "exporter/samplers/cupti.py", "            self._per_user[client.uid] -= 1\n", "",
        CUPTI_ONLY, "a user's connection that goes frees its slot", function="CuptiSource._drop"),
     _m("cupti-per-user-zero-kept", "exporter/samplers/cupti.py", "            if not self._per_user[client.uid]:\n"
@@ -1286,8 +1302,39 @@ LOST_GPU = (
     _m("lost-healthz-silent", "exporter/app.py", "    if lost:\n        # 200", "    if False:\n        # 200", LOST,
        "/healthz names the lost GPU", function="health_json"),
 )
+# Issue 47: NVML's loop at the rate its readers need, every buffered sample read once.
+CADENCE = ("tests/test_cadence.py",)
+CADENCE_47 = (
+    _m("watch-wake-boundary", "exporter/engine.py", "        if now >= self._watched_until and",
+       "        if now > self._watched_until and", CADENCE, "a reader coming as a watch ends wakes the loop"),
+    _m("watched-boundary", "exporter/engine.py", "time.monotonic() < self._watched_until:",
+       "time.monotonic() <= self._watched_until:", CADENCE, "a watch lasts exactly WATCHED_FOR_S"),
+    _m("unwatched-faster-than-interval", "exporter/engine.py", "return max(self.interval, self.unwatched_interval)",
+       "return self.unwatched_interval", CADENCE, "never faster than --interval"),
+    _m("window-past-the-buffer", "exporter/samplers/nvml.py",
+       "max(previous.taken_at, taken_at - NVML_BUFFER_S) if previous", "previous.taken_at if previous", CADENCE,
+       "a window never claims more than NVML kept"),
+    _m("samples-of-the-interval-only", "exporter/samplers/nvml.py",
+       "window = max(2 * self.interval, 1.0, taken_at - window_start + 1.0)", "window = max(2 * self.interval, 1.0)",
+       CADENCE, "every sample since the previous tick is read"),
+    _m("view-window-of-the-interval", "exporter/chain.py",
+       "start = telemetry.window_start if telemetry.window_start is not None else",
+       "start = None if telemetry.window_start is not None else None\n        start =", CADENCE,
+       "a view's window is the time since the previous tick"),
+    _m("slow-cadence-with-nsys", "exporter/__main__.py", "and all(s.in_nvml_loop for s in spatial.values()) and",
+       "and", CADENCE,
+       "DCGM's and nsys' windows keep NVML's loop at --interval"),
+    _m("unwatched-past-the-buffer", "exporter/config.py",
+       '_unwatched_interval = _at_least(_duration, 0.0, "an interval", UNWATCHED_INTERVAL_S)',
+       '_unwatched_interval = _at_least(_duration, 0.0, "an interval", 60)', CADENCE, "at most 10 s: no sample lost"),
+    _m("api-does-not-watch", "exporter/app.py", 'scope["path"].startswith("/api/")', 'scope["path"].startswith("/nope/")',
+       CADENCE, "an API reader brings --interval back"),
+    _m("top-unwatched", "gpu_spatial/top/feeds.py", "        self.engine.unwatched_interval = None  #",
+       "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
+       ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
+)
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47)
 
 
 def _is_test_path(arg: str) -> bool:
