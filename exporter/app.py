@@ -171,6 +171,11 @@ def asset(path) -> bytes:
 TAKES_QUERY: frozenset = frozenset()
 
 
+def snapshot_interval(engine) -> float:
+    """The longest time between two snapshots of a working engine (NVML's loop slows down while unwatched)."""
+    return getattr(engine, "longest_interval", engine.interval)
+
+
 def nvml_enabled(engine) -> bool:
     """False with --no-nvml: no GPU is then what was asked for."""
     return getattr(engine.nvml, "enabled", True)
@@ -205,7 +210,7 @@ def api(engine, upload=None):
     @app.get("/healthz", response_model=models.Health, responses={503: {"model": models.Health}})
     async def healthz():
         """ok, gpu_lost, no_gpu or stale; 503 when unhealthy (see the status's description)."""
-        body, status = health_json(engine.snapshot, engine.interval, nvml_enabled(engine))
+        body, status = health_json(engine.snapshot, snapshot_interval(engine), nvml_enabled(engine))
         return JSONResponse(body, status_code=status)
 
     @app.get("/api/v1/gpus", response_model=models.Gpus)
@@ -304,7 +309,7 @@ class LazyApi:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http" and scope["path"] == "/healthz" and scope["method"] in ("GET", "HEAD"):
-            body, status = health_json(self._engine.snapshot, self._engine.interval, nvml_enabled(self._engine))
+            body, status = health_json(self._engine.snapshot, snapshot_interval(self._engine), nvml_enabled(self._engine))
             await _send_body(send, scope, status, json.dumps(body, separators=(",", ":")).encode())
         elif scope["type"] == "http" and scope["path"] == "/" and scope["method"] in ("GET", "HEAD"):
             page = INDEX.format(api=INDEX_API if self._api_on else INDEX_NO_API).encode()
@@ -314,6 +319,10 @@ class LazyApi:
         else:
             if scope["type"] == "http" and scope["path"] not in TAKES_QUERY:
                 scope["query_string"] = b""  # parsing 60 KB of `a=1&` cost the framework 28x a plain request
+            if scope["type"] == "http" and scope["path"].startswith("/api/"):
+                watch = getattr(self._engine, "watch", None)
+                if watch:  # top and API clients want values at --interval; Prometheus' scrapes do not ask for it
+                    watch()
             await (await self.app())(scope, receive, send)
 
     async def app(self):

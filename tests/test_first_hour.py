@@ -346,14 +346,23 @@ def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():
 
 
 # -- issue 46: errors that name the mistake, and what piped output keeps -----------------------------------------
-@needs("prometheus")
-def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack):
+@needs("prometheus", "victoria-metrics")
+def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack, tmp_path):
+    """Prometheus answers top's path with 404, VictoriaMetrics with 400: both are said to be what they are."""
+    from tests.test_report import start_victoria_metrics, stop
+
     _exporter, prometheus = users_stack
-    done = command("-m", "gpu_spatial", "top", "--once", "--url", prometheus.url)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == (f"gpu-spatial top: {prometheus.url} is a Prometheus query API, not a gpu-spatial exporter: "
-                           f"top --url reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account "
-                           f"from this Prometheus: gpu-spatial report --prometheus {prometheus.url}\n")
+    victoria, victoria_url = start_victoria_metrics(tmp_path)
+    try:
+        stores = (prometheus.url, victoria_url)
+        done = commands(*(("-m", "gpu_spatial", "top", "--once", "--url", url) for url in stores))
+    finally:
+        stop(victoria)
+    for url, top in zip(stores, done):
+        assert (top.returncode, top.stdout) == (2, "")
+        assert top.stderr == (f"gpu-spatial top: {url} is a Prometheus query API, not a gpu-spatial exporter: top --url "
+                              f"reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account from this "
+                              f"Prometheus: gpu-spatial report --prometheus {url}\n")
 
 
 @needs("prometheus")
@@ -437,8 +446,8 @@ def test_the_inputs_are_checked_before_the_port():
         missing, good = commands(*(("-m", "exporter", "--no-nvml", "--no-mps", "--replay", replay, "--port", port)
                                    for replay in ("nothere.sqlite", str(STEADY))))
     assert (missing.returncode, missing.stderr) == (2, "error: --replay nothere.sqlite: nothere.sqlite: no such file\n")
-    assert (good.returncode, good.stderr) == (2, f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
-                                                 f"choose another with --port\n")
+    assert (good.returncode, good.stderr) == (2, (f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
+                                                  f"choose another with --port\n"))
 
 
 def test_top_once_piped_cuts_no_line():
@@ -465,6 +474,27 @@ def test_top_help_replays_the_readmes_recording():
     replayed = re.search(r"^gpu-spatial-exporter --no-nvml --replay (\S+)", readme, re.M).group(1)
     done = command("-m", "gpu_spatial", "top", "--help")
     assert f"--replay {replayed} " in done.stdout and "--replay tests/fixtures/" not in done.stdout.replace(replayed, "")
+
+
+def test_operations_names_every_provisioned_dashboard():
+    """docs/operations.md counts and names the dashboards the compose stack provisions: every generated file."""
+    import json
+
+    titles = sorted(json.loads(path.read_text())["title"] for path in (ROOT / "dashboards" / "generated").glob("*.json"))
+    compose = (ROOT / "docs" / "operations.md").read_text().split("## The compose stack", 1)[1].split("\n## ", 1)[0]
+    said = re.search(r"Prometheus datasource and (\w+) dashboards provisioned", compose).group(1)
+    listed = compose.split("dashboards provisioned", 1)[1].split("\n\n")[0]
+    named = sorted(" ".join(title.split()) for title in re.findall(r"\*\*([^*]+)\*\*", listed))
+    assert (said, named) == ({2: "two", 3: "three", 4: "four", 5: "five"}[len(titles)], titles)
+
+
+def test_the_readmes_kubectl_apply_says_the_image_comes_first():
+    """The image is in no registry: the README says to build and push it before `kubectl apply -k`."""
+    readme = (ROOT / "README.md").read_text()
+    before = readme.split("### Kubernetes", 1)[1].split("kubectl apply -k", 1)[0]
+    assert "build the image and push it" in before and "docs/kubernetes.md" in before
+    guide = (ROOT / "docs" / "kubernetes.md").read_text().split("kubectl apply -k deploy/kubernetes", 1)[0]
+    assert "docker build -t REGISTRY/" in guide and "docker push REGISTRY/" in guide and "kustomize edit set image" in guide
 
 
 # -- 1: a rule that holds whatever the job is called (last: it stops the exporter) -------------------------------
