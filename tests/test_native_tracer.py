@@ -334,3 +334,15 @@ def test_a_record_queued_before_the_window_tells_no_backlog(lib):
     [gpu], _ = window(lib, [kernel(LO + 30 * MS, LO + 40 * MS, (33, 1, 1), (32, 1, 1), queued=LO - 50 * MS)])
     assert gpu["backlog_busy_s"] == 0.0
     assert gpu["busy_s"] == pytest.approx(0.01, abs=1e-9)
+
+
+def test_the_package_build_compiles_the_library_without_cuda(tmp_path):
+    """What `pip install .` runs (setup.py's extension): the system C compiler alone, no CUDA headers."""
+    root = native.HERE.parent.parent
+    build = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(tmp_path),
+                            "--build-temp", str(tmp_path / "tmp")], cwd=root, capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr[-2000:]
+    [built] = (tmp_path / "gpu_trace" / "native").glob("_gputrace*.so")
+    lib = native.load(built)
+    assert lib.gt_blocks_per_sm(64, 32, 65536, 233472, 528, 0, 0) == 3
