@@ -33,6 +33,7 @@ def main(argv) -> int:
 
     from exporter.nvml import Nvml
     from exporter.samplers.dra import ApiView, DraDevices, NvidiaDeviceNames
+    from exporter.nvml_answers import to_json
     from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 
     live = Nvml()
@@ -45,16 +46,13 @@ def main(argv) -> int:
         bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()
         truth = minors.get(bus[-12:])  # NVML: 00000000:18:00.0, the driver's folder: 0000:18:00.0
         mig = live.mig_devices(index)
-        gpu = GpuIdentity(index, ident["uuid"], ident["model"], ident.get("minor"))
+        gpu = GpuIdentity(index, ident.uuid, ident.model, ident.minor)
         gpus.append(gpu)
-        telemetry[gpu.uuid] = DeviceTelemetry(gpu, 0.0, mig_enabled=mig["enabled"], mig_sm_count=mig.get("sm_count"),
-                                              mig_devices=tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"],
-                                                                          d.get("sm_count"), d.get("profile_id"),
-                                                                          d.get("placement_start"), d.get("placement_size"))
-                                                                for d in mig["devices"]))
-        rows.append({"index": index, "uuid": ident["uuid"], "bus_id": bus, "nvml_minor": ident.get("minor"),
-                     "driver_minor": truth, "mig": mig})
-        bad += ident.get("minor") != truth
+        telemetry[gpu.uuid] = DeviceTelemetry(gpu, 0.0, mig_enabled=mig.enabled, mig_sm_count=mig.sm_count,
+                                              mig_devices=tuple(MigDevice(**d._asdict()) for d in mig.devices))
+        rows.append({"index": index, "uuid": ident.uuid, "bus_id": bus, "nvml_minor": ident.minor,
+                     "driver_minor": truth, "mig": to_json(mig)})
+        bad += ident.minor != truth
     devices = DraDevices(gpus, telemetry, ApiView())
     for row in rows:
         name = f"gpu-{row['nvml_minor']}"
