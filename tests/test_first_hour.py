@@ -346,14 +346,23 @@ def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():
 
 
 # -- issue 46: errors that name the mistake, and what piped output keeps -----------------------------------------
-@needs("prometheus")
-def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack):
+@needs("prometheus", "victoria-metrics")
+def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack, tmp_path):
+    """Prometheus answers top's path with 404, VictoriaMetrics with 400: both are said to be what they are."""
+    from tests.test_report import start_victoria_metrics, stop
+
     _exporter, prometheus = users_stack
-    done = command("-m", "gpu_spatial", "top", "--once", "--url", prometheus.url)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == (f"gpu-spatial top: {prometheus.url} is a Prometheus query API, not a gpu-spatial exporter: "
-                           f"top --url reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account "
-                           f"from this Prometheus: gpu-spatial report --prometheus {prometheus.url}\n")
+    victoria, victoria_url = start_victoria_metrics(tmp_path)
+    try:
+        stores = (prometheus.url, victoria_url)
+        done = commands(*(("-m", "gpu_spatial", "top", "--once", "--url", url) for url in stores))
+    finally:
+        stop(victoria)
+    for url, top in zip(stores, done):
+        assert (top.returncode, top.stdout) == (2, "")
+        assert top.stderr == (f"gpu-spatial top: {url} is a Prometheus query API, not a gpu-spatial exporter: top --url "
+                              f"reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account from this "
+                              f"Prometheus: gpu-spatial report --prometheus {url}\n")
 
 
 @needs("prometheus")
@@ -437,8 +446,8 @@ def test_the_inputs_are_checked_before_the_port():
         missing, good = commands(*(("-m", "exporter", "--no-nvml", "--no-mps", "--replay", replay, "--port", port)
                                    for replay in ("nothere.sqlite", str(STEADY))))
     assert (missing.returncode, missing.stderr) == (2, "error: --replay nothere.sqlite: nothere.sqlite: no such file\n")
-    assert (good.returncode, good.stderr) == (2, f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
-                                                 f"choose another with --port\n")
+    assert (good.returncode, good.stderr) == (2, (f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
+                                                  f"choose another with --port\n"))
 
 
 def test_top_once_piped_cuts_no_line():
