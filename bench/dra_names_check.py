@@ -32,9 +32,9 @@ def main(argv) -> int:
     import pynvml as nv
 
     from exporter.nvml import Nvml
-    from exporter.samplers.dra import ApiView, DraDevices, NvidiaDeviceNames
     from exporter.nvml_answers import to_json
-    from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
+    from exporter.samplers.dra import ApiView, DraDevices, NvidiaDeviceNames
+    from exporter.snapshot import DeviceTelemetry, GpuIdentity
 
     live = Nvml()
     minors = driver_minors()
@@ -49,7 +49,7 @@ def main(argv) -> int:
         gpu = GpuIdentity(index, ident.uuid, ident.model, ident.minor)
         gpus.append(gpu)
         telemetry[gpu.uuid] = DeviceTelemetry(gpu, 0.0, mig_enabled=mig.enabled, mig_sm_count=mig.sm_count,
-                                              mig_devices=tuple(MigDevice(**d._asdict()) for d in mig.devices))
+                                              mig_devices=mig.devices)
         rows.append({"index": index, "uuid": ident.uuid, "bus_id": bus, "nvml_minor": ident.minor,
                      "driver_minor": truth, "mig": to_json(mig)})
         bad += ident.minor != truth

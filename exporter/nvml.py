@@ -13,8 +13,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from exporter.nvml_answers import (DeviceIdentity, GpmSupport, MemoryInfo, MigInstance, MigLayout, ProcessLists,
-                                   ProcessRef, ProcessSample, UtilizationRates, UtilizationSamples, XidEvent)
+from exporter.nvml_answers import (
+    DeviceIdentity,
+    GpmSupport,
+    MemoryInfo,
+    MigLayout,
+    ProcessLists,
+    ProcessRef,
+    ProcessSample,
+    UtilizationRates,
+    UtilizationSamples,
+    XidEvent,
+)
+from exporter.snapshot import MigDevice
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t), mapped onto the metric contract's quantities.
 GPM_METRICS = {
@@ -400,7 +411,7 @@ class Nvml:
                 except nv.NVMLError:  # an empty slot
                     continue
                 gpu_instance = int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig))
-                devices.append(MigInstance(
+                devices.append(MigDevice(
                     self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
                     gpu_instance,
                     int(self._call("nvmlDeviceGetComputeInstanceId", nv.nvmlDeviceGetComputeInstanceId, mig)),

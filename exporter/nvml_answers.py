@@ -6,7 +6,10 @@ replays unchanged.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
+
+from exporter.snapshot import MigDevice
 
 
 class DeviceIdentity(NamedTuple):
@@ -67,21 +70,11 @@ class ProcessLists(NamedTuple):
     mps: tuple[ProcessRef, ...] = ()
 
 
-class MigInstance(NamedTuple):
-    uuid: str
-    gpu_instance: int
-    compute_instance: int
-    sm_count: int | None = None
-    profile_id: int | None = None
-    placement_start: int | None = None
-    placement_size: int | None = None
-
-
 class MigLayout(NamedTuple):
     """MIG mode and devices of a GPU; `sm_count`: SMs of the whole GPU in MIG mode (its largest profile)."""
 
     enabled: bool
-    devices: tuple[MigInstance, ...] = ()
+    devices: tuple[MigDevice, ...] = ()
     sm_count: int | None = None
 
 
@@ -92,7 +85,8 @@ class XidEvent(NamedTuple):
 
 def _record(cls, data: dict):
     """A record from its recorded dict: fields it lacks take their defaults, keys it does not know are left."""
-    return cls(**{name: data[name] for name in cls._fields if name in data})
+    names = cls._fields if hasattr(cls, "_fields") else [f.name for f in dataclasses.fields(cls)]
+    return cls(**{name: data[name] for name in names if name in data})
 
 
 def _pairs(samples) -> tuple[tuple[float, float], ...]:
@@ -110,7 +104,7 @@ FROM_JSON = {
     "process_utilization": lambda data: [_record(ProcessSample, p) for p in data],
     "compute_processes": lambda data: ProcessLists(*(tuple(_record(ProcessRef, p) for p in data.get(key, ()))
                                                      for key in ProcessLists._fields)),
-    "mig_devices": lambda data: MigLayout(bool(data["enabled"]), tuple(_record(MigInstance, d)
+    "mig_devices": lambda data: MigLayout(bool(data["enabled"]), tuple(_record(MigDevice, d)
                                                                        for d in data.get("devices", ())),
                                           data.get("sm_count")),
 }
@@ -126,6 +120,8 @@ def to_json(value):
     """An answer's form in a recording: records as dicts by field name, all the way down."""
     if hasattr(value, "_asdict"):
         return {name: to_json(item) for name, item in value._asdict().items()}
+    if dataclasses.is_dataclass(value):
+        return to_json(dataclasses.asdict(value))
     if isinstance(value, (list, tuple)):
         return [to_json(item) for item in value]
     if isinstance(value, dict):

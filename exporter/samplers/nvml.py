@@ -19,7 +19,6 @@ from exporter.snapshot import (
     GpuIdentity,
     LinkThroughput,
     LogOnce,
-    MigDevice,
     ProcessUtilization,
     as_ratio,
 )
@@ -296,7 +295,7 @@ class NvmlSampler(SamplerDefaults):
             read("mig", b.mig_devices)
             mig = values["mig"] or MigLayout(None)  # None: unknown
             mig_enabled = mig.enabled
-            mig_devices = tuple(MigDevice(**d._asdict()) for d in mig.devices)
+            mig_devices = mig.devices
             mig_sms = mig.sm_count
         if gpu.index in self._lost:
             self._report_lost(gpu, "; ".join(errors))
