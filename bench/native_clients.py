@@ -130,6 +130,18 @@ def resnet(args) -> dict:
     return {"kind": "resnet", "steps": steps, "profiler_windows": truth}
 
 
+def union(spans) -> float:
+    """The length of the union of (start, end) spans."""
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(spans):
+        if cur_e is None or s > cur_e:
+            busy += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return busy + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
 def kernel_busy(prof, window) -> dict:
     """The union of the profiler's kernel intervals over the window it ran (its own trace's clock)."""
     spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
@@ -137,14 +149,7 @@ def kernel_busy(prof, window) -> dict:
     if not spans:
         return {"window": window, "kernel_busy": None}
     lo, hi = spans[0][0], max(e for _, e in spans)
-    busy, cur_s, cur_e = 0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            busy += 0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
+    busy = union(spans)
     return {"window": window, "kernel_busy_s": busy / 1e6, "span_s": (hi - lo) / 1e6,
             "kernel_busy_share": round(busy / (window[1] - window[0]) / 1e6, 4)}
 

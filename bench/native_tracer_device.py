@@ -37,15 +37,9 @@ WARM_S = 10.0
 
 
 def union_inside(intervals, lo, hi) -> float:
-    spans = sorted((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in spans:
-        if cur_e is None or s > cur_e:
-            busy += 0.0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return busy + (cur_e - cur_s if cur_e is not None else 0.0)
+    from native_clients import union
+
+    return union((max(s, lo), min(e, hi)) for s, e in intervals if e > lo and s < hi)
 
 
 class Asker:
