@@ -886,3 +886,10 @@ def test_the_native_fields_are_refused_just_past_their_bounds(field, value, acce
 
 def test_a_report_that_says_native_only_as_true_is_native():
     assert parse(report(native="yes")).devices[UUID].native is False
+
+
+def test_a_part_of_the_busy_time_is_at_most_the_window():
+    # float rounding lets a client's busy time pass the window's length by 0.1 %: its share stays within 1
+    got = parse(native_report(kernel_busy_s=10.005, busy_s=10.0 * 1.001, sm_seconds=1.0, sm_copy_busy_s=0.0))
+    parts = dict(got.devices[UUID].parts(got.end - got.start))
+    assert parts["kernel_busy"] == 1.0 and parts["copy_busy"] == 0.05
