@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from exporter.nvml_answers import (
     DeviceIdentity,
+    GpmMetrics,
     GpmSupport,
     MemoryInfo,
     MigLayout,
@@ -458,18 +459,18 @@ class Nvml:
             return ""
         return name.rsplit("/", 1)[-1]
 
-    def gpm_metrics(self, index: int) -> dict | None:
+    def gpm_metrics(self, index: int) -> GpmMetrics | None:
         """GPM metrics (percent) of the whole GPU between the previous call and this one; None on the
         first call."""
         return self._gpm_between(index, index, self._nv.nvmlGpmSampleGet)
 
-    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> dict | None:
+    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> GpmMetrics | None:
         """GPM metrics (percent) of one MIG GPU instance (nvmlGpmMigSampleGet), as gpm_metrics: the
         SM activity of that instance's own SMs."""
         return self._gpm_between((index, gpu_instance), index,
                                  lambda handle, sample: self._nv.nvmlGpmMigSampleGet(handle, gpu_instance, sample))
 
-    def _gpm_between(self, key, index: int, take) -> dict | None:
+    def _gpm_between(self, key, index: int, take) -> GpmMetrics | None:
         nv = self._nv
         h = self._handle(index)
         with self._lock:
@@ -500,11 +501,11 @@ class Nvml:
         finally:
             with self._lock:
                 self._gpm_spare[key] = old
-        values: dict = {"window_s": round(taken - old_taken, 6)}
+        values = {}
         for slot, name in enumerate(names):
             metric = request.metrics[slot]
             values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
-        return values
+        return GpmMetrics(round(taken - old_taken, 6), **values)
 
     def _gpm_get(self, old, sample, names: tuple):
         nv = self._nv

@@ -78,6 +78,22 @@ class MigLayout(NamedTuple):
     sm_count: int | None = None
 
 
+class GpmMetrics(NamedTuple):
+    """nvmlGpmMetricsGet between two samples `window_s` apart: percent, the interconnect in MiB/s; None where
+    NVML answered that metric with an error (or the driver was not asked it: exporter.nvml.GPM_METRICS)."""
+
+    window_s: float
+    graphics_engine_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_rx: float | None = None
+    nvlink_tx: float | None = None
+
+
 class XidEvent(NamedTuple):
     index: int
     xid: int
@@ -94,7 +110,7 @@ def _pairs(samples) -> tuple[tuple[float, float], ...]:
 
 
 # How each method's recorded value becomes its record again (methods not named here answer plain values:
-# numbers, strings, a mapping by metric name or GPU index, or an exporter.nvml.PartialAnswer).
+# numbers, strings, a mapping by GPU index, or an exporter.nvml.PartialAnswer).
 FROM_JSON = {
     "identity": lambda data: _record(DeviceIdentity, data),
     "gpm_support": lambda data: _record(GpmSupport, data),
@@ -104,6 +120,8 @@ FROM_JSON = {
     "process_utilization": lambda data: [_record(ProcessSample, p) for p in data],
     "compute_processes": lambda data: ProcessLists(*(tuple(_record(ProcessRef, p) for p in data.get(key, ()))
                                                      for key in ProcessLists._fields)),
+    "gpm_metrics": lambda data: _record(GpmMetrics, data),
+    "gpm_mig_metrics": lambda data: _record(GpmMetrics, data),
     "mig_devices": lambda data: MigLayout(bool(data["enabled"]), tuple(_record(MigDevice, d)
                                                                        for d in data.get("devices", ())),
                                           data.get("sm_count")),

@@ -28,4 +28,6 @@ def test_a_recording_of_the_live_wrapper_replays_the_same_typed_answers(tmp_path
 def test_a_recording_from_before_a_field_existed_replays_with_it_unknown():
     assert nvml_answers.from_json("memory", {"used": 1, "total": 2}) == nvml_answers.MemoryInfo(1, 2, None, None)
     assert nvml_answers.from_json("identity", {"uuid": "GPU-a", "model": "H100"}).minor is None
-    assert nvml_answers.from_json("gpm_metrics", {"window_s": 1.0}) == {"window_s": 1.0}  # a mapping by metric name
+    assert nvml_answers.from_json("gpm_metrics", {"window_s": 1.0, "sm_active": 25.0}) == nvml_answers.GpmMetrics(
+        1.0, sm_active=25.0)  # a recording from before the interconnect metrics: they are unknown
+    assert nvml_answers.from_json("pci_bus_ids", {"0": "00000000:19:00.0"}) == {"0": "00000000:19:00.0"}  # a mapping
