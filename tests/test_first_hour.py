@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 from pathlib import Path
 
@@ -406,6 +407,29 @@ def test_report_before_the_first_scrape_says_so(tmp_path):
     assert done.returncode == 2 and done.stderr == (
         f"gpu-spatial report: {prometheus.url} has not scraped http://{target}/metrics yet (it has just started?): "
         f"run the report again after its first scrapes, within a scrape interval\n"), done.stderr
+
+
+@needs("prometheus")
+def test_report_on_a_prometheus_that_lists_no_target_yet(tmp_path):
+    """The first seconds after Prometheus starts, before it lists its targets: it says how young it is. The same
+    server an hour later (the clock moved by hand) gets the usual question."""
+    from gpu_spatial.report.account import Plan
+    from gpu_spatial.report.empty import diagnose_empty
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    (tmp_path / "prometheus.yaml").write_text("global: {scrape_interval: 5m}\n")  # no target: it lists none
+    prometheus = Prometheus.from_config(tmp_path)
+    try:
+        wait_for(lambda: http_get(prometheus.url + "/-/ready", timeout=5)[0] == 200, 60, 0.2, "prometheus ready")
+        done = report("--prometheus", prometheus.url, "--last", "1h")
+        api, now = PrometheusAPI(prometheus.url), time.time()
+        later = str(diagnose_empty(api, Plan("namespace"), now - 3600, now, now + 3600))
+    finally:
+        prometheus.stop()
+    assert done.returncode == 2 and re.fullmatch(
+        rf"gpu-spatial report: {prometheus.url} started \d+ s ago and lists no scrape target yet: run the report "
+        rf"again after its first scrapes, in a minute\n", done.stderr), done.stderr
+    assert later.startswith(f"{prometheus.url} has no series of the gpu-spatial exporter"), later
 
 
 def test_the_targets_named_are_few_and_printable():
