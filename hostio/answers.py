@@ -250,7 +250,7 @@ class Unchunked:
             raise AnswerError(f"answer over {self.max_bytes} bytes (a chunk of {size})", "large")
         if self.chunks > FREE_CHUNKS and self.declared < self.chunks * MIN_MEAN_CHUNK_BYTES:
             raise AnswerError(f"{self.chunks} chunks of {self.declared} bytes: chunked finer than "
-                              f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk", "large")
+                              f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk", "http")  # no HTTP server's way
         self.left = size
 
     def ended(self) -> None:

@@ -238,6 +238,10 @@ s.sendall(body.encode()); s.recv(1)
 """
 
 
+def logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+
+
 def run_attack(source, script_body: str, caplog) -> list[str]:
     return run_attacker(source, caplog, ANSWER_AS, script_body)
 
@@ -253,7 +257,7 @@ def run_attacker(source, caplog, script: str, *args) -> list[str]:
     finally:
         proc.kill()
         proc.wait()
-    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+    return logged(caplog)
 
 
 def test_another_process_claiming_our_pid_is_refused_with_one_line(source, caplog):
@@ -292,7 +296,7 @@ for _ in range(1000):
     finally:
         proc.kill()
         proc.wait()
-    lines = [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+    lines = logged(caplog)
     assert len(lines) == 1 and "did not answer within the window" in lines[0] and source._clients == {}
 
 
@@ -339,10 +343,6 @@ def processes(path: str, script: str, *args, count: int = 1, **popen):
         for proc in procs:
             proc.kill()
             proc.wait()
-
-
-def logged(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
 
 
 def test_a_number_too_large_for_a_float_is_that_clients_refusal_once_and_the_others_keep_theirs(source, caplog):

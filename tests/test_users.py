@@ -31,8 +31,11 @@ def frame(tmp_path_factory):
 def test_uid_and_names():
     assert status_uid((PROC / "417" / "status").read_text()) == 1001
     assert status_uid("Name:\tx\nUid:\tabc\t1\n") is None and status_uid("") is None
+    assert status_uid("Uid:\n") is None and status_uid("Uid:\t1001\n") == 1001  # no uid; the real one alone
     assert parse_passwd("root:x:0:0::/:/bin/sh\n# c\n+nis::::\nbad\nalice:x:1001:1001::/:/bin/sh\n"
                         "alice2:x:1001:1::/:/bin/sh\n") == {0: "root", 1001: "alice"}
+    # three fields name a user; an empty name does not; a name is kept to 64 characters
+    assert parse_passwd("carol:x:1002\n:x:1003:0::/:\n" + "d" * 65 + ":x:1004:0::/:\n") == {1002: "carol", 1004: "d" * 64}
 
 
 def users_on_the_replayed_h100(proc):
