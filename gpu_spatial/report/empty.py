@@ -38,7 +38,8 @@ def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float, now
         return ReportError(f"{api.url} has not scraped {', '.join(waiting)} yet (it has just started?): run the "
                            f"report again after its first scrapes, within a scrape interval")
     age = started_ago(api, now)
-    if not targets and age is not None and age < JUST_STARTED:  # Prometheus lists its targets a few seconds after start
+    # Prometheus lists the targets of its scrape configurations a few seconds after it starts
+    if not targets and age is not None and age < JUST_STARTED and scrapes_something(api):
         return ReportError(f"{api.url} started {age:.0f} s ago and lists no scrape target yet: run the report again "
                            f"after its first scrapes, in a minute")
     return ReportError(f"{api.url} has no series of the gpu-spatial exporter ({workload}): is it the Prometheus "
@@ -69,6 +70,15 @@ def started_ago(api: PrometheusAPI, now: float) -> float | None:
     except (ReportError, KeyError, TypeError, ValueError):
         return None
     return now - started.timestamp() if started.tzinfo else None
+
+
+def scrapes_something(api: PrometheusAPI) -> bool:
+    """Whether the server's configuration (Prometheus' own rendering of it) has scrape configurations."""
+    try:
+        rendered = api.configuration()
+    except ReportError:
+        return False
+    return "\nscrape_configs:" in "\n" + str(rendered.get("yaml", ""))
 
 
 def never_scraped(targets: list) -> list[str]:
