@@ -5,6 +5,7 @@ import logging
 import time
 
 from exporter.nvml import NvmlError
+from exporter.nvml_answers import GpmSupport
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import (
     ERROR,
@@ -68,8 +69,8 @@ class GpmSource(SamplerDefaults):
             try:
                 answer = backend.gpm_support(gpu.index)
             except NvmlError as exc:
-                answer = {"supported": False, "reason": f"GPM support query failed: {exc.reason}"}
-            support = self._support[gpu.uuid] = (answer["supported"], answer["reason"])
+                answer = GpmSupport(False, f"GPM support query failed: {exc.reason}")
+            support = self._support[gpu.uuid] = (answer.supported, answer.reason)
             if not support[0]:
                 log.info("GPU %d (%s): GPM not used: %s", gpu.index, gpu.uuid, support[1])
         if not support[0]:

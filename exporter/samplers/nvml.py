@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError, PartialAnswer
+from exporter.nvml_answers import DeviceIdentity, MemoryInfo, MigLayout, ProcessLists, UtilizationSamples
 from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
 from exporter import vocabulary
@@ -18,7 +19,6 @@ from exporter.snapshot import (
     GpuIdentity,
     LinkThroughput,
     LogOnce,
-    MigDevice,
     ProcessUtilization,
     as_ratio,
 )
@@ -235,7 +235,7 @@ class NvmlSampler(SamplerDefaults):
             # Lost since before this exporter started, it says who it is at last: served under its own name
             # from the next tick on (this tick's views were made under the placeholder).
             self.gpus = tuple(identity(gpu.index, answer) if g == gpu else g for g in self.gpus)
-        elif answer["uuid"] != gpu.uuid:
+        elif answer.uuid != gpu.uuid:
             return True
         del self._lost[gpu.index]
         if self.xid is not None:
@@ -285,7 +285,7 @@ class NvmlSampler(SamplerDefaults):
         # workloads' time shares describe the same tick as the GPU's time utilization.
         if compute is None or compute:
             read("processes", b.process_utilization, PROCESS_SAMPLE_MAX_AGE_S)
-            processes = tuple(ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
+            processes = tuple(ProcessUtilization(p.pid, p.command, p.sm / 100.0, p.memory / 100.0)
                               for p in values.get("processes") or ())
         else:
             processes = ()
@@ -293,12 +293,10 @@ class NvmlSampler(SamplerDefaults):
                                              if previous else (None, (), None))
         if self._due(gpu, "mig", self.mig_every_s):
             read("mig", b.mig_devices)
-            mig = values["mig"]
-            mig_enabled = None if mig is None else bool(mig["enabled"])
-            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"),
-                                          d.get("profile_id"), d.get("placement_start"), d.get("placement_size"))
-                                for d in (mig or {}).get("devices", ()))
-            mig_sms = (mig or {}).get("sm_count")
+            mig = values["mig"] or MigLayout(None)  # None: unknown
+            mig_enabled = mig.enabled
+            mig_devices = mig.devices
+            mig_sms = mig.sm_count
         if gpu.index in self._lost:
             self._report_lost(gpu, "; ".join(errors))
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors), **self._xid(gpu))
@@ -307,23 +305,23 @@ class NvmlSampler(SamplerDefaults):
         else:
             self._log.clear(key)
         gpu_history, memory_history = self._history.setdefault(gpu.uuid, (deque(), deque()))
-        samples = values.get("samples") or {}
+        samples = values.get("samples") or UtilizationSamples()
         if gpu_samples:
-            self._remember(gpu_history, taken_at, samples.get("gpu", []))
+            self._remember(gpu_history, taken_at, samples.gpu)
         else:  # GPM's busy time stands in: no older sample may pass for this tick's
             gpu_history.clear()
         if slow:
-            self._remember(memory_history, taken_at, samples.get("memory", []))
+            self._remember(memory_history, taken_at, samples.memory)
         fresh = values.get("samples", {}) is not None  # not read this tick (GPM measures the time): fresh
         if gpu_samples and not gpu_history:  # no sample yet (fresh driver): take the instant rate
             fresh = True
             try:
                 rates = b.utilization_rates(gpu.index)
-                gpu_history.append((taken_at, rates["gpu"] / 100.0))
-                memory_history.append((taken_at, rates["memory"] / 100.0))
+                gpu_history.append((taken_at, rates.gpu / 100.0))
+                memory_history.append((taken_at, rates.memory / 100.0))
             except NvmlError as exc:
                 errors.append(str(exc))
-        memory = values["memory"] or {}
+        memory = values["memory"] or MemoryInfo(None, None)
         # Samples that could not be read this tick leave no time utilization: the history would
         # otherwise repeat an older sample as this tick's value.
         return DeviceTelemetry(
@@ -331,8 +329,8 @@ class NvmlSampler(SamplerDefaults):
             taken_at=taken_at,
             gpu_samples=tuple(gpu_history) if fresh else (),
             memory_samples=tuple(memory_history) if fresh else (),
-            memory_used_bytes=memory.get("used"),
-            memory_total_bytes=memory.get("total"),
+            memory_used_bytes=memory.used,
+            memory_total_bytes=memory.total,
             power_watts=values["power"],
             sm_clock_hertz=values["clock"],
             temperature_celsius=values["temperature"],
@@ -341,8 +339,8 @@ class NvmlSampler(SamplerDefaults):
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
             mig_sm_count=mig_sms,
-            memory_free_bytes=memory.get("free"),
-            memory_reserved_bytes=memory.get("reserved"),
+            memory_free_bytes=memory.free,
+            memory_reserved_bytes=memory.reserved,
             memory_clock_hertz=values["memory_clock"],
             health=health,
             **self._xid(gpu),
@@ -389,7 +387,7 @@ class NvmlSampler(SamplerDefaults):
             slow.static_done = not slow.errors["static"]
         if slow.gpm is None:
             support, _error = self._call(gpu, b.gpm_support)
-            slow.gpm = bool(support and support.get("supported"))
+            slow.gpm = bool(support and support.supported)
         if self._due(gpu, "health", self.health_every_s):
             slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
             slow.throttle_share, slow.throttle_before = throttle_share(
@@ -453,9 +451,9 @@ class NvmlSampler(SamplerDefaults):
 UNNAMED_MODEL = "unknown"  # the model label of a GPU lost before it could be asked who it is
 
 
-def identity(index: int, answer: dict) -> GpuIdentity:
+def identity(index: int, answer: DeviceIdentity) -> GpuIdentity:
     """A GPU's identity from the backend's identity() answer."""
-    return GpuIdentity(index, answer["uuid"], answer["model"], answer.get("minor"))
+    return GpuIdentity(index, answer.uuid, answer.model, answer.minor)
 
 
 def unnamed_identity(index: int, pci_bus_id: str | None) -> GpuIdentity:
@@ -485,17 +483,17 @@ def throttle_share(before: tuple | None, seconds: dict, now: float) -> tuple[flo
     return share, (now, dict(seconds))
 
 
-def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:
+def compute_processes(answer: ProcessLists | None) -> tuple[ComputeProcess, ...] | None:
     """NVML's compute and MPS process lists as one list with a kind each; None when unknown."""
     if answer is None:
         return None
-    clients = {p["pid"]: p for p in answer.get("mps", ())}
-    everyone = {p["pid"]: p for p in answer.get("compute", ())} | clients
+    clients = {p.pid: p for p in answer.mps}
+    everyone = {p.pid: p for p in answer.compute} | clients
     out = []
     for pid, p in sorted(everyone.items()):
-        kind = vocabulary.MPS_SERVER if p["command"] == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
+        kind = vocabulary.MPS_SERVER if p.command == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
             else vocabulary.TIME_SLICED
-        out.append(ComputeProcess(pid, p["command"], kind))
+        out.append(ComputeProcess(pid, p.command, kind))
     return tuple(out)
 
 
