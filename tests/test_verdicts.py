@@ -368,7 +368,7 @@ def test_live_throttled_verdict_from_the_h200_recording():
     against it (the lent GPU's clocks and power limit cannot be changed: throttling cannot be forced)."""
     frame = _h200_frame()
     assert frame["max"].errors == ()  # max_clocks answers a PartialAnswer: every clock answered here
-    peak = frame["max"].values["sm_hz"]
+    peak = frame["max"].values.sm_hz
     held = round(0.8 * peak / 15e6) * 15e6  # NVML reports clocks in whole MHz steps
     identity = GpuIdentity(0, "GPU-x", "NVIDIA H200")
     processes = (ComputeProcess(11, "python3", "time_sliced"),)
