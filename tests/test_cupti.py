@@ -825,3 +825,64 @@ def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_pa
     assert sample_value(metrics, "gpu_workload_cupti_sm_estimate_ratio", user=workload["user"]) == workload["sm_estimate"]
     assert sample_value(metrics, "gpu_workload_cupti_untraced_clients") == 3
     assert sample_value(metrics, "gpu_workload_cupti_state", state="active") == 1
+
+
+# -- the native tracer's fields (gpu_trace/native): SM work apart from kernels, the SMs a client may use --
+NATIVE_DEVICE = {"uuid": UUID, "kernels": 5, "kernel_busy_s": 4.0, "busy_s": 6.0, "sm_seconds": 2.0,
+                 "copy_busy_s": 0.5, "sm_copy_busy_s": 1.5, "backlog_busy_s": 0.25, "queue_gap_s": 0.25,
+                 "sms": 32, "gpu_sms": 132}
+
+
+def native_report(**device) -> bytes:
+    return report(devices=[{**NATIVE_DEVICE, **device}], native=True)
+
+
+def test_a_native_report_counts_all_its_sm_work_and_shows_its_parts():
+    got = parse(native_report())
+    device = got.devices[UUID]
+    assert (device.busy_s, device.sms, device.gpu_sms, device.native) == (6.0, 32, 132, True)
+    [(_, win)] = gpu_windows([got]).items()
+    share = win.shares[100]
+    assert share.time == 0.6 and share.sm == 0.2  # busy: kernels, device copies and queued work
+    assert share.to_json() == {"time": 0.6, "sm": 0.2, "record_path": "native", "parts": {
+        "kernel_busy": 0.4, "sm_copy_busy": 0.15, "backlog_busy": 0.025, "queue_gap": 0.025, "copy_busy": 0.05}}
+
+
+def test_an_older_clients_report_means_what_it_meant():
+    device = parse(report()).devices[UUID]
+    assert (device.busy_s, device.sm_copy_busy_s, device.backlog_busy_s, device.queue_gap_s) == (4.0, 0.0, 0.0, 0.0)
+    assert (device.sms, device.gpu_sms, device.native) == (None, None, False)
+    [(_, win)] = gpu_windows([parse(report())]).items()
+    assert win.shares[100].record_path == source_module.PERTURBING
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("busy_s", 4.0 / 1.001, True),  # as busy as its kernels, float rounding allowed
+    ("busy_s", 4.0 / 1.001 - 1e-6, False),  # less busy than its own kernels
+    ("busy_s", 10.0 * 1.001, True),
+    ("busy_s", 10.0 * 1.001 + 1e-6, False),  # busier than the window is long
+    ("sm_seconds", 6.0 * 1.001 + 1e-9, True),  # the whole GPU while busy
+    ("sm_seconds", 6.0 * 1.001 + 2e-9, False),
+    ("sm_copy_busy_s", 6.0 * 1.001 + 2e-9, False),  # a part of the busy time is no longer than it
+    ("backlog_busy_s", 6.0 * 1.001 + 2e-9, False),
+    ("queue_gap_s", 6.0 * 1.001 + 2e-9, False),
+    ("queue_gap_s", -1e-9, False),
+    ("sms", 1, True),
+    ("sms", 0, False),
+    ("sms", 4097, False),
+    ("sms", 32.5, False),  # a count
+    ("gpu_sms", 32, True),  # a client that may use the whole GPU
+    ("gpu_sms", 31, False),  # a GPU smaller than what the client may use
+    ("gpu_sms", 4097, False),
+])
+def test_the_native_fields_are_refused_just_past_their_bounds(field, value, accepted):
+    line = native_report(**{field: value})
+    if accepted:
+        assert getattr(parse(line).devices[UUID], field) == value
+    else:
+        with pytest.raises(BadReport, match=field):
+            parse(line)
+
+
+def test_a_report_that_says_native_only_as_true_is_native():
+    assert parse(report(native="yes")).devices[UUID].native is False
