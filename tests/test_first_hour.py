@@ -367,6 +367,17 @@ def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack, tmp_path):
                               f"Prometheus: gpu-spatial report --prometheus {url}\n")
 
 
+@needs("prometheus", "tmux")
+def test_top_in_a_terminal_pointed_at_a_prometheus_says_it_and_exits(users_stack):
+    """Not a screen that retries forever: the terminal restored, the one line, exit 2."""
+    from tests.test_top import tmux
+
+    _exporter, prometheus = users_stack
+    with tmux(["--url", prometheus.url], 160, 20) as terminal:
+        text = terminal.wait(lambda t: "TOP-EXITED=" in t, timeout=60, what="top exited")
+    assert "TOP-EXITED=2" in text and f"gpu-spatial top: {prometheus.url} is a Prometheus query API" in text, text
+
+
 @needs("prometheus")
 def test_report_on_one_scrape_says_wait_for_the_next(users_stack):
     """A range that holds the first scrape of the counters and no second: the next scrape is what is missing;
