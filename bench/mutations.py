@@ -1373,7 +1373,7 @@ LOST_GPU = (
     _m("lost-retry-boundary", "exporter/samplers/nvml.py", "self._lost[gpu.index] < LOST_RETRY_S:",
        "self._lost[gpu.index] <= LOST_RETRY_S:", LOST, "asked again exactly LOST_RETRY_S after",
        function="NvmlSampler._still_lost"),
-    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer[\"uuid\"] != gpu.uuid:\n            return True\n",
+    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer.uuid != gpu.uuid:\n            return True\n",
        "", LOST, "another GPU answering at a lost one's index is not that GPU back",
        function="NvmlSampler._still_lost"),
     _m("lost-placeholder-read-under-its-name", "exporter/samplers/nvml.py", "        return is_unnamed(gpu)\n",
