@@ -41,9 +41,9 @@ def parser() -> Parser:
     p.add_argument("--start", help="RFC3339 time, a date (UTC) or a Unix timestamp")
     p.add_argument("--end", help="as --start; default now")
     p.add_argument("--last", help="a duration ending at --end, e.g. 7d, 12h, 1w2d (default 7d)")
-    p.add_argument("--by", default="namespace", choices=["namespace", "pod", "hpc_job", "node", "model", "user", "claim"],
-                   help="group by this (node is the instance label; user: Unix users on hosts without a scheduler; "
-                        "claim: DRA claims); default namespace")
+    p.add_argument("--by", default="namespace", choices=["namespace", "pod", "hpc_job", "node", "gpu", "model", "user", "claim"],
+                   help="group by this (node is the instance label; gpu: instance and uuid, with each GPU's ledger; "
+                        "user: Unix users on hosts without a scheduler; claim: DRA claims); default namespace")
     p.add_argument("--match", action="append", default=[], metavar="MATCHER",
                    help='label matcher(s) on the workload series, e.g. \'namespace=~"team-.*"\' (repeatable)')
     p.add_argument("--format", default="text", choices=["text", "markdown", "csv", "json", "html"])

@@ -1,7 +1,8 @@
 """The GPU account: GPU-seconds per group and quantity, read from the workload counters or their rollups.
 
 Two ways to the same numbers (docs/metrics.md, "Workloads"; docs/account.md):
-- counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact whatever the scrape gaps, and
+- counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact across scrape gaps (to a scrape
+  interval at a series' edges: docs/ledger.md, "How exact"), and
   keeps the `basis` of busy, SM-active and hidden-idle and which held GPU-seconds had no busy or SM series
   (MPS, MIG): those are unknown, never 0. It reads every workload series of the range.
 - rollups (rules/gpu-utilization.rules.yaml, group gpu-workload-recording): one series per group and
@@ -25,6 +26,8 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from exporter.vocabulary import UNOBSERVED
+
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
 QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
@@ -32,6 +35,9 @@ LEDGER = "ledger"  # the holders' ledger cells (exporter/ledger.py): keyed by ce
 WITH_BASIS = ("busy", "sm_active", "hidden_idle")
 KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the rest of WITH_BASIS)
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
+LOST_GAUGE = "gpu_lost"  # 1 while the GPU answers GPU_IS_LOST, 0 while it answers (docs/metrics.md)
+SIGHTING_STEP = 15.0  # seconds: the resolution of a GPU's first sighting (its last is its sample's own time)
+EDGE = 600.0  # a GPU (or its node) seen within this of an edge of the range was there (scrape intervals up to 10 min)
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
 # Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
@@ -42,7 +48,8 @@ BASES = {"busy": ("nvml", "ctxsw", "cupti"), "sm_active": ("exact", "ctxsw", "ti
 EXACT_BASES = ("exact", "ctxsw")
 UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
 GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
-                "node": ("instance",), "model": ("model",), "user": ("user",), "claim": ("claim",)}
+                "node": ("instance",), "model": ("model",), "user": ("user",), "claim": ("claim",),
+                "gpu": ("instance", "uuid")}
 RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model",
               "user": "user", "claim": "claim"}
 HEARTBEAT = "gpu_workload:rollup_window_seconds"
@@ -172,14 +179,97 @@ class Span:
 
 
 @dataclass
-class GpuLedgerTotals:
-    """The per-GPU ledger over the range, from the counters: every GPU-second that existed in one cell."""
+class GpuBook:
+    """One GPU's ledger over the range (from its counters), and when it existed in it."""
 
-    cells: dict = field(default_factory=dict)       # cell -> GPU-seconds over every GPU selected
-    observed: float = 0.0                             # wall-clock GPU-seconds that existed (the cells' sum)
-    worst: float = 0.0                                # largest |cells - observed| / observed of one GPU
-    gpus: set = field(default_factory=set)            # (instance, uuid) seen
+    instance: str
+    uuid: str
+    gpu: str = ""
+    model: str = ""
+    cells: dict = field(default_factory=dict)  # cell -> GPU-seconds (the exporter's cells, lost included)
+    observed: float = 0.0                        # seconds an exporter accounted it for (the exporter's cells' sum)
+    first: float = math.inf                      # its first and last sample in the range
+    last: float = -math.inf
+    listed_lost: bool = False                    # gpu_lost was 1 at its last sample
+    before: bool = False                         # seen within EDGE before the range: it existed at its start
+    existed: float = 0.0                         # seconds from its first sighting to its end (GpuLedgerTotals.close)
+
+    @property
+    def unobserved(self) -> float:
+        """Existed, and no exporter accounted for it (exporter down, node restarting): never negative."""
+        return max(self.existed - self.observed, 0.0)
+
+    def all_cells(self) -> dict:
+        """The exporter's cells and unobserved: they sum to the seconds it existed."""
+        return {**self.cells, UNOBSERVED: self.unobserved}
+
+
+@dataclass
+class GpuLedgerTotals:
+    """The per-GPU ledger over the range: every GPU-second that existed in one cell. A GPU exists from its
+    first sighting in the range to its last, or to the range's end while its node is up or it is listed lost
+    (docs/ledger.md); what no exporter accounted for of that time is `unobserved`."""
+
+    books: dict = field(default_factory=dict)        # (instance, uuid) -> GpuBook
     skipped: str = ""                                 # why there is none (matchers on holder labels)
+
+    def book(self, metric: dict) -> GpuBook:
+        key = (_label(metric, "instance"), _label(metric, "uuid"))
+        if key not in self.books:
+            if len(self.books) >= MAX_GROUPS:
+                raise ReportError(f"more than {MAX_GROUPS:,} GPUs in the range: narrow --match")
+            self.books[key] = GpuBook(*key)
+        book = self.books[key]
+        book.gpu, book.model = book.gpu or _label(metric, "gpu"), book.model or _label(metric, "model")
+        return book
+
+    def close(self, start: float, end: float, node_seen: dict) -> None:
+        """Each GPU's existence: from the range's start where it was seen within EDGE before it, else from its
+        first sighting; to the range's end where it or its node was seen within EDGE of it (`node_seen`:
+        instance -> last sighting) or it was listed lost at its last sample, else to its last sighting."""
+        for book in self.books.values():
+            first = start if book.before else book.first
+            last = book.last
+            if end - last <= EDGE or book.listed_lost or end - node_seen.get(book.instance, -math.inf) <= EDGE:
+                last = end
+            book.existed = max(last - max(first, start), 0.0)
+
+    @property
+    def gpus(self) -> set:
+        return set(self.books)
+
+    def sums(self, books=None) -> dict:
+        """cell -> GPU-seconds over `books` (default all), unobserved included."""
+        out: dict = {}
+        for book in self.books.values() if books is None else books:
+            for cell, value in book.all_cells().items():
+                out[cell] = out.get(cell, 0.0) + value
+        return out
+
+    @property
+    def cells(self) -> dict:
+        return self.sums()
+
+    @property
+    def observed(self) -> float:
+        return sum(b.observed for b in self.books.values())
+
+    @property
+    def existed(self) -> float:
+        return sum(b.existed for b in self.books.values())
+
+    @property
+    def worst(self) -> float:
+        """The largest |exporter's cells - observed| / observed of one GPU: how closely its counters add up."""
+        return max((abs(sum(b.cells.values()) - b.observed) / b.observed for b in self.books.values()
+                    if b.observed > 0), default=0.0)
+
+    def by_node(self) -> dict:
+        """instance -> its GPUs' books."""
+        out: dict = {}
+        for book in self.books.values():
+            out.setdefault(book.instance, []).append(book)
+        return out
 
 
 @dataclass
@@ -484,31 +574,69 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
 
 
 def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuLedgerTotals:
-    """Every GPU's cells and observed seconds over the range, from the counters a day at a time (a few series
-    per GPU: exact and cheap). GPUs are selected by the matchers on GPU labels only: a matcher on a holder
-    label selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
+    """Every GPU's cells, observed seconds and sightings over the range, from the counters a day at a time (a
+    few series per GPU). GPUs are selected by the matchers on GPU labels only: a matcher on a holder label
+    selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
     out = GpuLedgerTotals()
     holder_matchers = sorted({label for label, _op, _v in plan.matchers} - set(GPU_LABELS))
     if holder_matchers:
         out.skipped = f"--match on {', '.join(holder_matchers)} selects holders, not GPUs"
         return out
-    per_gpu: dict[tuple, list[float]] = {}
+    by = "instance, uuid, gpu, model"
     for a, b in chunks(start, end):
         window = promql_window(b - a)
-        for name, position in ((GPU_LEDGER, 0), (OBSERVED, 1)):
-            expr = f"sum by (instance, uuid{', cell' * (position == 0)}) (increase({name}{plan.selector}[{window}]))"
-            for sample in api.query(expr, b):
-                metric, value = _metric(sample), _value(sample)
-                key = (_label(metric, "instance"), _label(metric, "uuid"))
-                per_gpu.setdefault(key, [0.0, 0.0])[position] += value
-                if position == 0:
-                    cell = _label(metric, "cell") or "unknown"
-                    out.cells[cell] = out.cells.get(cell, 0.0) + value
-                else:
-                    out.observed += value
-    out.gpus = set(per_gpu)
-    out.worst = max((abs(c - o) / o for c, o in per_gpu.values() if o > 0), default=0.0)
+        for sample in api.query(f"sum by ({by}, cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", b):
+            metric = _metric(sample)
+            book = out.book(metric)
+            cell = _label(metric, "cell") or "unknown"
+            book.cells[cell] = book.cells.get(cell, 0.0) + _value(sample)
+        for sample in api.query(f"sum by ({by}) (increase({OBSERVED}{plan.selector}[{window}]))", b):
+            out.book(_metric(sample)).observed += _value(sample)
+        for name in (OBSERVED, LOST_GAUGE):  # sightings: the ledger's clock, or a GPU listed lost
+            for which in ("min", "max"):
+                for sample in sightings(api, which, name, plan.selector, window, b):
+                    book = out.book(_metric(sample))
+                    book.first, book.last = ((min(book.first, _value(sample)), book.last) if which == "min"
+                                             else (book.first, max(book.last, _value(sample))))
+    edge = promql_window(EDGE)
+    before = f"last_over_time({OBSERVED}{plan.selector}[{edge}]) or last_over_time({LOST_GAUGE}{plan.selector}[{edge}])"
+    for sample in api.query(f"count by ({by}) ({before})", start):
+        out.book(_metric(sample)).before = True
+    node_seen: dict = {}
+    if out.books:
+        window = promql_window(min(end - start, DAY))
+        for sample in api.query(f"max by ({by}) (last_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end):
+            out.book(_metric(sample)).listed_lost = _value(sample) >= 1
+        instances = _instance_selector(plan)
+        for sample in api.query(f"max by (instance) (max_over_time(timestamp(up{instances})[{window}:{SIGHTING_STEP:g}s]))", end):
+            node_seen[_label(_metric(sample), "instance")] = _value(sample)
+        for book in out.books.values():
+            node_seen[book.instance] = max(node_seen.get(book.instance, -math.inf), book.last)
+    out.close(start, end, node_seen)
     return out
+
+
+def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window: str, at: float) -> list[dict]:
+    """The first (min) or last (max) sample time of each GPU's series in the window. VictoriaMetrics reads
+    them from the raw samples (tfirst_over_time, tlast_over_time); Prometheus, which has neither, from the
+    sample timestamps at every SIGHTING_STEP (a subquery: many times the work on a fleet)."""
+    by = "instance, uuid, gpu, model"
+    if api.dialect != "promql":
+        metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]
+        try:
+            return api.query(f"{which} by ({by}) ({metricsql}({name}{selector}[{window}]))", at)
+        except ReportError as exc:
+            if metricsql not in str(exc):
+                raise
+            api.dialect = "promql"  # the server does not know the function: Prometheus' PromQL
+    return api.query(f"{which} by ({by}) ({which}_over_time(timestamp({name}{selector})[{window}:{SIGHTING_STEP:g}s]))",
+                     at)
+
+
+def _instance_selector(plan: Plan) -> str:
+    """The report's matchers on instance alone: what selects the nodes' `up` series."""
+    matchers = [f"{label}{op}{value}" for label, op, value in plan.matchers if label == "instance"]
+    return "{" + ", ".join(matchers) + "}" if matchers else ""
 
 
 def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:
