@@ -38,25 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def push(url: str, holders, t0: float, seconds: float, step: float, seed: int = 2) -> int:
     """Every counter of the fleet, a series at a time, in bodies of ~8 MB; returns the samples sent."""
     rng = np.random.default_rng(seed)
-    times = t0 + np.arange(0, seconds + step / 2, step)
-    stamps = [f" {int(t * 1000)}\n" for t in times]
-    body, count = [], 0
-    size = 0
-    for family, labels, holder in series(holders):
-        rate = holder.rates()[family]
-        increments = rate * step * rng.uniform(0.8, 1.2, len(times) - 1) if rate else np.zeros(len(times) - 1)
-        values = np.concatenate(([0.0], np.cumsum(increments)))
-        prefix = f"gpu_workload_{family}_gpu_seconds_total{{{labels}}} "
-        text = "".join(prefix + f"{v:.3f}" + s for v, s in zip(values, stamps))
-        body.append(text)
-        size += len(text)
-        count += len(times)
-        if size > 8 << 20:
-            _post(url, "".join(body))
-            body, size = [], 0
-    if body:
-        _post(url, "".join(body))
-    return count
+    elapsed = np.arange(0, seconds + step / 2, step)
+
+    def counters():
+        for family, labels, holder in series(holders):
+            rate = holder.rates()[family]
+            increments = rate * step * rng.uniform(0.8, 1.2, len(elapsed) - 1) if rate else np.zeros(len(elapsed) - 1)
+            yield f"gpu_workload_{family}_gpu_seconds_total{{{labels}}} ", np.concatenate(([0.0], np.cumsum(increments)))
+    return send(url, counters(), t0 + elapsed)
 
 
 # Every GPU's ledger as an exporter publishes it (docs/ledger.md): its cells (sum 1 per second), the observed
@@ -66,23 +55,29 @@ GPU_CELLS = {"sm_active_work": 0.3, "hidden_idle": 0.2, "time_idle": 0.3, "unhel
 
 def push_gpu_ledgers(url: str, holders, t0: float, seconds: float, step: float) -> int:
     """Each GPU's ledger counters, gpu_lost (0) and each node's up (1) at every step; returns the samples."""
-    times = t0 + np.arange(0, seconds + step / 2, step)
+    elapsed = np.arange(0, seconds + step / 2, step)
+
+    def gauges_and_counters():
+        for instance, gpu, model in sorted({(h.instance, h.gpu, h.model) for h in holders}):
+            labels = f'gpu="{gpu}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{gpu}"'
+            for cell, rate in GPU_CELLS.items():
+                yield f'gpu_ledger_gpu_seconds_total{{cell="{cell}",{labels}}} ', elapsed * rate
+            yield f"gpu_ledger_observed_seconds_total{{{labels}}} ", elapsed
+            yield f"gpu_lost{{{labels}}} ", elapsed * 0
+            if gpu == "0":
+                yield f'up{{instance="{instance}",job="gpu-spatial-exporter"}} ', elapsed * 0 + 1
+    return send(url, gauges_and_counters(), t0 + elapsed)
+
+
+def send(url: str, series, times) -> int:
+    """(line prefix, values at `times`) of each series, as Prometheus text in bodies of ~8 MB; the samples sent."""
     stamps = [f" {int(t * 1000)}\n" for t in times]
-    elapsed = times - t0
-    gpus = sorted({(h.instance, h.gpu, h.model) for h in holders})
     body, size, count = [], 0, 0
-    for instance, gpu, model in gpus:
-        labels = f'gpu="{gpu}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{gpu}"'
-        lines = [(f"gpu_ledger_gpu_seconds_total{{cell=\"{cell}\",{labels}}} ", elapsed * rate)
-                 for cell, rate in GPU_CELLS.items()]
-        lines += [(f"gpu_ledger_observed_seconds_total{{{labels}}} ", elapsed), (f"gpu_lost{{{labels}}} ", elapsed * 0)]
-        if gpu == "0":
-            lines.append((f'up{{instance="{instance}",job="gpu-spatial-exporter"}} ', elapsed * 0 + 1))
-        for prefix, values in lines:
-            text = "".join(prefix + f"{v:.3f}" + stamp for v, stamp in zip(values, stamps))
-            body.append(text)
-            size += len(text)
-            count += len(times)
+    for prefix, values in series:
+        text = "".join(prefix + f"{v:.3f}" + stamp for v, stamp in zip(values, stamps))
+        body.append(text)
+        size += len(text)
+        count += len(times)
         if size > 8 << 20:
             _post(url, "".join(body))
             body, size = [], 0

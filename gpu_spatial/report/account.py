@@ -607,9 +607,9 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
         window = promql_window(min(end - start, DAY))
         for sample in api.query(f"max by ({by}) (last_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end):
             out.book(_metric(sample)).listed_lost = _value(sample) >= 1
-        instances = _instance_selector(plan)
-        for sample in api.query(f"max by (instance) (max_over_time(timestamp(up{instances})[{window}:{SIGHTING_STEP:g}s]))", end):
-            node_seen[_label(_metric(sample), "instance")] = _value(sample)
+        # a node whose target answered (up 1) or was still scraped (up 0: exporter down) in the last EDGE
+        for sample in api.query(f"count by (instance) (last_over_time(up{_instance_selector(plan)}[{edge}]))", end):
+            node_seen[_label(_metric(sample), "instance")] = end
         for book in out.books.values():
             node_seen[book.instance] = max(node_seen.get(book.instance, -math.inf), book.last)
     out.close(start, end, node_seen)
