@@ -1,6 +1,6 @@
 """Per-job accuracy of the live context-switch basis and of the NVML basis against the 10 kHz truth.
 
-    python3 bench/ctxsw_accuracy.py OUTDIR      # the folder bench/record_ctxsw_live.sh wrote
+    python3 bench/ctxsw_accuracy.py OUTDIR      # the folder tools/record_ctxsw_live.sh wrote
 
 Truth (OUTDIR/truth_within.json): `nsys_ingest workloads --estimator within` of a 10 kHz context-switch
 capture of the same steady jobs. Time share is the job's processes' resident time from the switch trace

@@ -6,7 +6,7 @@
     python3 bench/ctxsw_jobs.py launch --seconds 60
     python3 bench/ctxsw_jobs.py hold --seconds 60
 
-spin: back-to-back kernels on exactly --sms SMs (bench/workloads.py), in bursts of --on-ms with
+spin: back-to-back kernels on exactly --sms SMs (tests/gpu/workloads.py), in bursts of --on-ms with
 --off-ms of sleep between (0: no pause). matmul: bf16 products of two --size square matrices back
 to back (every SM, tensor cores). launch: a launch-bound loop (tiny kernels, the host in between).
 hold: a CUDA context that launches nothing. On exit prints one JSON line: the work done and its rate,
@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu"))  # workloads.py
 
 
 def run(args) -> int:

@@ -305,7 +305,7 @@ class Timeline(threading.Thread):
 
 def phase(name: str, nsys: str, window: float, period: float, minutes: float, warm_up: float, env: dict,
           out: Path, extra: list[str], jobs: list[str] = JOBS, holders: str = "slurm") -> dict:
-    from bench.capture_slowdown import read_progress, read_timeline, slowdown
+    from tests.capture_slowdown import read_progress, read_timeline, slowdown
 
     tmp = Path(tempfile.mkdtemp(prefix="ctxsw-cost-"))
     held = Holders(holders, tmp, list(jobs))

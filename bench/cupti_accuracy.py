@@ -1,6 +1,6 @@
 """Per-client accuracy of the cupti basis under MPS against the clients' own kernel counts.
 
-    python3 bench/cupti_accuracy.py OUTDIR [--asked 10]   # the folder bench/record_cupti_mps.sh wrote
+    python3 bench/cupti_accuracy.py OUTDIR [--asked 10]   # the folder tools/record_cupti_mps.sh wrote
 
 Truth (the spin jobs of the `acc` phase): every kernel spins exactly 4 ms (%globaltimer) with one block per
 SM (each block asks for more than half an SM's shared memory), so while it runs it holds exactly --sms

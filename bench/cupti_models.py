@@ -1,4 +1,4 @@
-"""Two real PyTorch jobs for the MPS side-by-side run (bench/record_cupti_mps.sh):
+"""Two real PyTorch jobs for the MPS side-by-side run (tools/record_cupti_mps.sh):
 
     python3 bench/cupti_models.py train --seconds 60     # an MLP trainer (batch 256, hidden 4096, AdamW)
     python3 bench/cupti_models.py infer --seconds 60     # a transformer encoder's forward passes (bf16, no grad)

@@ -2,7 +2,7 @@
 
     python3 bench/cupti_record.py OUT.json [--seconds 2]
 
-In one process: a window over spin kernels on 66 SMs (4 ms each, one block per SM: bench/workloads.py),
+In one process: a window over spin kernels on 66 SMs (4 ms each, one block per SM: tests/gpu/workloads.py),
 a window over a launch-bound loop (x.add_(1) on 16 elements) and a window over bf16 8192^3 products.
 Each window goes through gpu_trace.tracer.Tracer with the real CUPTI boundary wrapped so that the first
 records of every buffer are written to OUT.json (fields the tracer reads, the window's CUPTI timestamps,
@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
 
 FIELDS = ("kind", "device_id", "start", "end", "grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
           "registers_per_thread", "static_shared_memory", "dynamic_shared_memory")

@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE = ROOT / "tests" / "fixtures" / "h100_phases_100hz.sqlite"
+sys.path.insert(0, str(ROOT))
+from tests.synthetic_exports import grown  # noqa: E402
+
 CHILD = """
 import json, resource, sqlite3, sys, time
 sys.path.insert(0, {root!r})
@@ -64,43 +66,6 @@ print(json.dumps({{"kind": kind, "rows": rows, **({{"verdicts": verdicts}} if ki
 """
 
 
-KERNEL_SOURCE = ROOT / "tests" / "fixtures" / "h100_diag_time_sliced.sqlite"
-KERNEL_COLUMNS = ("start, end, deviceId, contextId, streamId, globalPid, demangledName, shortName, registersPerThread, "
-                  "gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
-                  "localMemoryPerThread, localMemoryTotal, gridId")
-
-
-def build(target: Path, rows: int, kernels: bool = False) -> None:
-    """Doubles the rows (kernels: and the GPU metrics beside them) with timestamps shifted past the
-    previous copies, so the rows stay in time order as nsys writes them."""
-    shutil.copyfile(KERNEL_SOURCE if kernels else SOURCE, target)
-    con = sqlite3.connect(target)
-    con.execute("pragma journal_mode=off")
-    con.execute("pragma synchronous=off")
-    table = "CUPTI_ACTIVITY_KIND_KERNEL" if kernels else "GPU_METRICS"
-    (have,) = con.execute(f"select count(*) from {table}").fetchone()
-    span = con.execute("select max(timestamp) - min(timestamp) + 10000000 from GPU_METRICS").fetchone()[0]
-    if kernels:  # copies must start after the previous ones end, whichever table spans longer
-        span = max(span, con.execute(f"select max(end) - min(start) + 10000000 from {table}").fetchone()[0])
-    metrics_have = con.execute("select count(*) from GPU_METRICS").fetchone()[0]
-    shift = span
-    while have < rows:
-        take = min(have, rows - have)
-        if kernels:
-            con.execute(f"insert into {table} ({KERNEL_COLUMNS}) select {KERNEL_COLUMNS.replace('start, end', 'start + ?, end + ?', 1)} "
-                        f"from {table} where rowid <= ?", (shift, shift, take))
-        if not kernels or take == have:
-            limit = metrics_have if kernels else take
-            con.execute("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) "
-                        "select rawTimestamp + ?, timestamp + ?, typeId, metricId, value from GPU_METRICS "
-                        "where rowid <= ?", (shift, shift, limit))
-            metrics_have += limit
-        con.commit()
-        shift *= 2
-        have += take
-    con.close()
-
-
 def measure(kind: str, path: Path) -> dict:
     done = subprocess.run([sys.executable, "-c", CHILD.format(root=str(ROOT)), kind, str(path)],
                           capture_output=True, text=True, check=True, env={"NSYS_INGEST_NO_PROGRESS": "1"})
@@ -118,7 +83,7 @@ def main() -> int:
     path = args.work / f"{'kernels' if args.kernels else 'export'}_{args.rows}.sqlite"
     if not path.exists():
         started = time.perf_counter()
-        build(path, args.rows, args.kernels)
+        grown(path, args.rows, args.kernels)
         print(f"built {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - started:.0f} s")
     if args.kernels:
         shuffled = path.with_name(path.stem + "_random_order.sqlite")

@@ -31,9 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.http_attacks import Every, Scraper  # noqa: E402
 from bench.scrape_bench import cpu_seconds  # noqa: E402
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for  # noqa: E402
+from tests.http_load import Every, Scraper  # noqa: E402
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, pod  # noqa: E402
 from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,  # noqa: E402
                                          resource_slice, slice_pages)

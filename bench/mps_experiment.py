@@ -60,7 +60,7 @@ def start_exporter(interval: float, pipe_dir: str) -> tuple[subprocess.Popen, in
 
 def run_workers(n: int, seconds: float, env: dict, warmup: float) -> tuple[float, float, list[dict]]:
     start_at = time.time() + warmup
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at", str(start_at),
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "train_worker.py"), "--start-at", str(start_at),
                                "--seconds", str(seconds)], env=env, stdout=subprocess.PIPE, text=True)
              for _ in range(n)]
     results = []
@@ -97,7 +97,7 @@ def cmd_run(args) -> int:
         finally:
             mps_control(mps_env, "quit")
         time.sleep(3)
-        sys.path.insert(0, str(ROOT / "bench"))
+        sys.path.insert(0, str(ROOT / "tests" / "gpu"))
         from workloads import matmul
 
         matmul(1.0)
@@ -122,7 +122,7 @@ def measure_overhead(segments: int, seconds: float, pipe_dir: str, workers: int 
     segment. Their summed steps per second are compared: one worker alone is too noisy (~13%)."""
     total = segments * seconds
     start_at = time.time() + 20
-    procs = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at", str(start_at),
+    procs = [subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "train_worker.py"), "--start-at", str(start_at),
                                "--seconds", str(total)], stdout=subprocess.PIPE, text=True) for _ in range(workers)]
     plan = []
     exporter = None

@@ -1,16 +1,22 @@
-"""Hand mutations, reproducible: each mutant is one text substitution in one file and the tests that
-should catch it. The file is changed, the tests run, the file restored (always, also on Ctrl-C); a
-mutant is caught when the tests fail. Results: bench/RESULTS.md, "Mutation review".
+"""Mutations, reproducible: each hand mutant is one substitution in one file and the tests that should catch
+it; generated mutants are every operator of a named function. The file is changed, the tests run, the file
+restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Results: bench/RESULTS.md,
+"Mutation review".
 
     python3 bench/mutations.py [--only ID ...] [--module PATH ...] [--out results.json] [--list] [--check]
     python3 bench/mutations.py --module exporter/holders.py --without tests/test_edge_guards.py  # "before"
     python3 bench/mutations.py --rerun results.json   # only the mutants that survived that run
+    python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
-Run from the repository root, on a clean tree (it refuses a mutant whose text is not found exactly
-once, so a mutant that no longer applies says so instead of passing as "survived"). The tests of a
-mutant are pytest arguments (files, node ids, `-k` expressions): targeted, never the whole suite.
-`--without FILE` drops a test file from every mutant (the survival rate before the tests it holds);
-the summary gives the rate per module.
+Run from the repository root, on a clean tree. A hand mutant survives refactors (tests/mutants.py): its
+`old` is matched as written, else by its tokens (whitespace, line breaks, comments, quotes and trailing commas
+do not count), inside its `function` when it names one, wherever that function now stands in the file or in
+its package; a test named in a file it left is followed to the file that holds it. A mutant that does not
+match exactly once is refused ("not applicable"), never counted as survived. `--function PATH:NAME` needs no
+table: each comparison of the function flipped, each constant off by one, each min/max clamp, `not` dropped
+and each and/or swapped, all to be caught by `--tests`. The tests of a mutant are pytest arguments (files,
+node ids, `-k` expressions): targeted, never the whole suite. `--without FILE` drops a test file from every
+mutant (the survival rate before the tests it holds); the summary gives the rate per module.
 """
 from __future__ import annotations
 
@@ -21,22 +27,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests  # noqa: E402
+
 TIMEOUT_S = 600
-
-
-@dataclass(frozen=True)
-class Mutant:
-    id: str
-    path: str
-    old: str
-    new: str
-    tests: tuple[str, ...]
-    why: str  # the rule the mutant breaks
-    listed: bool = False  # one of the issue's surviving mutants (issue 27, "Tests that guard")
 
 
 GUARDS = "tests/test_guards.py"
@@ -341,14 +339,50 @@ MUTANTS = (
            ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'the evaluations a run needs'),
     Mutant('rollups-need-boundary', 'gpu_spatial/report/account.py', '    if len(run) < need:', '    if len(run) <= need:',
            ('tests/test_first_hour.py::test_trap2_the_evaluations_said_needed_are_what_the_planner_needs',), 'too few is fewer than needed'),
-    Mutant('top-url-metrics', 'gpu_spatial/top/feeds.py', 'r"/(metrics|healthz|docs', 'r"/(healthz|docs',
+    Mutant('top-url-metrics', 'gpu_spatial/endpoints.py', 'r"/(metrics|healthz|docs', 'r"/(healthz|docs',
            ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes .../metrics'),
     Mutant('top-api-off', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and b"--no-api" in answer.body[:4096]:', 'if False:',
            ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top says the API is off'),
-    Mutant('report-exporter-probe', 'gpu_spatial/report/promapi.py', 'return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health', 'return True',
-           ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter',), "only the exporter's /healthz makes a URL the exporter"),
-    Mutant('report-exporter-said', 'gpu_spatial/report/promapi.py', 'if status == 404 and self._is_our_exporter():', 'if False:',
+    Mutant('report-exporter-probe', 'gpu_spatial/endpoints.py', 'return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health', 'return True',
+           ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter_or_a_prometheus',), "only the exporter's /healthz makes a URL the exporter"),
+    Mutant('report-exporter-said', 'gpu_spatial/report/promapi.py', 'if status == 404 and serves_exporter(exporter_base(self.url), self.timeout):', 'if False:',
            ('tests/test_first_hour.py::test_trap4_report_pointed_at_the_exporter_says_it_is_one',), 'the report says a URL is the exporter'),
+    Mutant('report-exporter-metrics-url', 'gpu_spatial/report/promapi.py', 'serves_exporter(exporter_base(self.url), self.timeout)', 'serves_exporter(self.url, self.timeout)',
+           ('tests/test_first_hour.py::test_trap4_report_pointed_at_the_exporter_says_it_is_one',), "the exporter's /metrics URL is the exporter too"),
+    Mutant('top-prometheus-probe', 'gpu_spatial/endpoints.py', 'return status == 200 and isinstance(data, dict) and data.get("status") == "success"', 'return True',
+           ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter_or_a_prometheus',), 'only a query answered makes a URL a Prometheus'),
+    Mutant('top-prometheus-said', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and serves_prometheus_api(self.url, self.timeout):', 'if False:',
+           ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one',), 'top says a URL is a Prometheus'),
+    Mutant('top-refused-stderr', 'gpu_spatial/top/__init__.py', '    if state.refused:\n        print(', '    if False:\n        print(',
+           ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one', 'tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off'), 'a URL no retry helps: one line on stderr, exit 2'),
+    Mutant('top-url-scheme', 'gpu_spatial/top/__init__.py', 'url = with_scheme(args.url)', 'url = args.url',
+           ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes host:port'),
+    Mutant('top-once-piped-uncut', 'gpu_spatial/top/__init__.py', 'cut=args.size is not None or sys.stdout.isatty()', 'cut=True',
+           ('tests/test_first_hour.py::test_top_once_piped_cuts_no_line',), 'top --once piped cuts no line'),
+    Mutant('top-once-sized-cut', 'gpu_spatial/top/__init__.py', 'cut=args.size is not None or sys.stdout.isatty()', 'cut=False',
+           ('tests/test_first_hour.py::test_top_once_piped_cuts_no_line',), 'top --once --size cuts at its width'),
+    Mutant('report-scraped-once', 'gpu_spatial/report/empty.py', '        if scraped_once(api, plan, start, end):', '        if False:',
+           ('tests/test_first_hour.py::test_report_on_one_scrape_says_wait_for_the_next',), 'one scrape said as one scrape'),
+    Mutant('report-scraped-once-only', 'gpu_spatial/report/empty.py', 'return bool(found) and isinstance(found[0], dict) and _value(found[0]) == 1', 'return True',
+           ('tests/test_first_hour.py::test_report_on_one_scrape_says_wait_for_the_next',), 'a range without data is not called one scrape'),
+    Mutant('report-never-scraped', 'gpu_spatial/report/empty.py', '    if waiting:', '    if False:',
+           ('tests/test_first_hour.py::test_report_before_the_first_scrape_says_so',), 'a target not scraped yet is said'),
+    Mutant('report-never-scraped-health', 'gpu_spatial/report/empty.py', 't.get("health") == NEVER_SCRAPED', 'True',
+           ('tests/test_first_hour.py::test_the_targets_named_are_few_and_printable',), 'only targets never scraped are named'),
+    Mutant('report-targets-printable', 'gpu_spatial/report/empty.py', 'c if c.isprintable() else "?" for c in str(value)[:limit]', 'c for c in str(value)[:limit]',
+           ('tests/test_first_hour.py::test_the_targets_named_are_few_and_printable',), "a server's target URL reaches no terminal raw"),
+    Mutant('nvml-recording-what', 'exporter/nvml_replay.py', '(not JSON: {exc}): {WHAT_A_RECORDING_IS}")', '(not JSON: {exc})")',
+           ('tests/test_first_hour.py::test_an_nvml_replay_that_is_no_recording_says_what_one_is',), 'a file that is no recording: what one is'),
+    Mutant('nvml-recording-capped', 'exporter/nvml_replay.py', 'text = read_text_capped(path, MAX_RECORDING_BYTES, follow=True)', 'text = Path(path).read_text()',
+           ('tests/test_first_hour.py::test_an_nvml_replay_that_is_no_recording_says_what_one_is',), 'a FIFO as a recording never blocks'),
+    Mutant('exporter-inputs-first', 'exporter/__main__.py', '            engine, upload = build_engine(args)\n            sock = bind(args.listen_address, args.port)\n', '            sock = bind(args.listen_address, args.port)\n            engine, upload = build_engine(args)\n',
+           ('tests/test_first_hour.py::test_the_inputs_are_checked_before_the_port',), 'the inputs are checked before the port'),
+    Mutant('exporter-port-one-line', 'exporter/__main__.py', '    root.handlers[:] = [held]\n', '',
+           ('tests/test_first_hour.py::test_the_inputs_are_checked_before_the_port',), 'a port in use is the one line said'),
+    Mutant('users-passwd-calm', 'exporter/samplers/users.py', '        if len(failed) == 1 and len(self.passwd_files) > 1:', '        if False:',
+           ('tests/test_first_hour.py::test_trap6_users_named_from_etc_passwd_when_init_is_not_readable',), "this host's /etc/passwd said calmly"),
+    Mutant('trace-help-needs', 'gpu_trace/__main__.py', 'epilog=NEEDS,', 'epilog=None,',
+           ('tests/test_first_hour.py::test_trace_help_says_what_tracing_needs',), 'trace --help says what tracing needs'),
     Mutant('plot-format', 'nsys_ingest/plot.py', '    if suffix not in formats:', '    if False:',
            ('tests/test_first_hour.py::test_trap5_plot_to_an_unknown_format_names_the_formats',), 'plot refuses an unknown format'),
     Mutant('plot-format-first', 'nsys_ingest/__main__.py', '        check_output(args.output)\n', '',
@@ -423,8 +457,8 @@ KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "te
 ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
 
 
-def _m(id, path, old, new, tests, why, listed=False):
-    return Mutant(id, path, old, new, tuple(tests), why, listed)
+def _m(id, path, old, new, tests, why, listed=False, function=None):
+    return Mutant(id, path, old, new, tuple(tests), why, listed, function)
 
 
 ROUND_39 = (
@@ -765,11 +799,10 @@ ROUND_39_CUPTI = (
     _m("cupti-foreign-gpu", "exporter/samplers/cupti.py", 'if entry["uuid"] not in gpus:', "if False:", CUPTI,
        "a GPU of another host is refused"),
     _m("cupti-busy-over-window", "exporter/samplers/cupti.py",
-       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * SLACK)',
-       'busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * 2)', CUPTI,
-       "kernel-busy time within the window"),
-    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", "busy * SLACK + 1e-9),", "length * SLACK),", CUPTI,
-       "SM-seconds within the kernel-busy time"),
+       'Field("kernel_busy_s", lambda length, got: length * SLACK)',
+       'Field("kernel_busy_s", lambda length, got: length * 2)', CUPTI, "kernel-busy time within the window"),
+    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", 'got["kernel_busy_s"] * SLACK + 1e-9)', "length * SLACK)",
+       CUPTI, "SM-seconds within the kernel-busy time"),
     _m("cupti-time-not-clamped", "exporter/samplers/cupti.py",
        "ProcessShare(time=round(min(device.kernel_busy_s / length, 1.0), 6),",
        "ProcessShare(time=round(device.kernel_busy_s / length, 6),", CUPTI, "a client's time share is at most 1"),
@@ -777,13 +810,71 @@ ROUND_39_CUPTI = (
        "if len(self._clients) > self.max_clients:", CUPTI, "at most --cupti-max-clients connections"),
     _m("cupti-max-age", "exporter/samplers/cupti.py", "self.max_age = 2 * period_s + window_s",
        "self.max_age = period_s + window_s", CUPTI, "a window lasts two periods and a window"),
-    _m("cupti-oversized-line", "exporter/samplers/cupti.py", "if end > protocol.MAX_REPORT_BYTES:", "if False:", CUPTI,
-       "a report line over 16 KiB is refused"),
+    _m("cupti-oversized-line", "exporter/samplers/cupti.py", "if end < 0 or end > protocol.MAX_REPORT_BYTES:",
+       "if end < 0:", CUPTI, "a report line over 16 KiB is refused"),
     _m("cupti-no-clients-keeps-windows", "exporter/samplers/cupti.py",
        "self.readings.clear()\n            self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)",
        "self.states = {uuid: SourceState(V.STANDBY, NO_CLIENTS)", CUPTI, "no client: no window"),
     _m("cupti-late-client-kept", "exporter/samplers/cupti.py", "                self._drop(key.data)\n",
        "                pass\n", CUPTI, "a client silent past the grace is disconnected"),
+)
+CUPTI_ONLY = ("tests/test_cupti.py", "-k", "not end_to_end")
+ISSUE_42_CUPTI = (  # the tracing socket's hostile numbers, slots and reused pids; the guards tested where they refuse
+    _m("cupti-overflow-raised", "exporter/samplers/cupti.py", "    except OverflowError:\n", "    except ZeroDivisionError:\n",
+       CUPTI_ONLY, "a number too large for a float is a refused report"),
+    _m("cupti-inf-accepted", "exporter/samplers/cupti.py", "    if not math.isfinite(number):", "    if False:",
+       CUPTI_ONLY, "1e400 (infinity) is refused"),
+    _m("cupti-below-zero", "exporter/samplers/cupti.py", "if not lo <= number <= hi:", "if not number <= hi:",
+       CUPTI_ONLY, "no negative seconds"),
+    _m("cupti-bool-number", "exporter/samplers/cupti.py", "if isinstance(value, bool) or not", "if not", CUPTI_ONLY,
+       "true is not a number"),
+    _m("cupti-fraction-count", "exporter/samplers/cupti.py", "if whole and not number.is_integer():", "if False:",
+       CUPTI_ONLY, "a count is whole"),
+    _m("cupti-copy-over-window", "exporter/samplers/cupti.py", 'Field("copy_busy_s", lambda length, got: length * SLACK)',
+       'Field("copy_busy_s", lambda length, got: length * 2)', CUPTI_ONLY, "copy-busy time within the window"),
+    _m("cupti-kernels-bound", "exporter/samplers/cupti.py", "MAX_KERNELS = 1e12", "MAX_KERNELS = 1e13", CUPTI_ONLY,
+       "at most 1e12 kernels"),
+    _m("cupti-end-before-start", "exporter/samplers/cupti.py", '_number(data.get("end"), "end", start,',
+       '_number(data.get("end"), "end", start - 1,', CUPTI_ONLY, "a window ends after it starts"),
+    _m("cupti-end-past-asked", "exporter/samplers/cupti.py", "min(now + 1.0, start + asked_s + START_SLACK_S)",
+       "now + 1.0", CUPTI_ONLY, "a window is no longer than asked"),
+    _m("cupti-devices-boundary", "exporter/samplers/cupti.py", "len(devices) > protocol.MAX_DEVICES",
+       "len(devices) >= protocol.MAX_DEVICES", CUPTI_ONLY, "16 GPUs are read"),
+    _m("cupti-device-twice", "exporter/samplers/cupti.py", 'if entry["uuid"] in out:', "if False:", CUPTI_ONLY,
+       "a GPU reported twice is refused"),
+    _m("cupti-sm-not-clamped", "exporter/samplers/cupti.py", "sm=round(min(device.sm_seconds / length, 1.0), 6)",
+       "sm=round(device.sm_seconds / length, 6)", CUPTI_ONLY, "a client's SM share is at most 1 (issue 42)"),
+    _m("cupti-error-keeps-shares", "exporter/samplers/cupti.py",
+       "                self.states[uuid] = SourceState(V.ERROR, str(exc))\n            self.readings.clear()",
+       "                self.states[uuid] = SourceState(V.ERROR, str(exc))", CUPTI_ONLY,
+       "after a socket error no share is served (issue 42)"),
+    _m("cupti-parser-exception-kills-tick", "exporter/samplers/cupti.py", "except Exception as exc:  # whatever",
+       "except BadReport as exc:  # whatever", CUPTI_ONLY, "an unforeseen parser error is that client's refusal"),
+    _m("cupti-pid-reuse-unchecked", "exporter/samplers/cupti.py",
+       "if process_start(self.proc_root, client.pid) != client.start:", "if False:", CUPTI_ONLY,
+       "a report after the connecting process exited is refused"),
+    _m("cupti-zombie-alive", "exporter/samplers/cupti.py", 'stat["state"] in ("Z", "X")', 'stat["state"] in ("X",)',
+       CUPTI_ONLY, "a zombie's socket kept by its parent speaks for no one"),
+    _m("cupti-unbound-accepted", "exporter/samplers/cupti.py", "        if client.start is None:\n", "        if False:\n",
+       CUPTI_ONLY, "a connection without a process to bind to is closed"),
+    _m("cupti-per-process-unlimited", "exporter/samplers/cupti.py", "        if older is not None:\n",
+       "        if False:\n", CUPTI_ONLY, "one connection per process"),
+    _m("cupti-per-user-boundary", "exporter/samplers/cupti.py", "if self._per_user[client.uid] >= self.max_per_user:",
+       "if self._per_user[client.uid] > self.max_per_user:", CUPTI_ONLY, "at most --cupti-max-clients-per-user"),
+    _m("cupti-per-user-never-freed", "exporter/samplers/cupti.py", "            self._per_user[client.uid] -= 1\n", "",
+       CUPTI_ONLY, "a user's connection that goes frees its slot"),
+    _m("cupti-per-user-zero-kept", "exporter/samplers/cupti.py", "            if not self._per_user[client.uid]:\n"
+       "                del self._per_user[client.uid]\n", "", CUPTI_ONLY, "no tally kept for users who have gone"),
+    _m("cupti-by-process-kept", "exporter/samplers/cupti.py", "            del self._by_process[client.process]\n", "",
+       CUPTI_ONLY, "a dropped connection is forgotten"),
+    _m("cupti-refusal-per-kind-only", "exporter/samplers/cupti.py", "said = (kind, client.who)", "said = (kind, '')",
+       CUPTI_ONLY, "one line per client and kind, not per kind"),
+    _m("cupti-refusal-every-time", "exporter/samplers/cupti.py", "        if said in self._said:\n", "        if False:\n",
+       CUPTI_ONLY, "one line per client and kind, not per report"),
+    _m("cupti-refusals-unbounded", "exporter/samplers/cupti.py", "            self._said.popitem(last=False)\n",
+       "            pass\n", CUPTI_ONLY, "the remembered refusals are bounded"),
+    _m("cupti-refusals-lru", "exporter/samplers/cupti.py", "            self._said.move_to_end(said)\n", "", CUPTI_ONLY,
+       "the refusal said last is kept longest"),
 )
 LEDGER = (EDGE, "tests/test_ledger.py")
 ROUND_39_LEDGER = (
@@ -1012,8 +1103,31 @@ KUBELIST = (
        "problems.insert(len(problems), f\"the kubelet's List answer", LIST_WALK,
        "the cut comes before the counts it qualifies"),
 )
-MUTANTS = MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST \
-    + ROUND_45
+# Issue 42 item 1: a lost GPU is that GPU's problem (tests/test_nvml_lost.py; the alert's boundaries: promtool).
+LOST = ("tests/test_nvml_lost.py",)
+LOST_GPU = (
+    _m("lost-at-listing-fails-all", "exporter/samplers/nvml.py", "            except NvmlError as exc:\n"
+       "                unreachable[index] = exc\n", "            except KeyError as exc:\n"
+       "                unreachable[index] = exc\n", LOST, "one GPU that cannot be asked leaves the others listed"),
+    _m("lost-address-guessed", "exporter/nvml.py", "        if len(unclaimed) == len(silent):",
+       "        if len(unclaimed) >= len(silent):", LOST, "no address is guessed where the lists do not add up"),
+    _m("lost-address-not-pci-order", "exporter/nvml.py", "unclaimed = sorted(set(", "unclaimed = sorted(reverse=True, "
+       "iterable=set(", LOST, "the silent GPUs take the unclaimed addresses in PCI order"),
+    _m("lost-retry-boundary", "exporter/samplers/nvml.py", "self._lost[gpu.index] < LOST_RETRY_S:",
+       "self._lost[gpu.index] <= LOST_RETRY_S:", LOST, "asked again exactly LOST_RETRY_S after"),
+    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer[\"uuid\"] != gpu.uuid:\n            return True\n",
+       "", LOST, "another GPU answering at a lost one's index is not that GPU back"),
+    _m("lost-placeholder-read-under-its-name", "exporter/samplers/nvml.py", "        return is_unnamed(gpu)\n",
+       "        return False\n", LOST, "the tick that names a placeholder does not read it under the placeholder"),
+    _m("lost-placeholder-telemetry-kept", "exporter/samplers/nvml.py", "        telemetry = {}\n        for gpu in self.gpus:",
+       "        telemetry = dict(self.telemetry)\n        for gpu in self.gpus:", LOST, "a renamed GPU's placeholder goes"),
+    _m("lost-gauge-inverted", "exporter/collectors/gpu.py", "1.0 if tel.lost else 0.0", "0.0 if tel.lost else 1.0", LOST,
+       "gpu_lost is 1 while lost"),
+    _m("lost-healthz-silent", "exporter/app.py", "    if lost:\n        # 200", "    if False:\n        # 200", LOST,
+       "/healthz names the lost GPU"),
+)
+MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
+           + LOST_GPU + ROUND_45)
 
 
 def _is_test_path(arg: str) -> bool:
@@ -1027,22 +1141,26 @@ def tests_without(tests: tuple[str, ...], without: set[str]) -> list[str]:
     return kept if any(_is_test_path(t) for t in kept) else []
 
 
-def applies(mutant: Mutant) -> int:
-    return (ROOT / mutant.path).read_text().count(mutant.old)
+def applies(mutant: Mutant) -> str | None:
+    """None when the mutant applies exactly once, else why not."""
+    try:
+        locate(mutant)
+    except NotApplicable as exc:
+        return str(exc)
+    return None
 
 
 def run_mutant(mutant: Mutant, without: set[str] = frozenset()) -> dict:
-    path = ROOT / mutant.path
-    original = path.read_text()
-    found = original.count(mutant.old)
-    if found != 1:
-        return {**asdict(mutant), "result": "not applicable", "detail": f"text found {found} times"}
-    tests = tests_without(mutant.tests, without)
+    try:
+        where = locate(mutant)[0]
+    except NotApplicable as exc:
+        return {**asdict(mutant), "result": "not applicable", "detail": str(exc)}
+    tests = resolve_tests(tuple(tests_without(mutant.tests, without)))
     if not tests:
         return {**asdict(mutant), "result": "survived", "detail": "no test left to run", "seconds": 0.0}
     started = time.monotonic()
+    target, original = apply(mutant)
     try:
-        path.write_text(original.replace(mutant.old, mutant.new))
         env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONDONTWRITEBYTECODE": "1"}
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
@@ -1053,8 +1171,9 @@ def run_mutant(mutant: Mutant, without: set[str] = frozenset()) -> dict:
         except subprocess.TimeoutExpired:
             result, tail = "caught (timeout)", f"tests ran past {TIMEOUT_S} s"
     finally:
-        path.write_text(original)
-    return {**asdict(mutant), "result": result, "detail": tail, "seconds": round(time.monotonic() - started, 1)}
+        target.write_text(original)
+    moved = {"applied_in": where} if where != mutant.path else {}
+    return {**asdict(mutant), **moved, "result": result, "detail": tail, "seconds": round(time.monotonic() - started, 1)}
 
 
 def per_module(results: list[dict]) -> dict[str, dict]:
@@ -1085,21 +1204,36 @@ def main(argv=None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
     parser.add_argument("--check", action="store_true", help="say which mutants no longer apply, and exit")
+    parser.add_argument("--function", nargs="+", metavar="PATH:NAME",
+                        help="instead of the table: every operator mutant of these functions (tests/mutants.py: "
+                             "comparisons flipped, constants off by one, clamps and `not` dropped, and/or swapped)")
+    parser.add_argument("--tests", nargs="+", default=[], metavar="ARG",
+                        help="with --function: the pytest arguments that must catch them (one -k expression as "
+                             "'-k=EXPR')")
     args = parser.parse_args(argv)
-    chosen = [m for m in MUTANTS if (not args.only or m.id in args.only) and (not args.module or m.path in args.module)]
+    table = MUTANTS
+    if args.function:
+        if not any(t.startswith("tests/") for t in args.tests):
+            parser.error("--function needs --tests naming test files (never the whole suite)")
+        tests = tuple(x for t in args.tests for x in (("-k", t[3:]) if t.startswith("-k=") else (t,)))
+        try:
+            table = tuple(m for spec in args.function for m in operator_mutants(*spec.split(":", 1), tests))
+        except (NotApplicable, TypeError) as exc:
+            parser.error(f"--function: {exc}")
+    chosen = [m for m in table if (not args.only or m.id in args.only) and (not args.module or m.path in args.module)]
     if args.rerun:
         survived = {r["id"] for r in json.loads(Path(args.rerun).read_text()) if r["result"] == "survived"}
         chosen = [m for m in chosen if m.id in survived]
-    if len({m.id for m in MUTANTS}) != len(MUTANTS):
+    if len({m.id for m in table}) != len(table):
         raise SystemExit("two mutants share an id")
     if args.list:
         for m in chosen:
             print(f"{m.id:42} {m.path:36} {m.why}")
         return 0
     if args.check:
-        stale = [(m, n) for m in chosen if (n := applies(m)) != 1]
-        for m, n in stale:
-            print(f"not applicable: {m.id} ({m.path}: text found {n} times)")
+        stale = [(m, why) for m in chosen if (why := applies(m)) is not None]
+        for m, why in stale:
+            print(f"not applicable: {m.id} ({m.path}: {why})")
         print(f"{len(chosen) - len(stale)} of {len(chosen)} mutants apply")
         return 1 if stale else 0
     # SIGTERM (and SIGINT, which a shell without job control ignores in background jobs) end the run

@@ -2,13 +2,13 @@
 
     python3 bench/process_util_probe.py --scenario ts3 --seconds 8 --out probe.json
 
-Starts workers with known GPU duty cycles (bench/workloads.py kernels), and while they run reads
+Starts workers with known GPU duty cycles (tests/gpu/workloads.py kernels), and while they run reads
 nvmlDeviceGetProcessUtilization two ways in one process: (A) every 0.1 s with lastSeenTimeStamp 0,
 (B) every 1 s with the newest timestamp B has seen; plus the GPU's own utilization samples. Writes
 every raw sample (pid, timestamp_us, sm, mem) of both, the workers' pids and windows, to --out.
 Scenarios: "duty" (one process, 50% duty), "ts3" (three time-sliced processes with different kernel
 sizes plus one that holds a context and launches nothing). Run it under nsys --trace=cuda for the
-processes' kernel busy time (bench/record_workloads.sh).
+processes' kernel busy time (tools/record_verdicts.sh records it so).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+GPU_TESTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "gpu")  # workloads.py
 WORKERS = {
     # name: (kind, args) run by `--worker`
     "duty": [("duty50", "spin 4 10 10")],
@@ -30,7 +30,7 @@ WORKERS = {
 
 def worker(kind: str, size: int, on_ms: float, off_ms: float, seconds: float) -> None:
     """Runs `kind` for on_ms, sleeps off_ms, repeatedly, for `seconds`."""
-    sys.path.insert(0, HERE)
+    sys.path.insert(0, GPU_TESTS)
     import torch
 
     import workloads

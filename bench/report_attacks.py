@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.http_attacks import run_measured  # noqa: E402
+from tests.http_load import run_measured  # noqa: E402
 from tests.test_report_hostile import HostilePrometheus  # noqa: E402
 
 REPORT = ["-m", "gpu_spatial", "report", "--last", "1h", "--prometheus"]

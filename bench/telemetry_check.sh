@@ -42,7 +42,7 @@ $py -m exporter.nvml_replay record "$out/nvml_h200_health.json" --seconds 12 --i
     --note "H200 via bench/telemetry_check.sh: idle 2 s, bf16 matmul 8 s, idle (if PyTorch is installed)" \
     > "$out/record.log" 2>&1 &
 recorder=$!
-$py bench/workloads.py --phases idle:2,matmul:8,idle:2 > "$out/load.json" 2> "$out/load.log" &
+$py tests/gpu/workloads.py --phases idle:2,matmul:8,idle:2 > "$out/load.json" 2> "$out/load.log" &
 load=$!
 sleep 6  # inside the matmul phase
 stamp "nvidia-smi -q, dmon, /metrics"

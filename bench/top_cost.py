@@ -129,8 +129,8 @@ def nvitop_command() -> list[str] | None:
 
 
 def start_load(processes: int, seconds: float, sms: int) -> list[subprocess.Popen]:
-    """Time-sliced load: each process its own context spinning on `sms` SMs (bench/workloads.py)."""
-    return [subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", f"{sms}:{seconds}"],
+    """Time-sliced load: each process its own context spinning on `sms` SMs (tests/gpu/workloads.py)."""
+    return [subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", f"{sms}:{seconds}"],
                              stdout=subprocess.DEVNULL) for _ in range(processes)]
 
 

@@ -4,6 +4,7 @@ Exit codes: 0 after SIGTERM/SIGINT (one log line, no traceback), 2 for bad input
 in use), one line on stderr."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -19,7 +20,6 @@ def build_engine(args):
     from exporter.holders import build_holders
     from exporter.nvml import Nvml, NvmlError
     from exporter.nvml_replay import ReplayNvml
-    from exporter.samplers.gpm import GpmSource
     from exporter.samplers.mps import MpsSampler
     from exporter.samplers.nvml import NvmlSampler
     from exporter.sources import build_spatial_sources
@@ -34,12 +34,11 @@ def build_engine(args):
     elif not args.no_nvml:
         factory = Nvml  # retried while the driver is missing
     nvml = NvmlSampler(backend, interval=args.interval, factory=factory)
-    gpm = GpmSource(nvml) if "gpm" in args.spatial_sources and not args.no_nvml else None
-    spatial, disabled, upload = build_spatial_sources(args, nvml, gpm)
-    if gpm is None and "gpm" in args.spatial_sources:
-        disabled["gpm"] = "NVML switched off (--no-nvml)"
-    nvml.spatial = {**spatial, **({"gpm": gpm} if gpm is not None else {})}  # GPM's busy time saves NVML's samples
-    samplers = [s for s in (gpm, *spatial.values()) if s is not None]
+    spatial, disabled = build_spatial_sources(args, nvml)
+    nvml.spatial = spatial  # GPM's busy time saves NVML's samples
+    # those ticked in NVML's loop (GPM) first; an upload spool comes with the source that publishes it (nsys)
+    samplers = sorted(spatial.values(), key=lambda source: not source.in_nvml_loop)
+    upload = next((s.upload for s in samplers if getattr(s, "upload", None) is not None), None)
     if not args.no_mps:
         samplers.append(MpsSampler(args.proc_root, args.mps_pipe_dir, args.mps_control_binary, args.mps_timeout,
                                    interval=max(args.interval, 1.0)))
@@ -63,6 +62,40 @@ def build_engine(args):
     return engine, upload
 
 
+class HeldLogs(logging.Handler):
+    """Keeps the records logged while starting; deliver() logs them through the handlers they were meant for."""
+
+    def __init__(self, handlers: list[logging.Handler]):
+        super().__init__()
+        self.handlers, self.records = handlers, []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def deliver(self) -> None:
+        for record in self.records:
+            for handler in self.handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+        self.records = []
+
+
+@contextlib.contextmanager
+def held_logs():
+    """The root logger's records held until deliver(); those not delivered by the end (a port in use) are
+    dropped, those of bad input (SystemExit) logged before its line."""
+    root = logging.getLogger()
+    held = HeldLogs(root.handlers[:])
+    root.handlers[:] = [held]
+    try:
+        yield held
+    except SystemExit:
+        held.deliver()
+        raise
+    finally:
+        root.handlers[:] = held.handlers
+
+
 class Stopped(Exception):
     """SIGTERM before the server took the signals over."""
 
@@ -82,8 +115,12 @@ def main(argv=None, prog: str | None = None) -> int:
     from exporter.server import BindError, Limits, bind, serve
 
     try:
-        sock = bind(args.listen_address, args.port)  # first: a port in use is the one thing said
-        engine, upload = build_engine(args)
+        # The inputs first (a bad --replay is the mistake to name even when the port is taken too), then the
+        # port; a port in use is the one thing said: what building the samplers logged is dropped with it.
+        with held_logs() as held:
+            engine, upload = build_engine(args)
+            sock = bind(args.listen_address, args.port)
+            held.deliver()
         from exporter.app import create_app
 
         app = create_app(engine, upload, api_on=not args.no_api)

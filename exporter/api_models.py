@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from exporter.vocabulary import (HELD_SHARE_BASES, PUBLISHED_STATES, SM_ACTIVE_BASES, TIME_SHARE_BASES,
-                                 WORKLOAD_SOURCE_STATES)
+from exporter import holders
+from exporter.vocabulary import (HELD_SHARE_BASES, PROCESS_KINDS, PUBLISHED_STATES, SHARING_MODES, SM_ACTIVE_BASES,
+                                 TIME_SHARE_BASES, WORKLOAD_SOURCE_STATES)
 
 Ratio = Optional[float]
 
@@ -17,13 +18,23 @@ class Error(BaseModel):
     error: str = Field(description="what is wrong, in one line, and how to fix it")
 
 
+class LostGpu(BaseModel):
+    gpu: int = Field(description="NVML index")
+    uuid: str = Field(description="its UUID, or unknown-pci-<PCI bus id> (unknown-gpu-<index>) when it was lost "
+                                  "before the exporter could ask it")
+    model: str
+
+
 class Health(BaseModel):
-    status: Literal["ok", "no_gpu", "stale"] = Field(
-        description="ok: fresh snapshot with GPUs; no_gpu: fresh, but no GPU known (HTTP 200 only with --no-nvml, "
-                    "503 when NVML was asked for); stale: the samplers stopped (503)")
+    status: Literal["ok", "gpu_lost", "no_gpu", "stale"] = Field(
+        description="ok: fresh snapshot with GPUs; gpu_lost: fresh, but a GPU does not answer NVML (GPU_IS_LOST; "
+                    "HTTP 200: the exporter serves the others, and restarting it brings no GPU back); no_gpu: fresh, "
+                    "but no GPU known (HTTP 200 only with --no-nvml, 503 when NVML was asked for); stale: the "
+                    "samplers stopped (503)")
     snapshot_age_seconds: float
-    gpus: int = Field(description="GPUs in the snapshot (NVML's and those only an export knows)")
+    gpus: int = Field(description="GPUs in the snapshot (NVML's and those only an export knows), lost ones included")
     reason: Optional[str] = Field(None, description="why the status is not ok")
+    lost: Optional[list[LostGpu]] = Field(None, description="the GPUs that do not answer NVML (status gpu_lost)")
 
 
 class SpatialReading(BaseModel):
@@ -91,7 +102,7 @@ class ProcessUtilization(BaseModel):
 class ComputeProcess(BaseModel):
     pid: int
     command: str
-    kind: Literal["mps", "time_sliced", "mps_server"]
+    kind: Literal[PROCESS_KINDS]
 
 
 class MigDevice(BaseModel):
@@ -167,7 +178,7 @@ class Gpu(BaseModel):
     time_window: Optional[tuple[float, float]] = None
     spatial: Optional[SpatialReading] = Field(description="the active source's reading")
     hidden_idle_sm_ratio: Ratio = Field(description="max(0, time utilization - SM active) over the spatial window")
-    sharing_mode: Optional[Literal["exclusive", "time_sliced", "mps", "mig", "idle"]] = None
+    sharing_mode: Optional[Literal[SHARING_MODES]] = None
     diagnosis: Optional[Diagnosis] = None
     sources: list[SourceStatus] = Field(description="every candidate spatial source, in order of preference")
     pods: Optional[list[PodRef]] = Field(description="holders from the kubelet, at most 256; None: pod attribution off "
@@ -217,15 +228,21 @@ class Slurm(BaseModel):
     process_jobs: dict[str, str] = Field(description="host pid -> its Slurm job (cgroup)")
 
 
-class HolderRef(BaseModel):
-    """A holder (exporter.holders.Holder); the labels that do not apply are empty."""
+# Every holder label the registered kinds declare (exporter/holders.py KINDS), as "" where it does not apply.
+HOLDER_LABELS = holders.labels()
+_HOLDER_FIELDS = {label: (str, Field("", description=what)) for label, what in holders.label_meanings().items()}
+HolderRef = create_model("HolderRef", __doc__="A holder (exporter.holders.Holder); the labels that do not apply "
+                         "are empty.", **_HOLDER_FIELDS)
 
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-    claim: str = ""
-    user: str = ""
+
+class GpuRef(BaseModel):
+    gpu: int
+    uuid: str
+    model: str
+
+
+# A GPU and one of its holders: their labels first, as a workload's series carry them.
+GpuHolderRef = create_model("GpuHolderRef", __base__=GpuRef, **_HOLDER_FIELDS)
 
 
 class HeldShare(HolderRef):
@@ -281,19 +298,10 @@ class WorkloadGpuSeconds(BaseModel):
         "busy_unsplit, time_idle; docs/ledger.md). Never add held (the allocation view) to these"))
 
 
-class Workload(BaseModel):
+class Workload(GpuHolderRef):
     """One holder (a Kubernetes container, with its DRA claim where it holds the GPU through one, a Slurm
-    job or a Unix user) of one GPU: docs/metrics.md, Workloads."""
+    job, a Unix user, or any registered kind's) of one GPU: docs/metrics.md, Workloads."""
 
-    gpu: int
-    uuid: str
-    model: str
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-    claim: str = Field("", description="the DRA ResourceClaim the container holds the GPU through")
-    user: str = Field("", description="the Unix user (name, or uid where no name resolves) of a user holder")
     held_share: Optional[float] = Field(description="GPU-equivalents allocated by the scheduler; None where it "
                                                     "cannot be known (replicas without GetAllocatableResources)")
     held_share_basis: Literal[HELD_SHARE_BASES] = Field(

@@ -8,6 +8,7 @@ it: FastAPI and pydantic cost 19 MB of resident memory (bench/RESULTS.md), which
 scraped and probed never pays; `--no-api` switches the API off altogether."""
 import asyncio
 import dataclasses
+import importlib
 import json
 import logging
 import time
@@ -121,7 +122,7 @@ def cupti_json(accountant) -> list[dict] | None:
 def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
     """/healthz: 503 when the samplers stopped, or when NVML was asked for and no GPU is known (a GPU
     node whose driver is missing is not healthy); 200 with status no_gpu where no GPU is what was asked
-    for (--no-nvml)."""
+    for (--no-nvml); 200 with status gpu_lost and which GPUs, where one does not answer NVML."""
     age = time.time() - snapshot.created
     body = {"status": "ok", "snapshot_age_seconds": round(age, 3), "gpus": len(snapshot.gpus)}
     if snapshot.version == 0 or age >= STALE_AFTER_TICKS * max(interval, 1.0):
@@ -132,6 +133,14 @@ def health_json(snapshot, interval: float, nvml_on: bool) -> tuple[dict, int]:
             return {**body, "status": "no_gpu", "reason": "NVML switched off (--no-nvml) and no export replayed"}, 200
         why = nvml.error if nvml and nvml.error else "NVML found no GPU"
         return {**body, "status": "no_gpu", "reason": f"{why}; on a host without a GPU, pass --no-nvml"}, 503
+    lost = [view.identity for view in snapshot.gpus if view.telemetry is not None and view.telemetry.lost]
+    if lost:
+        # 200: the exporter is sound and serves the other GPUs; a liveness probe restarting it brings none back.
+        named = ", ".join(f"GPU {gpu.index} ({gpu.uuid})" for gpu in lost)
+        return {**body, "status": "gpu_lost", "lost": [{"gpu": gpu.index, "uuid": gpu.uuid, "model": gpu.model}
+                                                       for gpu in lost],
+                "reason": f"{named} {'is' if len(lost) == 1 else 'are'} lost (NVML GPU_IS_LOST: fell off the bus?); "
+                          f"the other {len(snapshot.gpus) - len(lost)} GPU(s) are served"}, 200
     return body, 200
 
 
@@ -169,6 +178,10 @@ def api(engine, upload=None):
     from fastapi.security import HTTPBearer
 
     from exporter import api_models as models
+    from exporter.holders import labels
+
+    if models.HOLDER_LABELS != labels():  # a kind registered after the models were built: its labels too
+        models = importlib.reload(models)
 
     upload_errors = {
         400: {"model": models.Error, "description": "not a usable export (one line why)"},
@@ -184,7 +197,7 @@ def api(engine, upload=None):
     # LazyApi answers /healthz before this app is loaded (same health_json): declared here for the schema.
     @app.get("/healthz", response_model=models.Health, responses={503: {"model": models.Health}})
     async def healthz():
-        """ok, no_gpu or stale; 503 when unhealthy (see the status's description)."""
+        """ok, gpu_lost, no_gpu or stale; 503 when unhealthy (see the status's description)."""
         body, status = health_json(engine.snapshot, engine.interval, nvml_enabled(engine))
         return JSONResponse(body, status_code=status)
 

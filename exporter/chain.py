@@ -5,6 +5,7 @@ from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.samplers.gpm import engine_busy
 from exporter.samplers.nvml import window_mean
 from nsys_ingest.verdicts import Evidence, judge, sharing_mode
+from exporter.vocabulary import MPS, MPS_CLIENT, MPS_SERVER, TIME_SLICED
 from exporter.snapshot import (
     ACTIVE,
     DISABLED,
@@ -19,8 +20,6 @@ from exporter.snapshot import (
     SourceResult,
     SourceStatus,
 )
-
-DEFAULT_ORDER = ("dcgm", "gpm", "nsys")
 
 
 def choose_source(order, results: dict[str, SourceResult | None], disabled_reasons: dict[str, str | SourceResult]):
@@ -125,8 +124,8 @@ def diagnose(telemetry: DeviceTelemetry | None, spatial, busy: float | None, mps
     mode = processes = None
     if telemetry is not None and telemetry.compute_processes is not None:
         kinds = [p.kind for p in telemetry.compute_processes]
-        mode = sharing_mode(kinds.count("time_sliced"), kinds.count("mps"), telemetry.mig_enabled)
-        processes = len(kinds) - kinds.count("mps_server")
+        mode = sharing_mode(kinds.count(TIME_SLICED), kinds.count(MPS_CLIENT), telemetry.mig_enabled)
+        processes = len(kinds) - kinds.count(MPS_SERVER)
     health = telemetry.health if telemetry is not None else None
     bits = health.clock_event_reasons if health is not None else None
     evidence = Evidence(
@@ -149,6 +148,6 @@ def _mps_server_faults(telemetry: DeviceTelemetry, mps, mode: str | None) -> flo
     """Major faults/s of the MPS server serving this GPU: the one NVML lists on it, or, when NVML
     names it by a pid this process cannot see (another pid namespace), any server on the host."""
     servers = [d for d in getattr(mps, "daemons", ()) if d.role == "server" and d.major_faults_per_s is not None]
-    pids = {p.pid for p in telemetry.compute_processes or () if p.kind == "mps_server"}
-    mine = [d for d in servers if d.pid in pids] or (servers if mode == "mps" else [])
+    pids = {p.pid for p in telemetry.compute_processes or () if p.kind == MPS_SERVER}
+    mine = [d for d in servers if d.pid in pids] or (servers if mode == MPS else [])
     return max((d.major_faults_per_s for d in mine), default=None)

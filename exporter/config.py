@@ -4,12 +4,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from exporter import holders, workload_sources
+from exporter import holders, sources, workload_sources
 from nsys_ingest.commandline import add_version, prog_name
 
 ENV_PREFIX = "GPU_EXPORTER_"
 DEFAULT_PORT = 9478  # 9400 is dcgm-exporter's and 9100 node-exporter's
-SOURCES = ("dcgm", "gpm", "nsys")
 
 
 def _env_name(flag: str) -> str:
@@ -18,9 +17,10 @@ def _env_name(flag: str) -> str:
 
 def _source_list(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
-    unknown = [n for n in names if n not in SOURCES]
+    known = sources.default_order()
+    unknown = [n for n in names if n not in known]
     if unknown or not names or len(set(names)) != len(names):
-        raise argparse.ArgumentTypeError(f"want a list of distinct sources from {','.join(SOURCES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"want a list of distinct sources from {','.join(known)}, got {text!r}")
     return names
 
 
@@ -78,40 +78,13 @@ def _at_least(convert, minimum, what: str, maximum=None):
 
 
 # For the modules that declare their own flags (holder kinds, workload sources): add_arguments(parser).
-duration, size, at_least, api_server = _duration, _size, _at_least, _api_server
+duration, size, at_least, api_server, env_name = _duration, _size, _at_least, _api_server, _env_name
 _port = _at_least(int, 0, "a port number", 65535)  # 0: any free port (the log names the one bound)
 _interval = _at_least(_duration, 0.1, "an interval", 60)
 
 
 def _bool(text: str) -> bool:
     return str(text).lower() in ("1", "true", "yes", "on")
-
-
-TOKEN_FILE_MAX_BYTES = 4096
-
-
-def _read_token(path: str) -> str:
-    """The upload token from a file (a Kubernetes or compose secret), surrounding whitespace removed."""
-    from hostio.files import FileTooLarge, NotRegularFile, read_capped
-
-    try:  # non-blocking and regular files only: a FIFO there must not hang the exporter's start
-        raw = read_capped(path, TOKEN_FILE_MAX_BYTES, follow=True)  # a mounted secret is a link
-    except FileTooLarge:
-        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: over {TOKEN_FILE_MAX_BYTES} bytes, "
-                                         f"not a token") from None
-    except NotRegularFile as exc:
-        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc}; give the file holding the "
-                                         f"token") from None
-    except OSError as exc:
-        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc.strerror}") from None
-    try:
-        token = raw.decode().strip()
-    except UnicodeDecodeError:
-        token = ""
-    if not token:
-        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: empty or not text; "
-                                         f"write the token into it")
-    return token
 
 
 def _human(value, kind) -> str:
@@ -209,49 +182,13 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                    help="bytes per second a request body must keep up (see --http-body-timeout)")
 
     g = p.add_argument_group("sources")
-    g.add_argument("--spatial-sources", type=_source_list, default=SOURCES,
+    g.add_argument("--spatial-sources", type=_source_list, default=sources.default_order(),
                    help="spatial sources in order of preference; per GPU the first that works is published")
     g.add_argument("--no-nvml", action="store_true", help="do not load NVML (a host without GPUs, replay only)")
     g.add_argument("--nvml-replay", metavar="FILE", default=None,
                    help="replay NVML answers recorded with `python -m exporter.nvml_replay record` instead of NVML")
 
-    g = p.add_argument_group("dcgm")
-    g.add_argument("--dcgm-exporter-url", default=None,
-                   help="read DCGM profiling fields from this dcgm-exporter /metrics (e.g. http://dcgm-exporter:9400/metrics)")
-    g.add_argument("--dcgm-hostengine", default=None,
-                   help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
-    g.add_argument("--dcgm-timeout", type=_duration, default=2.0, help="timeout of one dcgm-exporter scrape")
-    g.add_argument("--dcgm-frozen-after", type=_duration, default=30.0,
-                   help="time of exactly repeated non-zero DCGM values after which they count as frozen "
-                        "(dcgm-exporter repeats its last values when its host engine restarts or hangs)")
-    g.add_argument("--dcgm-window", type=_duration, default=1.0,
-                   help="GPU time a DCGM value describes (dcgm-exporter's collect interval)")
-
-    g = p.add_argument_group("nsys")
-    g.add_argument("--replay", metavar="FILE", default=None,
-                   help="publish a recorded Nsight Systems export (.sqlite) as a live stream, in a loop")
-    g.add_argument("--nsys-watch-dir", default=None,
-                   help="directory where Nsight Systems exports (.sqlite) appear; the newest window per GPU is published")
-    g.add_argument("--nsys-window", type=_duration, default=5.0,
-                   help="time of an export published as one window (watch and replay), and of one live capture")
-    g.add_argument("--nsys-live", action="store_true",
-                   help="profile GPUs that neither DCGM nor GPM serves with `nsys profile` in short windows")
-    g.add_argument("--nsys-frequency", type=int, default=100, help="GPU metrics sampling frequency of live captures, Hz")
-    g.add_argument("--nsys-binary", default="nsys", help="the nsys executable for live captures and .nsys-rep exports")
-    g.add_argument("--nsys-upload-token", default=None,
-                   help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it); "
-                        "prefer the file or the environment variable: a flag shows in `ps` to every user")
-    g.add_argument("--nsys-upload-token-file", metavar="FILE", default=None,
-                   help="read the upload token from this file (a mounted secret), whitespace stripped")
-    g.add_argument("--nsys-spool-dir", default=None,
-                   help="where uploaded exports are kept (default: the watch directory, else a temporary directory)")
-    g.add_argument("--nsys-upload-max-bytes", type=_size, default=512 * 1024 * 1024, help="largest upload accepted")
-    g.add_argument("--nsys-spool-max-files", type=int, default=100,
-                   help="uploads kept in the spool; the oldest go first (never the one published now)")
-    g.add_argument("--nsys-spool-max-bytes", type=_size, default=10 * 1024**3,
-                   help="bytes of uploads kept in the spool")
-    g.add_argument("--nsys-spool-max-age", type=_duration, default=7 * 86400,
-                   help="how long an upload is kept")
+    sources.add_arguments(p)
 
     g = p.add_argument_group("mps")
     g.add_argument("--no-mps", action="store_true", help="do not watch CUDA MPS daemons")
@@ -286,17 +223,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def parse_args(argv=None, prog: str | None = None) -> argparse.Namespace:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    for why in workload_sources.check_arguments(args):
+    for why in (*workload_sources.check_arguments(args), *sources.check_arguments(args)):
         parser.error(why)
-    if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
-        parser.error("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "
-                     "drop the upload token or --no-api")
-    if args.nsys_upload_token_file:
-        if args.nsys_upload_token:
-            parser.error("give the upload token once: --nsys-upload-token-file or --nsys-upload-token "
-                         f"({_env_name('--nsys-upload-token')}), not both")
-        try:
-            args.nsys_upload_token = _read_token(args.nsys_upload_token_file)
-        except argparse.ArgumentTypeError as exc:
-            parser.error(str(exc))
     return args

@@ -11,6 +11,7 @@ from exporter import heap
 from exporter.chain import build_view
 from exporter.holders import HolderSampler, join_owners
 from exporter.sampler import SpatialSource
+from exporter.sources import default_order
 from exporter.snapshot import UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, Snapshot, SourceResult
 
 log = logging.getLogger(__name__)
@@ -33,12 +34,12 @@ class Engine:
 
     nvml: the NvmlSampler, whose GPUs and telemetry every view starts from; it closes last.
     samplers: every other sampler, of any kind, in one list. The engine knows them by what they offer:
-    spatial sources (results per GPU) go to the chain in `order`, holder samplers' holdings and the MIG
-    instances' readings to the workload join, and every sampler's snapshot into the Snapshot under its
-    name. workloads: exporter.workloads.WorkloadAccountant, or None (no holders known).
+    spatial sources (results per GPU) go to the chain in `order` (None: exporter/sources.py's default),
+    holder samplers' holdings and the MIG instances' readings to the workload join, and every sampler's
+    snapshot into the Snapshot under its name. workloads: exporter.workloads.WorkloadAccountant, or None (no holders known).
     """
 
-    def __init__(self, nvml, samplers=(), order=("dcgm", "gpm", "nsys"), disabled_reasons=None,
+    def __init__(self, nvml, samplers=(), order=None, disabled_reasons=None,
                  interval: float = 1.0, process_series=("container", 20), workloads=None):
         self.nvml = nvml
         self.samplers = (nvml, *samplers)
@@ -51,7 +52,7 @@ class Engine:
         self._loops = {nvml.name: (*(s for s in samplers if s.in_nvml_loop), nvml)}
         self._loops.update({s.name: (s,) for s in samplers if not s.in_nvml_loop})
         self._loop_of = {s.name: loop for loop, members in self._loops.items() for s in members}
-        self.order = tuple(order)
+        self.order = default_order() if order is None else tuple(order)
         self.disabled_reasons = dict(disabled_reasons or {})
         self.interval = interval
         self.workloads = workloads

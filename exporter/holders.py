@@ -11,13 +11,12 @@ argument group named after it) and `build(args, nvml, explicit)` (its sampler, o
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from dataclasses import dataclass, field
 
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth
-from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE  # noqa: F401
+from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401
 
 
 def weakest_basis(bases) -> str:
@@ -25,34 +24,107 @@ def weakest_basis(bases) -> str:
     return max(bases, key=HELD_SHARE_BASES.index, default=WHOLE)
 
 
-@dataclass(frozen=True, order=True)
 class Holder:
-    """A Kubernetes container (with the DRA claim it holds the GPU through, if any), a Slurm job or a
-    Unix user; the labels that do not apply are empty."""
+    """Who holds a GPU or a share of it: a Kubernetes container (with the DRA claim it holds the GPU
+    through, if any), a Slurm job, a Unix user, or any kind registered in KINDS. Its labels are the ones
+    the registered kinds declare (labels()); those that do not apply are empty. `Holder("ns", "pod",
+    "c")` fills the labels in their registered order. A label no kind declares is refused here, where the
+    holder is built, not published as a new series."""
 
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-    hpc_job: str = ""
-    claim: str = ""
-    user: str = ""
+    __slots__ = ("_values", "_order", "_key")
 
-    LABELS = ("namespace", "pod", "container", "hpc_job", "claim", "user")
+    def __init__(self, *values: str, **named: str):
+        order = labels()
+        if len(values) > len(order):
+            raise TypeError(f"Holder takes at most {len(order)} labels by position ({', '.join(order)})")
+        named = {**dict(zip(order, values)), **named}
+        unknown = sorted(set(named) - set(order))
+        if unknown:
+            raise ValueError(f"no holder kind declares the label(s) {', '.join(unknown)}; declared: "
+                             f"{', '.join(order)} (a kind's LABELS, exporter/holders.py KINDS)")
+        self._set({label: str(value) for label, value in named.items() if value})
+
+    def _set(self, values: dict) -> None:
+        object.__setattr__(self, "_values", tuple(sorted(values.items())))
+        object.__setattr__(self, "_order", None)
+        object.__setattr__(self, "_key", ())
+
+    @classmethod
+    def _unchecked(cls, **values: str) -> "Holder":
+        """A holder of labels known without the registry (OTHER, built while the kinds are imported)."""
+        holder = cls.__new__(cls)
+        holder._set(values)
+        return holder
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("_") or name not in labels():
+            raise AttributeError(name)
+        return dict(self._values).get(name, "")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("a Holder is immutable")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Holder) and self._values == other._values
+
+    def __hash__(self) -> int:
+        return hash(self._values)
+
+    def _sort_key(self) -> tuple:
+        """Its values in the registered label order (the order holders are listed in)."""
+        order = labels()
+        if self._order is not order:
+            values = dict(self._values)
+            object.__setattr__(self, "_key", tuple(values.get(label, "") for label in order))
+            object.__setattr__(self, "_order", order)
+        return self._key
+
+    def __lt__(self, other: "Holder") -> bool:
+        return self._sort_key() < other._sort_key()
+
+    def __le__(self, other: "Holder") -> bool:
+        return self._sort_key() <= other._sort_key()
+
+    def __gt__(self, other: "Holder") -> bool:
+        return self._sort_key() > other._sort_key()
+
+    def __ge__(self, other: "Holder") -> bool:
+        return self._sort_key() >= other._sort_key()
+
+    def __repr__(self) -> str:
+        return f"Holder({', '.join(f'{k}={v!r}' for k, v in self._values)})"
+
+    def __reduce__(self):
+        return (_rebuild, (self._values,))
 
     def labels(self) -> list[str]:
-        return [self.namespace, self.pod, self.container, self.hpc_job, self.claim, self.user]
+        """Its value of every registered label, in their order (empty where it does not apply)."""
+        return list(self._sort_key())
+
+    def values_of(self, names) -> tuple[str, ...]:
+        """Its values of `names` (empty where it has none)."""
+        values = dict(self._values)
+        return tuple(values.get(name, "") for name in names)
 
     def to_json(self) -> dict:
-        return dict(zip(self.LABELS, self.labels()))
+        return dict(zip(labels(), self.labels()))
 
     def owner(self) -> "Holder":
-        """Who runs the holder's processes: a claim is held by its container, whose cgroup the pids name."""
-        return dataclasses.replace(self, claim="") if self.claim else self
+        """Who runs the holder's processes: a claim is held by its container, whose cgroup the pids name
+        (the labels a kind declares HELD_THROUGH name what the GPU is held through, not who runs)."""
+        through = held_through_labels()
+        if not any(label in through for label, _ in self._values):
+            return self
+        return Holder._unchecked(**{label: value for label, value in self._values if label not in through})
+
+
+def _rebuild(values) -> Holder:
+    return Holder._unchecked(**dict(values))
 
 
 API_HOLDERS_PER_GPU = 256  # holders of one GPU the JSON API lists per kind; /metrics folds the rest likewise
 # The holders beyond --holder-series-limit on one GPU, folded into one (a real pod always has a namespace).
-OTHER = Holder(pod="other")
+OTHER = Holder._unchecked(pod="other")
 
 
 @dataclass(frozen=True)
@@ -62,6 +134,9 @@ class Held:
     share: float | None  # GPU-equivalents; None: the scheduler's share cannot be known (the sampler logs why)
     basis: str = WHOLE  # one of HELD_SHARE_BASES
     mig: tuple[str, ...] = ()  # MIG devices (UUIDs) it holds whole: their instances' SM activity is its own
+
+    def __post_init__(self):
+        check(self.basis, HELD_SHARE_BASES, "held-share basis")
 
 
 @dataclass(frozen=True)
@@ -102,12 +177,83 @@ class HolderSampler(SamplerDefaults):
         raise NotImplementedError
 
 
-# Kind -> its module: add_arguments(parser), build(args, nvml, explicit) -> its sampler or None (not
-# configured), and SCHEDULER (True: a scheduler's allocations; under --holders auto the kinds that are no
-# scheduler, Unix users, hold GPUs only where no scheduler is configured). Order: the first kinds'
-# process owners win where two kinds claim one pid.
+# Kind -> its module, which declares
+# - LABELS: the labels its holders set, label -> what it names (kinds may share one: an LSF job is an
+#   hpc_job too; the first kind's meaning is published), and HELD_THROUGH (optional): those of them that name what the GPU is held through rather than who runs
+#   the processes (a DRA claim): the process series' owners go without them (Holder.owner());
+#   and GROUPS (optional): what `gpu-spatial report --by` groups by, name -> labels (a pod needs its
+#   namespace), where not every label is a grouping alone (the default);
+# - SCHEDULER: True for a scheduler's allocations; under --holders auto the kinds that are no scheduler
+#   (Unix users) hold GPUs only where no scheduler is configured;
+# - add_arguments(parser) and build(args, nvml, explicit) -> its sampler or None (not configured).
+# Every view (the metric families, the JSON API and its schema, the process series' owners, the report,
+# top, the rules' checks) takes the labels from here. Order: the first kinds' process owners win where
+# two kinds claim one pid, and their labels come first.
 KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",
          "users": "exporter.samplers.users"}
+_declared: dict[tuple, tuple] = {}  # KINDS' items -> (labels, label -> meaning, held-through labels, groups)
+
+
+def _declarations() -> tuple:
+    key = tuple(KINDS.items())
+    if key not in _declared:
+        meaning, through, groups = {}, set(), {}
+        for module in map(importlib.import_module, KINDS.values()):
+            for label, what in module.LABELS.items():
+                meaning.setdefault(label, what)
+            through.update(getattr(module, "HELD_THROUGH", ()))
+            for name, grouped in getattr(module, "GROUPS", {label: (label,) for label in module.LABELS}).items():
+                groups.setdefault(name, tuple(grouped))
+        _declared.clear()  # one registry at a time: the label tuple's identity marks the holders' sort keys
+        _declared[key] = (tuple(meaning), meaning, frozenset(through), groups)
+    return _declared[key]
+
+
+def holder_name(values) -> str:
+    """A holder's short name for a terminal (gpu-spatial top), from its labels (`values`: label -> value,
+    as the API serves them; another exporter's): the first kind with a label set names it, by the value
+    of its most specific grouping (a pod, not its namespace; the label too where the kind has only one:
+    "user alice"), then what it holds the GPU through ("(claim gpu-0)"). "" where no label is set."""
+    through = held_through_labels()
+    for module in map(importlib.import_module, KINDS.values()):
+        own = [label for label in module.LABELS if label not in through]
+        named = [grouped[-1] for grouped in getattr(module, "GROUPS", {label: (label,) for label in own}).values()]
+        found = [label for label in reversed(named) if label in own and _text(values.get(label))]
+        held = [f"({label} {_text(values.get(label))})" for label in module.LABELS
+                if label in through and _text(values.get(label))]
+        if found or held:
+            name = "" if not found else _text(values[found[0]]) if len(own) > 1 else f"{found[0]} {values[found[0]]}"
+            return " ".join([name, *held]).strip()
+    return ""
+
+
+def _text(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def report_groups() -> dict[str, tuple[str, ...]]:
+    """What holders are grouped by in `gpu-spatial report --by`: name -> the labels of a group."""
+    return dict(_declarations()[3])
+
+
+def labels() -> tuple[str, ...]:
+    """Every holder label the registered kinds declare, in KINDS' order."""
+    return _declarations()[0]
+
+
+def label_meanings() -> dict[str, str]:
+    """Label -> what it names (the API schema's descriptions)."""
+    return dict(_declarations()[1])
+
+
+def held_through_labels() -> frozenset:
+    return _declarations()[2]
+
+
+def owner_labels() -> tuple[str, ...]:
+    """The labels of a process's owner (Holder.owner()): the holder labels less those held through."""
+    through = held_through_labels()
+    return tuple(label for label in labels() if label not in through)
 
 
 def add_arguments(parser) -> None:

@@ -7,6 +7,8 @@ value, not as a failed device.
 """
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -51,6 +53,10 @@ FIELD_NVLINK_DATA_TX_KIB = 138  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: KiB sin
 FIELD_NVLINK_DATA_RX_KIB = 139  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 ALL_LINKS = 0xFFFFFFFF  # a field's scopeId for the sum over every NVLink
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError: eventData is the XID
+# The driver's own list of the GPUs it probed, one directory per GPU named by its PCI address: it still
+# names a GPU that fell off the bus, when NVML answers GPU_IS_LOST for it even to nvmlDeviceGetHandleByIndex.
+DRIVER_GPUS_DIR = "/proc/driver/nvidia/gpus"
+MAX_DRIVER_GPUS = 64  # more than any host holds: a bound on what is read, not a limit in practice
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,17 @@ class PartialAnswer:
     def from_json(cls, data: dict) -> "PartialAnswer":
         values = dict(data)
         return cls(values, tuple(values.pop(cls.RECORDED_ERRORS, ())))
+
+
+def pci_address(text: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI address in NVML's form (00000000:3B:00.0) or the kernel's
+    (0000:3b:00.0); None for anything else."""
+    try:
+        domain, bus, rest = text.split(":")
+        device, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+    except ValueError:
+        return None
 
 
 class NvmlError(Exception):
@@ -94,7 +111,7 @@ class NvmlError(Exception):
 class Nvml:
     """The live NVML backend. Methods take a device index; each keeps what it needs between calls."""
 
-    def __init__(self):
+    def __init__(self, driver_gpus_dir: str = DRIVER_GPUS_DIR):
         try:
             import pynvml
         except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
@@ -109,6 +126,7 @@ class Nvml:
         self._xid_lock = threading.Lock()  # held while waiting: the set is never freed under a waiter
         self._xid_set = None
         self._gpm_wanted = tuple(GPM_METRICS)  # SPATIAL_GPM_METRICS once a driver refused the others
+        self._driver_gpus_dir = driver_gpus_dir
         self._call("nvmlInit", pynvml.nvmlInit)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -182,6 +200,34 @@ class Nvml:
             "model": self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)),
             "minor": self._minor(h),
         }
+
+    def pci_bus_ids(self) -> dict[str, str | None]:
+        """{index: PCI bus id, as nvidia-smi shows it} of every GPU NVML counts; what names a GPU that was
+        lost before it could be asked who it is (`nvidia-smi -q` shows the same address for it). GPUs that
+        answer say it (nvmlDeviceGetPciInfo); the others are the driver's GPUs (DRIVER_GPUS_DIR) that no
+        answering GPU claims, in NVML's order, which is PCI order; None where the two lists do not add up."""
+        out: dict[str, str | None] = {}
+        for index in range(self.device_count()):
+            try:
+                info = self._call("nvmlDeviceGetPciInfo", self._nv.nvmlDeviceGetPciInfo, self._handle(index))
+                out[str(index)] = self._text(info.busId)
+            except NvmlError:
+                out[str(index)] = None
+        unclaimed = sorted(set(self._driver_gpus()) - {pci_address(bus) for bus in out.values() if bus})
+        silent = [index for index, bus in out.items() if bus is None]
+        if len(unclaimed) == len(silent):
+            for index, address in zip(silent, unclaimed):
+                out[index] = "{:08X}:{:02X}:{:02X}.{:X}".format(*address)
+        return out
+
+    def _driver_gpus(self) -> list[tuple[int, int, int, int]]:
+        """PCI addresses of the GPUs the driver probed; none where its list cannot be read."""
+        try:
+            with os.scandir(self._driver_gpus_dir) as entries:
+                names = [entry.name for entry in itertools.islice(entries, MAX_DRIVER_GPUS)]
+        except OSError:
+            return []
+        return [address for address in map(pci_address, names) if address is not None]
 
     def _minor(self, handle) -> int | None:
         """The /dev/nvidia<minor> number: what DRA drivers name a GPU by (gpu-<minor>); None where NVML

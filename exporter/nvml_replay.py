@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from exporter.nvml import NvmlError, PartialAnswer
+from hostio.files import read_text_capped
 
 # Methods answered once (identity does not change); the others are per-tick streams.
 STATIC_METHODS = ("device_count", "identity", "gpm_support", "mig_devices", "driver_version", "max_clocks",
-                  "xid_open")
+                  "xid_open", "pci_bus_ids")
 STREAM_METHODS = (
     "utilization_samples",
     "utilization_rates",
@@ -48,6 +49,9 @@ CONDITIONAL_METHODS = ("process_utilization", "gpm_mig_metrics", "utilization_ra
 # Methods answering an exporter.nvml.PartialAnswer: recorded in its to_json() form.
 PARTIAL_METHODS = ("max_clocks", "health_counters", "nvml_throughput", "memory_errors")
 FORMAT = "gpu-exporter-nvml-recording/1"
+WHAT_A_RECORDING_IS = ("a recording is the JSON that `python3 -m exporter.nvml_replay record OUT.json` writes on a GPU "
+                       "host (tests/fixtures/nvml_h100_time_sliced.json is one)")
+MAX_RECORDING_BYTES = 256 << 20  # ten minutes of 8 GPUs at 0.5 s is ~50 MB
 
 
 def _key(method: str, args: tuple) -> str:
@@ -121,12 +125,7 @@ class ReplayNvml:
 
     def __init__(self, path: str | Path):
         path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise NvmlError("replay", f"cannot read NVML recording {path}: {exc}") from None
-        if data.get("format") != FORMAT:
-            raise NvmlError("replay", f"{path} is not an NVML recording (format {data.get('format')!r}, want {FORMAT})")
+        data = read_recording(path)
         self.path = path
         self._lock = threading.Lock()
         self._streams = {key: itertools.cycle(answers) for key, answers in data["calls"].items() if answers}
@@ -198,9 +197,30 @@ class ReplayNvml:
         self.xid_close()
 
 
+def read_recording(path: Path) -> dict:
+    """The recording at `path`, checked for what a replay reads of it; NvmlError with one line that says
+    what a recording is, for the file that is not one (--nvml-replay README.md)."""
+    try:
+        text = read_text_capped(path, MAX_RECORDING_BYTES, follow=True)
+    except OSError as exc:
+        raise NvmlError("replay", f"cannot read NVML recording {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise NvmlError("replay", f"{path} is not an NVML recording (not JSON: {exc}): {WHAT_A_RECORDING_IS}") from None
+    found = data.get("format") if isinstance(data, dict) else None
+    if found != FORMAT:
+        raise NvmlError("replay", f"{path} is not an NVML recording (format {found!r}, want {FORMAT}): "
+                                  f"{WHAT_A_RECORDING_IS}")
+    calls = data.get("calls")
+    if not isinstance(calls, dict) or not all(isinstance(answers, list) for answers in calls.values()):
+        raise NvmlError("replay", f"{path}: \"calls\" must map each call to its list of answers: {WHAT_A_RECORDING_IS}")
+    return data
+
+
 def cut(source: Path, target: Path, frame: int) -> None:
     """Keep one tick of every stream: a recording whose every tick looks the same (golden tests)."""
-    data = json.loads(Path(source).read_text())
+    data = read_recording(Path(source))
     for key, answers in data["calls"].items():
         method = key.split("/", 1)[0]
         if method in STREAM_METHODS and answers:

@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from exporter.vocabulary import ACTIVE, DISABLED, ERROR, OK, PENDING, PUBLISHED_STATES, STANDBY, UNSUPPORTED  # noqa: F401
+from exporter.vocabulary import PROCESS_KINDS, SOURCE_STATES, check
 
 SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")
 
@@ -51,10 +52,13 @@ class SpatialReading:
 class SourceResult:
     """What one spatial source says about one GPU: a state, why, and a reading when it has one."""
 
-    state: str
+    state: str  # exporter.vocabulary.SOURCE_STATES
     reason: str
     reading: SpatialReading | None = None
     links: "LinkThroughput | None" = None  # interconnect throughput measured by the same source (GPM)
+
+    def __post_init__(self):
+        check(self.state, SOURCE_STATES, "source state")
 
 
 @dataclass(frozen=True)
@@ -72,7 +76,10 @@ class ComputeProcess:
 
     pid: int
     command: str
-    kind: str
+    kind: str  # exporter.vocabulary.PROCESS_KINDS
+
+    def __post_init__(self):
+        check(self.kind, PROCESS_KINDS, "process kind")
 
 
 @dataclass(frozen=True)
@@ -155,8 +162,11 @@ class DeviceTelemetry:
 @dataclass(frozen=True)
 class SourceStatus:
     source: str
-    state: str
+    state: str  # exporter.vocabulary.PUBLISHED_STATES
     reason: str
+
+    def __post_init__(self):
+        check(self.state, PUBLISHED_STATES, "published source state")
 
 
 @dataclass(frozen=True)

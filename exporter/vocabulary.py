@@ -5,6 +5,17 @@ cell is one line here, and a misspelling fails at import instead of publishing a
 """
 from __future__ import annotations
 
+# Sharing modes are spelled in nsys_ingest (a lower floor that names them too); re-exported here.
+from nsys_ingest.verdicts import EXCLUSIVE, IDLE, MIG as MIG_MODE, MPS, SHARING_MODES, TIME_SLICED  # noqa: F401 - re-exported
+
+
+def check(word, allowed: tuple, what: str, optional: bool = False) -> None:
+    """Refuses a word outside its vocabulary where a record is built, as client_python's Metric refuses a type
+    outside METRIC_TYPES: a misspelling fails there, not as a new label value in every view."""
+    if word not in allowed and not (optional and word is None):
+        raise ValueError(f"{what} {word!r}: none of {', '.join(allowed)} (exporter/vocabulary.py)")
+
+
 # -- states -----------------------------------------------------------------------------------------
 # What a source says about one GPU (gpu_spatial_source_state{state}, gpu_workload_<source>_state{state}).
 # A spatial source reports OK or PENDING, which the chain publishes as ACTIVE or STANDBY; a source that
@@ -12,7 +23,15 @@ from __future__ import annotations
 OK, PENDING = "ok", "pending"
 ACTIVE, STANDBY, DISABLED, UNSUPPORTED, ERROR = "active", "standby", "disabled", "unsupported", "error"
 PUBLISHED_STATES = (ACTIVE, STANDBY, DISABLED, UNSUPPORTED, ERROR)  # spatial sources, in published order
+SOURCE_STATES = (OK, PENDING, UNSUPPORTED, ERROR)  # what a spatial source says (SourceResult)
 WORKLOAD_SOURCE_STATES = (ACTIVE, STANDBY, UNSUPPORTED, ERROR, DISABLED)  # workload sources, in published order
+
+# -- process kinds ----------------------------------------------------------------------------------
+# A compute process on a GPU (gpu_compute_processes{kind}, the API's compute_processes): an MPS client, a
+# process with its own context taking time slices, or the MPS server (infrastructure: never a workload).
+MPS_CLIENT, MPS_SERVER = MPS, "mps_server"
+PROCESS_KINDS = (MPS_CLIENT, TIME_SLICED, MPS_SERVER)
+WORKLOAD_PROCESS_KINDS = (MPS_CLIENT, TIME_SLICED)  # those counted: a workload's processes
 
 # -- bases of per-workload values -------------------------------------------------------------------
 EXACT = "exact"            # measured for the holder alone (alone on the GPU, or its own MIG instance)

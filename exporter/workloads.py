@@ -30,7 +30,9 @@ from exporter import ledger
 from exporter.holders import OTHER, WHOLE, Held, Holder, join_gpu, join_owners, weakest_basis
 from exporter.sampler import ProcessShare
 from exporter.snapshot import GpuIdentity, LogOnce
-from exporter.vocabulary import CTXSW, CUPTI, EXACT, LEDGER, NVML, TIME_SHARE
+from exporter.vocabulary import (BUSY, BUSY_BY_BASIS, CTXSW, CUPTI, EXACT, HELD, HELD_IDLE, HELD_SHARE_BASES, HIDDEN_IDLE,
+                                 LEDGER, MPS, MPS_CLIENT, MPS_SERVER, NVML, PLAIN_QUANTITIES, QUANTITIES_BY_BASIS,
+                                 SM_ACTIVE, SM_ACTIVE_BASES, TIME_SHARE, TIME_SHARE_BASES, check)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ HELD_IDLE_AFTER_S = 1800.0
 HOLDER_SERIES_LIMIT = 64  # holders published per GPU; the rest are summed into OTHER
 MAX_STEP_S = 30.0  # a longer gap between two updates (a stalled engine) is not integrated over
 # counters kept per key: busy by basis, SM-active and hidden-idle by basis, the ledger's cells (exporter/ledger.py)
-BY_KEY = ("busy_basis", "sm_active", "hidden_idle", LEDGER)
+BY_KEY = (*QUANTITIES_BY_BASIS, LEDGER)
 MPS_REASON = "MPS: NVML charges the MPS server for its clients' kernels, so no per-client time exists"
 MIG_REASON = "MIG device: NVML has no per-process utilization on MIG devices"
 NOT_RESIDENT = ProcessShare(time=0.0, sm=0.0)  # a process the window listed that got no slice
@@ -67,10 +69,13 @@ class WorkloadView:
     sm_estimate: float | None = None  # cupti: its clients' own SM estimate before the scaling to the GPU's SM active
     ledger: dict = field(default_factory=dict)  # its ledger cells now: cell -> share of the GPU (exporter/ledger.py)
 
+    def __post_init__(self):
+        check(self.held_share_basis, HELD_SHARE_BASES, "held-share basis")
+        check(self.time_share_basis, TIME_SHARE_BASES, "time-share basis", optional=True)
+        check(self.sm_active_basis, SM_ACTIVE_BASES, "SM-active basis", optional=True)
+
     def to_json(self) -> dict:
-        return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model,
-                "namespace": self.holder.namespace, "pod": self.holder.pod, "container": self.holder.container,
-                "hpc_job": self.holder.hpc_job, "claim": self.holder.claim, "user": self.holder.user,
+        return {"gpu": self.gpu.index, "uuid": self.gpu.uuid, "model": self.gpu.model, **self.holder.to_json(),
                 "held_share": self.held_share, "held_share_basis": self.held_share_basis, "processes": self.processes,
                 "pids": list(self.pids), "time_share": self.time_share, "time_share_reason": self.time_share_reason,
                 "time_share_basis": self.time_share_basis,
@@ -86,15 +91,15 @@ class _Account:
 
     created: float
     rates: dict = field(default_factory=dict)
-    counters: dict = field(default_factory=lambda: {"held": 0.0, "busy": 0.0, "held_idle": 0.0, "busy_basis": {},
-                                                    "sm_active": {}, "hidden_idle": {}, LEDGER: {}})
+    counters: dict = field(default_factory=lambda: {**dict.fromkeys(PLAIN_QUANTITIES, 0.0),
+                                                    **{name: {} for name in BY_KEY}})
     idle_since: float | None = None
     folded: bool = False  # its rates go to OTHER's counters, not its own
     step: dict = field(default_factory=dict)  # what the last integrate added: OTHER takes it over on folding
 
     def integrate(self, dt: float) -> None:
         r = self.rates
-        self.step = {name: r[name] * dt for name in ("held", "busy", "held_idle") if r.get(name) is not None}
+        self.step = {name: r[name] * dt for name in PLAIN_QUANTITIES if r.get(name) is not None}
         # busy per basis (the best one available at each update), sm_active and hidden_idle: basis -> rate
         self.step.update({name: {basis: v * dt for basis, v in r[name].items()}
                           for name in BY_KEY if r.get(name)})
@@ -262,8 +267,8 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
     `cupti`: the GPU's fresh window of MPS clients' own traces (exporter.sampler.ProcessWindow), with
     `cupti_scaling` (cupti_gpu) the factor that keeps their SM estimates within the GPU's SM active."""
     tel = view.telemetry
-    compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != "mps_server"]
-    mps = view.sharing_mode == "mps" or any(p.kind == "mps" for p in compute or ())
+    compute = None if tel.compute_processes is None else [p for p in tel.compute_processes if p.kind != MPS_SERVER]
+    mps = view.sharing_mode == MPS or any(p.kind == MPS_CLIENT for p in compute or ())
     mig = bool(tel.mig_enabled)
     raw = {p.pid: p.sm for p in tel.processes}
     total_raw = sum(raw.values())
@@ -344,7 +349,7 @@ def ledger_gpu(view, entries: dict, window) -> ledger.GpuUse:
     switch gaps), else NVML's time utilization and the spatial source; `complete` where every process on
     the GPU is a holder's whose time is known."""
     tel = view.telemetry
-    compute = None if tel.compute_processes is None else {p.pid for p in tel.compute_processes if p.kind != "mps_server"}
+    compute = None if tel.compute_processes is None else {p.pid for p in tel.compute_processes if p.kind != MPS_SERVER}
     timed = {pid for entry in entries.values() if entry.time_share is not None for pid in entry.pids}
     complete = compute is not None and compute <= timed
     sm = view.spatial.sm_active if view.spatial is not None else None
@@ -436,7 +441,7 @@ class WorkloadAccountant:
     def _cupti_scaling(self, view, window) -> CuptiGpu | None:
         """The scaling of a GPU's MPS clients' estimates over their fresh cupti window; None: no MPS client
         or no window."""
-        clients = {p.pid for p in view.telemetry.compute_processes or () if p.kind == "mps"}
+        clients = {p.pid for p in view.telemetry.compute_processes or () if p.kind == MPS_CLIENT}
         if window is None or not clients:
             return None
         return cupti_gpu(window, clients, self.sm_history.mean(view.identity.uuid, window.window_start,
@@ -469,7 +474,7 @@ class WorkloadAccountant:
                 account.folded = True
                 other.add(account.step)
         rates = [a.rates for a in parts]
-        other.rates = {name: _sum(r.get(name) for r in rates) for name in ("held", "busy", "held_idle")}
+        other.rates = {name: _sum(r.get(name) for r in rates) for name in PLAIN_QUANTITIES}
         other.rates.update({name: _sum_by_basis(r.get(name) for r in rates) for name in BY_KEY})
         sm_bases = {w.sm_active_basis for w in folded if w.sm_active is not None}
         processes = [w.processes for w in folded]
@@ -500,12 +505,12 @@ class WorkloadAccountant:
             (0.0 if account.idle_since is None else round(now - account.idle_since, 3))
         sm, basis = entry.sm_active, entry.sm_active_basis
         account.rates = {
-            "held": share,
-            "busy": time_share,
-            "busy_basis": {entry.time_share_basis: time_share} if time_share is not None else None,
-            "held_idle": share if share is not None and account.idle_since is not None else None,
-            "sm_active": {basis: sm} if sm is not None else None,
-            "hidden_idle": {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
+            HELD: share,
+            BUSY: time_share,
+            BUSY_BY_BASIS: {entry.time_share_basis: time_share} if time_share is not None else None,
+            HELD_IDLE: share if share is not None and account.idle_since is not None else None,
+            SM_ACTIVE: {basis: sm} if sm is not None else None,
+            HIDDEN_IDLE: {basis: max(0.0, time_share - sm)} if sm is not None and time_share is not None else None,
             LEDGER: cells,
         }
         return WorkloadView(holder=holder, gpu=gpu, held_share=share, processes=processes, pids=entry.pids,

@@ -13,6 +13,12 @@ import sys
 
 from gpu_trace import protocol
 
+# What a traced run needs, one line each (docs/mps-clients.md)
+NEEDS = """needs:
+  in the traced process: gpu_trace's native library (built by `pip install .` with the system C compiler,
+    loads libcupti at run time), or else cupti-python (pip install cupti-python); with neither it runs untraced
+  the exporter: --workload-cupti, listening on the same socket (--cupti-socket)"""
+
 AUTOSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart")
 
 
@@ -27,7 +33,8 @@ def environment(env: dict, socket_path: str | None) -> dict:
 
 
 def main(argv=None, prog: str = "gpu-spatial trace") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=NEEDS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--socket", default=None, help=f"the exporter's socket (default ${protocol.SOCKET_ENV} "
                         f"or {protocol.DEFAULT_SOCKET})")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")

@@ -12,7 +12,8 @@ from nsys_ingest.phases import describe as describe_phase
 from nsys_ingest.phases import judge_phases
 from nsys_ingest.phases import split as split_phases
 from nsys_ingest.reader import DEFAULT_CHUNK_ROWS, Export
-from nsys_ingest.verdicts import CONCURRENT_KERNELS, LONG_GAP_S, MIN_SHORT_KERNELS, SHORT_KERNEL_S, Evidence, judge
+from nsys_ingest.verdicts import (CONCURRENT_KERNELS, EXCLUSIVE, IDLE, LONG_GAP_S, MIN_SHORT_KERNELS, MPS,
+                                  SHORT_KERNEL_S, TIME_SLICED, Evidence, judge)
 
 NO_GPU_METRICS = ("this export has no GPU metrics: add --gpu-metrics-devices=all to the nsys command to measure "
                   "SM activity; until then SM activity is estimated from the kernels' grid sizes")
@@ -97,13 +98,13 @@ def _sharing(summary: dict, processes: int) -> str | None:
     side. Only short kernels tell (SHORT_KERNEL_S): a long kernel switched out at the end of its time
     slice spans the other contexts' slices. None where the trace cannot tell."""
     if processes == 0:
-        return "idle"
+        return IDLE
     if processes == 1:
-        return "exclusive"
+        return EXCLUSIVE
     if summary["short_kernels"] >= MIN_SHORT_KERNELS and summary["short_kernel_overlap"] is not None:
-        return "mps" if summary["short_kernel_overlap"] >= CONCURRENT_KERNELS else "time_sliced"
+        return MPS if summary["short_kernel_overlap"] >= CONCURRENT_KERNELS else TIME_SLICED
     # Too few short kernels: no overlap at all still rules MPS' concurrency out; overlap proves nothing.
-    return "time_sliced" if (summary["overlap"] or 0.0) < CONCURRENT_KERNELS else None
+    return TIME_SLICED if (summary["overlap"] or 0.0) < CONCURRENT_KERNELS else None
 
 
 def _evidence(means: dict, k: GpuKernels | None, summary: dict | None, copies: dict | None,

@@ -37,20 +37,23 @@ POWER_THERMAL_REASONS = {
     "hw_thermal_slowdown": "a hardware thermal slowdown (the GPU or its memory too hot)",
 }
 
-SHARING_MODES = ("exclusive", "time_sliced", "mps", "mig", "idle")
+# How a GPU is shared (gpu_sharing_mode{mode}, the API's sharing_mode): spelled here, the lowest floor that
+# names them (exporter/vocabulary.py takes them from here).
+EXCLUSIVE, TIME_SLICED, MPS, MIG, IDLE = "exclusive", "time_sliced", "mps", "mig", "idle"
+SHARING_MODES = (EXCLUSIVE, TIME_SLICED, MPS, MIG, IDLE)
 
 
 def sharing_mode(time_sliced: int, mps_clients: int, mig_enabled: bool | None = None) -> str:
     """How the GPU is shared now. MPS clients share one context (the server's); every other process
     has its own, and two or more contexts take turns in time slices."""
     if mig_enabled:
-        return "mig"
+        return MIG
     contexts = time_sliced + (1 if mps_clients else 0)
     if contexts == 0:
-        return "idle"
+        return IDLE
     if contexts > 1:
-        return "time_sliced"
-    return "mps" if mps_clients else "exclusive"
+        return TIME_SLICED
+    return MPS if mps_clients else EXCLUSIVE
 
 
 @dataclass(frozen=True)

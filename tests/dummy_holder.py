@@ -19,8 +19,8 @@ class LsfJobs(HolderSampler):
 
     def tick(self) -> None:
         started = time.perf_counter()
-        jobs = dict(line.split() for line in self.job_file.read_text().splitlines() if line.strip())
-        owners = {int(pid): Holder(hpc_job=f"lsf-{job}") for pid, job in jobs.items()}
+        owners = {int(pid): self.holder(*fields) for pid, *fields in
+                  (line.split() for line in self.job_file.read_text().splitlines() if line.strip())}
         gpus = {}
         for uuid, tel in self.nvml.telemetry.items():
             holders = {owners[p.pid] for p in tel.compute_processes or () if p.pid in owners}
@@ -29,8 +29,13 @@ class LsfJobs(HolderSampler):
         self.holdings = Holdings(gpus=gpus, owners=owners)
         self.health = CollectorHealth(True, time.perf_counter() - started)
 
+    def holder(self, job: str) -> Holder:
+        """The holder a line of the file names after its pid."""
+        return Holder(hpc_job=f"lsf-{job}")
+
 
 SCHEDULER = True  # LSF allocates GPUs to jobs, as Slurm does
+LABELS = {"hpc_job": "the batch job holding the GPU"}  # a batch job, as a Slurm job is (the first kind's meaning wins)
 
 
 def add_arguments(parser) -> None:

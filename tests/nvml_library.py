@@ -49,8 +49,13 @@ class MetricsRequest:
 
 
 class NvmlLibrary:
-    def __init__(self, gpus: int = 1, processes: dict[int, int] | None = None, busy: float = 0.0, clock=None):
+    def __init__(self, gpus: int = 1, processes: dict[int, int] | None = None, busy: float = 0.0, clock=None,
+                 lost: set[int] = frozenset()):
         self.gpus = gpus
+        # GPUs that fell off the bus: NVML still counts them, and answers GPU_IS_LOST to every call naming one,
+        # nvmlDeviceGetHandleByIndex included (nvidia-smi: "Unable to determine the device handle for GPU
+        # 0000:3B:00.0: GPU is lost"). A test may move a GPU in or out of this set while it runs.
+        self.lost = set(lost)
         self.processes = dict(processes or {})  # GPU index -> how many time-sliced compute processes
         self.busy = busy  # percent, every sample
         self.clock = clock  # an object with time() (wall seconds); the real clock when None
@@ -63,7 +68,10 @@ class NvmlLibrary:
         return int((self.clock or time).time() * 1e6)
 
     def _count(self, name: str, handle=None) -> None:
-        self.calls.append((name, handle.index if isinstance(handle, Handle) else handle))
+        index = handle.index if isinstance(handle, Handle) else handle
+        self.calls.append((name, index))
+        if name != "nvmlSystemGetProcessName" and index in self.lost:
+            raise _real.NVMLError(_real.NVML_ERROR_GPU_IS_LOST)
 
     def _pids(self, index: int) -> list[int]:
         return [1000 * (index + 1) + n for n in range(self.processes.get(index, 0))]
@@ -114,7 +122,10 @@ class NvmlLibrary:
         raise AttributeError(name)
 
     def _samples(self, handle, kind, since_us, value_type, count, buffer):
-        self._count("nvmlDeviceGetSamples", handle)
+        try:
+            self._count("nvmlDeviceGetSamples", handle)
+        except _real.NVMLError as exc:  # a C function: its error is its return code
+            return exc.value
         now, since = self._now_us(), since_us.value
         stamps = [t for t in range(now - now % SAMPLE_PERIOD_US - 20 * SAMPLE_PERIOD_US, now + 1, SAMPLE_PERIOD_US)
                   if t > since]
@@ -128,7 +139,10 @@ class NvmlLibrary:
         return _real.NVML_SUCCESS
 
     def _process_samples(self, handle, buffer, count, since_us):
-        self._count("nvmlDeviceGetProcessUtilization", handle)
+        try:
+            self._count("nvmlDeviceGetProcessUtilization", handle)
+        except _real.NVMLError as exc:
+            return exc.value
         pids = self._pids(handle.index)
         if not pids:
             return _real.NVML_ERROR_NOT_FOUND
@@ -162,6 +176,10 @@ class NvmlLibrary:
     def _fn_nvmlDeviceGetName(self, handle):
         self._count("nvmlDeviceGetName", handle)
         return "NVIDIA H100 80GB HBM3"
+
+    def _fn_nvmlDeviceGetPciInfo(self, handle):
+        self._count("nvmlDeviceGetPciInfo", handle)
+        return SimpleNamespace(busId=pci_bus_id(handle.index).encode())
 
     def _fn_nvmlDeviceGetMinorNumber(self, handle):
         self._count("nvmlDeviceGetMinorNumber", handle)
@@ -259,6 +277,22 @@ class NvmlLibrary:
     def _fn_nvmlDeviceGetPcieThroughput(self, handle, counter):
         self._count("nvmlDeviceGetPcieThroughput", handle)
         return 0
+
+
+def pci_bus_id(index: int) -> str:
+    """GPU `index`'s PCI address in NVML's form (an H100 HGX board's order: 0x19, 0x3B, 0x4C, ...)."""
+    return f"00000000:{0x19 + 0x11 * index:02X}:00.0"
+
+
+def driver_gpus_dir(path, gpus: int):
+    """A directory shaped as the driver's /proc/driver/nvidia/gpus for `gpus` GPUs (what exporter.nvml reads
+    to name a lost GPU): one directory per GPU, named by its PCI address in the kernel's form."""
+    from pathlib import Path
+
+    for index in range(gpus):
+        domain, bus, rest = pci_bus_id(index).split(":")
+        (Path(path) / f"{domain[-4:]}:{bus.lower()}:{rest}").mkdir(parents=True)
+    return str(path)
 
 
 class Clock:

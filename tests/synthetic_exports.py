@@ -377,3 +377,43 @@ def ill_conditioned(out: Path, pairs: int = 128, samples: int = 2048, seed: int 
         values.append((0, ms, {q: value for q in CTXSW_METRICS}))
     values.append((0, samples, {q: 0.0 for q in CTXSW_METRICS}))
     return ctxsw_export(out, slices=slices, samples=values)
+
+
+# -- big exports (nsys_ingest at 50 million rows: bench/ingest_bench.py) ----------------------------------------
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+METRICS_SOURCE = FIXTURES / "h100_phases_100hz.sqlite"
+KERNEL_SOURCE = FIXTURES / "h100_diag_time_sliced.sqlite"
+KERNEL_COLUMNS = ("start, end, deviceId, contextId, streamId, globalPid, demangledName, shortName, registersPerThread, "
+                  "gridX, gridY, gridZ, blockX, blockY, blockZ, staticSharedMemory, dynamicSharedMemory, "
+                  "localMemoryPerThread, localMemoryTotal, gridId")
+
+
+def grown(target: Path, rows: int, kernels: bool = False) -> None:
+    """A big export of `rows` rows (bench/ingest_bench.py, tests/test_hostile.py): a fixture whose rows are doubled (kernels: and the GPU metrics beside them) with timestamps shifted past the
+    previous copies, so the rows stay in time order as nsys writes them."""
+    shutil.copyfile(KERNEL_SOURCE if kernels else METRICS_SOURCE, target)
+    con = sqlite3.connect(target)
+    con.execute("pragma journal_mode=off")
+    con.execute("pragma synchronous=off")
+    table = "CUPTI_ACTIVITY_KIND_KERNEL" if kernels else "GPU_METRICS"
+    (have,) = con.execute(f"select count(*) from {table}").fetchone()
+    span = con.execute("select max(timestamp) - min(timestamp) + 10000000 from GPU_METRICS").fetchone()[0]
+    if kernels:  # copies must start after the previous ones end, whichever table spans longer
+        span = max(span, con.execute(f"select max(end) - min(start) + 10000000 from {table}").fetchone()[0])
+    metrics_have = con.execute("select count(*) from GPU_METRICS").fetchone()[0]
+    shift = span
+    while have < rows:
+        take = min(have, rows - have)
+        if kernels:
+            con.execute(f"insert into {table} ({KERNEL_COLUMNS}) select {KERNEL_COLUMNS.replace('start, end', 'start + ?, end + ?', 1)} "
+                        f"from {table} where rowid <= ?", (shift, shift, take))
+        if not kernels or take == have:
+            limit = metrics_have if kernels else take
+            con.execute("insert into GPU_METRICS (rawTimestamp, timestamp, typeId, metricId, value) "
+                        "select rawTimestamp + ?, timestamp + ?, typeId, metricId, value from GPU_METRICS "
+                        "where rowid <= ?", (shift, shift, limit))
+            metrics_have += limit
+        con.commit()
+        shift *= 2
+        have += take
+    con.close()

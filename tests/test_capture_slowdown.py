@@ -1,5 +1,6 @@
-"""bench/capture_slowdown.py: one long run cut into seconds with and without a capture (issue 26's slowdown)."""
-from bench.capture_slowdown import bins, runs, slowdown
+"""tests/capture_slowdown.py, the analysis bench/capture_slowdown.py runs: one long run cut into seconds with
+and without a capture (issue 26's slowdown)."""
+from tests.capture_slowdown import bins, runs, slowdown
 
 
 def synthetic(windows, rate_off=100.0, rate_on=98.0, busy_after=3.0, end=200.0):

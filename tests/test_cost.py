@@ -82,7 +82,7 @@ def test_the_slow_reads_keep_30_and_60_s():
     assert calls["nvmlDeviceGetFieldValues"] == round((4 + 2) / 120, 3)  # health every 30 s, errors every 60 s
 
 
-# -- bench/cost_per_gpu.py: what the device run reports, computed right ----------------------------------------
+# -- bench/cost_per_gpu.py: what the device run reports (tests/cost_summary.py) ---------------------------------
 def device_report(**phases):
     return {"gpus": 2, "ctxsw_period_s": 180.0, "phases": phases}
 
@@ -93,7 +93,7 @@ def side(one_gpu, ours, nvitop, rss=(60.0, 56.0)):
 
 
 def test_the_device_summary_gives_the_slope_per_gpu_the_8_gpu_projection_and_the_rss_margin():
-    from bench.cost_per_gpu import summary
+    from tests.cost_summary import summary
 
     found = summary(device_report(all_idle=side(False, 1.0, 6.9), one_idle=side(True, 0.6, 0.5),
                                   all_loaded=side(False, 1.3, 5.9, rss=(67.0, 56.0)),
@@ -109,7 +109,7 @@ def test_the_device_summary_gives_the_slope_per_gpu_the_8_gpu_projection_and_the
 
 
 def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
-    from bench.cost_per_gpu import summary
+    from tests.cost_summary import summary
 
     window = {"seconds": 20.0, "exporter_tree_cpu_s": 1.5, "nsys_outside_cpu_s": 2.0, "baseline_percent_of_core": 1.0,
               "exporter": {"vmrss_mib": 62.0, "vmhwm_mib": 63.0}, "attribution_child": {"cpu_s": 0.4, "peak_mib": 150}}
@@ -123,7 +123,7 @@ def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
 
 
 def test_the_device_run_reads_the_sources_state_and_the_childs_cost_as_the_exporter_writes_them():
-    from bench.cost_per_gpu import CHILD_COST, settled
+    from tests.cost_summary import CHILD_COST, settled
     from exporter.samplers.ctxsw import CtxswSampler
 
     sampler = CtxswSampler(None)
@@ -164,12 +164,13 @@ def test_the_device_run_on_the_replay_reports_every_phase(tmp_path):
 # -- resident memory: what a default exporter imports -------------------------------------------------------
 # Each is loaded where the flag that needs it is given (bench/RESULTS.md, "Resident memory at steady state"):
 # the package metadata (--version), SQLite and the export reader (an nsys export read), the upload spool and its
-# HMAC (--nsys-upload-token-file), the nsys source (--replay, --nsys-watch-dir, --nsys-live), the attribution
+# HMAC (--nsys-upload-token-file), the nsys source's reading of exports (--replay, --nsys-watch-dir, --nsys-live;
+# its module declares the flags, exporter/sources.py, so it is loaded: 0.25 MB, bench/RESULTS.md), the attribution
 # (--workload-ctxsw: its child), the IDNA codec (a host name that is not ASCII). What uvicorn, click, argparse and
 # prometheus_client import themselves (ssl, pickle, configparser, uuid, tempfile, timeit, mimetypes, shutil) is
 # theirs; gpu_trace.protocol holds the cupti flags' defaults.
 NOT_AT_DEFAULTS = ("importlib.metadata", "csv", "zipfile", "sqlite3", "nsys_ingest.reader",
-                   "nsys_ingest.attribution", "exporter.uploads", "exporter.spool", "hmac", "exporter.samplers.nsys",
+                   "nsys_ingest.attribution", "exporter.uploads", "exporter.spool", "hmac",
                    "encodings.idna", "numpy", "pandas")
 
 
@@ -257,18 +258,23 @@ def test_the_engine_gives_the_heap_back_after_nvmls_first_tick_and_then_every_mi
         assert len(given_back) == expected, at
 
 
-def test_the_8x64_bench_writes_why_it_failed_into_its_result(tmp_path, monkeypatch):
+def test_the_8x64_bench_writes_why_it_failed_into_its_result(tmp_path):
     """On the device it exited 1 and its log did not come back: the cause (here the stubs' protobuf refusing
     an older runtime, as it does at import) and the versions it ran with come back in its --out."""
     import json
+    import os
+    import subprocess
+    import sys
 
-    import bench.scrape_8x64 as bench
+    from tests.helpers import ROOT
 
-    def refused(*_args):
-        raise ImportError("Detected mismatched Protobuf Gencode/Runtime major versions: gencode 7.35.1 runtime 5.29.5")
-
-    monkeypatch.setattr(bench, "node", refused)
-    assert bench.main(["--out", str(tmp_path / "s.json")]) == 1
+    grpc = tmp_path / "stubs" / "grpc"  # a grpc that refuses at import: the bench is run, never imported
+    grpc.mkdir(parents=True)
+    (grpc / "__init__.py").write_text('def refused():\n    raise ImportError("Detected mismatched Protobuf Gencode/Runtime '
+                                      'major versions: gencode 7.35.1 runtime 5.29.5")\n\n\nrefused()\n')
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "scrape_8x64.py"), "--out", str(tmp_path / "s.json")],
+                          env={**os.environ, "PYTHONPATH": str(grpc.parent)}, capture_output=True, timeout=60)
+    assert done.returncode == 1
     result = json.loads((tmp_path / "s.json").read_text())
     assert result["error"] == ("ImportError: Detected mismatched Protobuf Gencode/Runtime major versions: "
                                "gencode 7.35.1 runtime 5.29.5")

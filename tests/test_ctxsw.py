@@ -276,7 +276,7 @@ def test_the_fit_keeps_every_density_within_0_and_1():
     assert bounded_least_squares(x.T @ x, x.T @ (x @ np.array([0.2, 1.4, 0.1]))).densities[1] == 1.0
 
 
-# -- the H200 captures (bench/record_ctxsw.sh): jobs whose SM footprint is known by construction ------------
+# -- the H200 captures (tools/record_ctxsw.sh): jobs whose SM footprint is known by construction ------------
 # 516 spins 4 ms kernels on 66 of 132 SMs, 515 2 ms kernels on 8 SMs (100 ms on, 150 ms off), 518 is a launch
 # loop (one block: one SM), 514 runs bf16 8192^3 products back to back, a fifth holds a context and launches nothing.
 H200_10KHZ, H200_1KHZ = FIXTURES / "h200_ctxsw_10khz.sqlite", FIXTURES / "h200_ctxsw_1khz.sqlite"

@@ -1,15 +1,19 @@
 """The exporter's cupti source (exporter/samplers/cupti.py): what it accepts from a traced MPS client, the
 channel over a real Unix socket with the real client (gpu_trace.client) replaying recorded CUPTI records,
-and attacks from other processes (another pid, oversized, garbage, dripping, 1,000 connections)."""
+and attacks from other processes (another pid, oversized, garbage, dripping, numbers too large for a float,
+1,000 connections from one process, a user's many processes, a socket kept after its process exited)."""
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -71,9 +75,27 @@ def test_a_report_claiming_someone_elses_pid_is_refused():
                    "sm_seconds": 0, "copy_busy_s": 0}]}, "not a GPU of this host"),
     ({"devices": [{"uuid": "../../etc", "kernels": 0}]}, "without a GPU UUID"),
     ({"devices": [{}] * 17}, "at most 16"),
+    ({"end": 1000.4}, "end 1000.4 outside"),  # before its start
+    ({"start": 998.0, "end": 1010.1}, "end 1010.1 outside"),  # past start + the window + 2 s (now + 1 s is later)
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": -1e-9, "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernel_busy_s -1e-09 outside"),
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 10.011}]},
+     "copy_busy_s 10.011 outside"),  # the window is 10 s: 10.01 with the float slack
+    ({"devices": [{"uuid": UUID, "kernels": 10**12 + 1, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernels 1e+12 outside"),
+    ({"devices": [{"uuid": UUID, "kernels": 1.5, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernels 1.5 is not a whole number"),
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 0}] * 2},
+     f"{UUID} reported twice"),
+    # JSON's integers have no bound and 1e400 reads as infinity: neither may reach the arithmetic
+    ({"start": 10**400}, "start is too large for a number"),
+    ({"devices": [{"uuid": UUID, "kernels": 10**400, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 0}]},
+     "kernels is too large for a number"),
+    ({"devices": [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 1, "sm_seconds": -10**400, "copy_busy_s": 0}]},
+     "sm_seconds is too large for a number"),
 ])
 def test_a_report_out_of_bounds_is_refused(overrides, why):
-    with pytest.raises(BadReport, match=why.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(BadReport, match=re.escape(why)):
         parse(report(**overrides))
 
 
@@ -84,6 +106,32 @@ def test_the_bounds_themselves_are_accepted():
     assert parse(edge).devices[UUID].sm_seconds == 12.0
     late = report(start=1002.0, end=1011.0)  # the end bound is now + 1 s here, not start + 12 s
     assert parse(late).end == 1011.0
+
+
+def test_sixteen_gpus_are_read():
+    gpus = [f"GPU-00000000-0000-0000-0000-{n:012x}" for n in range(16)]
+    line = report(devices=[{"uuid": uuid, "kernels": 1, "kernel_busy_s": 1, "sm_seconds": 0, "copy_busy_s": 0}
+                           for uuid in gpus])
+    assert len(parse_report(line, 100, 3, 1000.0, 10.0, 1011.0, frozenset(gpus)).devices) == 16
+
+
+def test_a_float_literal_past_the_range_is_refused_not_inf():
+    with pytest.raises(BadReport, match="end is not a number"):
+        parse(report().replace(b'"end": 1010.5', b'"end": 1e400'))
+
+
+def test_a_whole_count_given_as_a_float_is_kept_as_its_integer():
+    got = parse(report(devices=[{"uuid": UUID, "kernels": 1e12, "kernel_busy_s": 1, "sm_seconds": 0,
+                                 "copy_busy_s": 0}]))
+    assert got.devices[UUID].kernels == 10**12 and isinstance(got.devices[UUID].kernels, int)
+
+
+def test_an_sm_share_past_one_by_the_float_slack_is_clamped_to_one():
+    # busy 10.009 s and SM-seconds 10.019 in a 10 s window pass the slack of the bounds: 1.0019 of the GPU
+    got = parse(report(start=1000.0, end=1010.0, devices=[{"uuid": UUID, "kernels": 1, "kernel_busy_s": 10.009,
+                                                            "sm_seconds": 10.019, "copy_busy_s": 0}]))
+    share = gpu_windows([got])[UUID].shares[100]
+    assert (share.time, share.sm) == (1.0, 1.0)
 
 
 def test_garbage_and_deep_nesting_are_refused_not_raised():
@@ -217,8 +265,8 @@ def test_another_process_claiming_our_pid_is_refused_with_one_line(source, caplo
 
 def test_an_oversized_report_is_cut_off_at_the_cap(source, caplog):
     lines = run_attack(source, "x" * 20000, caplog)
-    assert lines == [f"cupti refused (oversized): pid {lines[0].split('pid ')[1].split(':')[0]}: a report over "
-                     "16384 bytes: disconnected"]
+    assert lines == [f"cupti refused (oversized): pid {lines[0].split('pid ')[1].split(' ')[0]} (uid {os.getuid()}): "
+                     "a report over 16384 bytes: report refused, disconnected"]
     assert source._clients == {}
 
 
@@ -248,41 +296,291 @@ for _ in range(1000):
     assert len(lines) == 1 and "did not answer within the window" in lines[0] and source._clients == {}
 
 
-def test_a_thousand_connections_keep_at_most_the_cap_and_log_once(source, caplog):
-    flood = r"""
-import socket, sys
-held = []
+REPORTER = r"""
+import json, os, socket, sys, time
+while True:  # as gpu_trace's client: connected again whenever the exporter hangs up
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(sys.argv[1])
+    except OSError:
+        time.sleep(0.05)
+        continue
+    print("connected", flush=True)
+    for line in s.makefile("rb"):
+        window, now = json.loads(line)["window"], time.time()
+        body = sys.argv[2].replace("WINDOW", str(window)).replace("PID", str(os.getpid()))
+        s.sendall(body.replace("START", repr(now)).replace("END", repr(now + 0.01)).encode() + b"\n")
+    s.close()
+"""
+HALF_BUSY = [{"uuid": UUID, "kernels": 1, "kernel_busy_s": 0.005, "sm_seconds": 0.002, "copy_busy_s": 0}]
+
+
+def reply(**fields) -> str:
+    """REPORTER's answer: its window, its pid and a 10 ms window of now unless `fields` say otherwise."""
+    body = {"window": "WINDOW", "pid": "PID", "start": "START", "end": "END", "devices": HALF_BUSY, **fields}
+    text = json.dumps(body)
+    for token in ("WINDOW", "PID", "START", "END"):
+        text = text.replace(f'"{token}"', token)
+    return text
+
+
+@contextlib.contextmanager
+def processes(path: str, script: str, *args, count: int = 1, **popen):
+    """`count` processes running `script` against the socket at `path`, each past its first connect."""
+    procs = []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen([sys.executable, "-c", script, path, *map(str, args)], stdin=subprocess.PIPE,
+                                          stdout=subprocess.PIPE, text=True, **popen))
+            procs[-1].said = procs[-1].stdout.readline()
+            assert procs[-1].said.startswith("connected")
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+
+
+def test_a_number_too_large_for_a_float_is_that_clients_refusal_once_and_the_others_keep_theirs(source, caplog):
+    """Issue 42: a 400-digit start made the whole tick raise OverflowError: every client's shares gone. Two
+    windows; two clients send it (one line each, not one per window), one answers well."""
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    with processes(source.path, REPORTER, reply(start=10**400), count=2) as bad, \
+            processes(source.path, REPORTER, reply()) as [good]:
+        for _ in range(2):
+            connected(source, 3)
+            source.tick()
+            assert source.health.success and set(source.fresh(UUID, source.clock()).shares) == {good.pid}
+            assert source.fresh(UUID, source.clock()).shares[good.pid].time == pytest.approx(0.5, abs=1e-3)
+    assert sorted(logged(caplog)) == sorted(f"cupti refused (bad report): pid {p.pid} (uid {os.getuid()}): start is too "
+                                            "large for a number: report refused, disconnected" for p in bad)
+    assert source.refused == {"bad report": 4}
+
+
+def test_whatever_a_report_makes_of_the_parser_is_that_clients_refusal(source, caplog, monkeypatch):
+    def broken(*args):
+        raise ZeroDivisionError("a case no check foresaw")
+    monkeypatch.setattr(source_module, "parse_report", broken)
+    lines = run_attacker(source, caplog, REPORTER, reply())
+    assert source.health.success and len(lines) == 1 and "bad report" in lines[0]
+    assert lines[0].endswith("unreadable (ZeroDivisionError): report refused, disconnected")
+
+
+FLOOD = r"""
+import json, os, selectors, socket, sys
+held, selector = [], selectors.DefaultSelector()
 for _ in range(1000):
     s = socket.socket(socket.AF_UNIX); s.setblocking(False)
     try:
-        s.connect(sys.argv[1]); held.append(s)
+        s.connect(sys.argv[1]); held.append(s); selector.register(s, selectors.EVENT_READ)
     except OSError:
         s.close()  # the listener's backlog is full: the kernel refuses
-print(len(held), flush=True); sys.stdin.read()
+print("connected", len(held), flush=True)
+while True:  # every connection still open answers, with a valid error line (issue 42's attack)
+    for key, _ in selector.select():
+        try:
+            line = key.fileobj.recv(4096)
+        except OSError:
+            line = b""
+        if not line:
+            selector.unregister(key.fileobj)
+            continue
+        window = json.loads(line)["window"]
+        key.fileobj.sendall(json.dumps({"window": window, "pid": os.getpid(), "error": "no CUDA"}).encode() + b"\n")
 """
-    proc = subprocess.Popen([sys.executable, "-c", flood, source.path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+
+
+def test_one_process_holding_a_thousand_connections_keeps_one_and_the_next_client_is_traced(source, caplog):
+    """Issue 42: 128 connections from one process, each answering an error line, locked every later client
+    out. One connection per process (its newest): the flood holds one slot, said once, naming the pid."""
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    with processes(source.path, FLOOD) as [flood]:
+        held = int(flood.said.split()[1])  # what the listener's backlog took, 129 here
+        source._accept()
+        assert held > 8 and [c.pid for c in source._clients.values()] == [flood.pid]
+        assert source.refused == {"per process": held - 1}
+        with processes(source.path, REPORTER, reply()) as [client]:
+            connected(source, 2)
+            source.tick()
+    assert source.health.success and set(source.fresh(UUID, source.clock()).shares) == {client.pid}
+    assert "1 client(s) cannot trace" in source.state(OTHER_GPU, source.clock()).reason
+    assert logged(caplog) == [f"cupti refused (per process): pid {flood.pid} (uid {os.getuid()}): connected again: "
+                              "its older connection is closed (one per process)"]
+
+
+CONNECT = r"""
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True); sys.stdin.read()
+"""
+
+
+@contextlib.contextmanager
+def connection_of_user(path: str, uid: int):
+    """A forked process of user `uid` (this one is root) holding a connection to `path` (no exec: the
+    interpreter's folder need not be open to that user)."""
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(done_w)
+            os.setgid(uid)
+            os.setuid(uid)
+            sock = socket.socket(socket.AF_UNIX)
+            sock.connect(path)
+            os.write(ready_w, b"c")
+            os.read(done_r, 1)  # until the parent closes its end
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    os.close(done_r)
     try:
-        held = int(proc.stdout.readline())
-        with caplog.at_level(logging.WARNING, logger=source_module.__name__):
-            source._accept()
-        assert 8 < held <= 1000
-        assert len(source._clients) == 8 and source.refused["connections"] == held - 8
-        lines = [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
-        assert lines == ["cupti refused (connections): more than --cupti-max-clients 8 connections: the rest are closed"]
+        assert os.read(ready_r, 1) == b"c"
+        yield pid
     finally:
-        proc.kill()
-        proc.wait()
+        os.close(done_w)
+        os.close(ready_r)
+        os.waitpid(pid, 0)
+
+
+def test_a_user_holds_at_most_its_share_of_the_connections(caplog):
+    where = Path(tempfile.mkdtemp(prefix="cupti-"))  # under /tmp, open to every user as the real socket's folder
+    os.chmod(where, 0o755)
+    s = CuptiSource(NVML, str(where / "cupti.sock"), window_s=0.0, max_clients=3, max_per_user=2)
+    s.open()
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    try:
+        with processes(s.path, CONNECT, count=3) as procs:
+            s._accept()  # each has connected (it said so): the third is refused
+            assert sorted(c.pid for c in s._clients.values()) == sorted(p.pid for p in procs[:2])
+            assert s.refused == {"per user": 1} and logged(caplog) == [
+                f"cupti refused (per user): pid {procs[2].pid} (uid {os.getuid()}): uid {os.getuid()} already holds "
+                "--cupti-max-clients-per-user 2 connections: closed"]
+            s._drop(next(iter(s._clients.values())))  # one of the user's connections goes: room for one more
+            with processes(s.path, CONNECT):
+                s._accept()
+            assert len(s._clients) == 2 and dict(s._per_user) == {os.getuid(): 2} and s.refused == {"per user": 1}
+            if os.geteuid() == 0:  # another user still gets in
+                with connection_of_user(s.path, 65534):
+                    s._accept()
+                    assert sorted(c.uid for c in s._clients.values()) == [os.getuid()] * 2 + [65534]
+            for client in list(s._clients.values()):
+                s._drop(client)
+            assert s._per_user == {} and s._by_process == {}  # nothing kept of who has gone
+    finally:
+        s.close()
+        shutil.rmtree(where)
+
+
+def test_at_most_the_cap_of_connections_in_all(tmp_path, caplog):
+    s = CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, max_clients=2, max_per_user=3)
+    s.open()
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    try:
+        with processes(s.path, CONNECT, count=3) as procs:
+            s._accept()
+            assert len(s._clients) == 2 and s.refused == {"connections": 1}
+            assert logged(caplog) == [f"cupti refused (connections): pid {procs[2].pid} (uid {os.getuid()}): "
+                                      "--cupti-max-clients 2 connections are held: closed"]
+    finally:
+        s.close()
+
+
+def test_refusals_already_said_are_remembered_up_to_a_bound(monkeypatch, caplog):
+    monkeypatch.setattr(source_module, "MAX_REMEMBERED_REFUSALS", 2)
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    s = CuptiSource(NVML, "/nonexistent/cupti.sock")
+    for pid in (1, 2, 1, 3, 2):  # 1 and 2 said; 1 again: known, now the newest; 3 said, 2 forgotten; 2 said again
+        s._refuse("late", "silent", SimpleNamespace(who=f"pid {pid}"))
+    assert [line.split(": ")[1] for line in logged(caplog)] == ["pid 1", "pid 2", "pid 3", "pid 2"]
+    assert list(s._said) == [("late", "pid 3"), ("late", "pid 2")] and s.refused == {"late": 5}
+
+
+FORKED = r"""
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+child = os.fork()
+if child == 0:  # the child connects (the socket's peer is its pid), then exits when told
+    s.connect(sys.argv[1]); print("connected", flush=True); sys.stdin.readline(); os._exit(0)
+if sys.argv[2] == "reaped":
+    os.waitpid(child, 0)
+else:  # left a zombie: its /proc/PID/stat stays, with state Z
+    while open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+        time.sleep(0.01)
+print("exited", flush=True)
+for line in s.makefile("rb"):  # the parent answers for its child's pid, which SO_PEERCRED gave the socket
+    now = time.time()
+    s.sendall(json.dumps({"window": json.loads(line)["window"], "pid": child, "start": now, "end": now + 0.01,
+                          "devices": []}).encode() + b"\n")
+"""
+
+
+@pytest.mark.parametrize("child", ["reaped", "zombie"])
+def test_a_socket_kept_after_its_process_exited_speaks_for_no_one(source, caplog, child):
+    """Issue 42: a child connects and exits, its parent keeps the socket and answers for the child's pid."""
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    with processes(source.path, FORKED, child) as [parent]:
+        connected(source)
+        [peer] = [c.pid for c in source._clients.values()]
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline() == "exited\n"
+        source.tick()
+    assert peer != parent.pid and source._clients == {} and source.readings == {}
+    assert logged(caplog) == [f"cupti refused (not its process): pid {peer} (uid {os.getuid()}): the process that "
+                              "connected has exited (its pid may name another process now): report refused, disconnected"]
+
+
+def fake_proc(root: Path, pid: int, start_shift: int = 0) -> None:
+    """`root`/PID/stat: the real process's stat, its start time (field 22) moved by `start_shift` ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)
+    rest = fields[1].split()
+    rest[19] = str(int(rest[19]) + start_shift)
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{fields[0]}) {' '.join(rest)}\n")
+
+
+def test_a_report_after_the_pid_names_another_process_is_refused(source, caplog, tmp_path):
+    """The pid's reuse by another process, through a proc root this test controls: the same pid with a new
+    start time. The connection's first window is the client's; its next, after the reuse, is refused."""
+    source.proc_root = tmp_path / "proc"
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    with processes(source.path, REPORTER, reply()) as [client]:
+        fake_proc(source.proc_root, client.pid)
+        connected(source)
+        source.tick()
+        assert set(source.fresh(UUID, source.clock()).shares) == {client.pid} and logged(caplog) == []
+        fake_proc(source.proc_root, client.pid, start_shift=1)
+        source.tick()
+    assert source.fresh(UUID, source.clock()) is None
+    assert logged(caplog) == [f"cupti refused (not its process): pid {client.pid} (uid {os.getuid()}): the process "
+                              "that connected has exited (its pid may name another process now): report refused, "
+                              "disconnected"]
+
+
+def test_a_connection_whose_process_cannot_be_read_is_closed(source, caplog, tmp_path):
+    source.proc_root = tmp_path / "proc"  # empty: no process to bind the connection to
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    with processes(source.path, CONNECT) as [proc]:
+        source._accept()
+        assert source._clients == {} and source.refused == {"no process": 1}
+    assert logged(caplog) == [f"cupti refused (no process): pid {proc.pid} (uid {os.getuid()}): no live process "
+                              f"{proc.pid} under {source.proc_root} to bind the connection to: closed"]
 
 
 def test_something_else_at_the_socket_path_is_an_error_not_removed(tmp_path):
     path = tmp_path / "cupti.sock"
     path.write_text("keep me")
     s = CuptiSource(NVML, str(path), window_s=0.0)
-    s.states = {UUID: None}
+    good = gpu_windows([ClientReport(1, 0.0, 10.0, {UUID: DeviceReport(1.0, 1.0, 0.0, 1)})])
+    s.readings, s.states = good, {UUID: None}  # the last good window, then the socket fails
     s.tick()
     assert not s.health.success and "exists and is not a socket" in s.health.error and path.read_text() == "keep me"
-    assert s.state(UUID, 0).state == V.ERROR
+    assert s.state(UUID, 10.0).state == V.ERROR and s.fresh(UUID, 10.0) is None  # not served beside the error
     s.close()
 
 
@@ -295,7 +593,14 @@ def test_flags_refuse_a_window_over_half_the_period(capsys):
     assert "at most half of --cupti-period" in source_module.check_arguments(args)
     args = parser.parse_args(["--workload-cupti", "--cupti-window", "30", "--cupti-period", "60"])
     assert source_module.check_arguments(args) is None
-    assert isinstance(source_module.build(args, NVML), CuptiSource)
+    built = source_module.build(args, NVML)
+    assert isinstance(built, CuptiSource) and (built.max_clients, built.max_per_user) == (128, 64)
+    built = source_module.build(parser.parse_args(["--workload-cupti", "--cupti-max-clients", "9"]), NVML)
+    assert (built.max_clients, built.max_per_user) == (9, 5)  # half, rounded up
+    def per_user(value: str):
+        return source_module.check_arguments(parser.parse_args(["--workload-cupti", "--cupti-max-clients-per-user", value]))
+    assert "give 1 to --cupti-max-clients" in per_user("0") and "give 1 to --cupti-max-clients" in per_user("129")
+    assert per_user("1") is None and per_user("128") is None
     assert source_module.build(parser.parse_args([]), NVML) is None
 
 

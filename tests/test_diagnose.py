@@ -1,5 +1,5 @@
 """nsys_ingest diagnose: four exports recorded on the H100 with a CUDA kernel trace and GPU metrics
-(bench/record_diagnosis.sh), synthetic edge cases built from them, and the live verdict over HTTP.
+(tools/record_diagnosis.sh), synthetic edge cases built from them, and the live verdict over HTTP.
 The rules on their own, their thresholds and order, and the newer recordings: tests/test_verdicts.py."""
 import json
 import subprocess
@@ -146,7 +146,7 @@ def test_command_line_on_a_file_with_neither(tmp_path):
     ("nvml_h100_mps.json", "mps", "mps_shared", "mps"),
 ])
 def test_the_exporter_publishes_sharing_mode_and_verdict(recording, mode, verdict, kind):
-    """NVML answers recorded on the H100 with 4 workers on 8 SMs each (bench/record_sharing.sh)."""
+    """NVML answers recorded on the H100 with 4 workers on 8 SMs each (tools/record_sharing.sh)."""
     with Exporter("--nvml-replay", str(FIXTURES / recording), "--no-mps", "--interval", "0.2") as e:
         def settled():
             samples = parse_metrics(e.metrics())

@@ -91,7 +91,7 @@ def test_one_activity_gives_no_phases_and_a_window_keeps_them_inside_it(tmp_path
 
 def test_recorded_phases_capture_split_where_its_activity_changes():
     """The H100 recording: idle with short input bursts, a quarter of the SMs busy, then a saturating
-    training loop, then idle (bench/record_fixtures.sh)."""
+    training loop, then idle (tools/record_fixtures.sh)."""
     with Export(PHASES) as export:
         (gpu,) = diagnose(export)["gpus"]
     assert [([round(t, 2) for t in p["window_s"]], p["verdict"]["verdict"]) for p in gpu["phases"]] == [

@@ -1,5 +1,6 @@
 """The README and docs/ hold together (issue 36): every relative link and anchor resolves, and every
-command the README names still parses (its `--help` lists each flag the README passes it)."""
+command the README names still parses (its `--help` lists each flag the README passes it). bench/README.md
+indexes every script in bench/ (issue 44)."""
 from __future__ import annotations
 
 import re
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "bench" / "README.md"]
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
 # Our commands, and how to run each from this tree with the interpreter the tests run under.
 COMMANDS = {
@@ -87,6 +88,22 @@ def test_the_link_check_catches_a_broken_file_and_anchor(tmp_path):
     page.write_text("[a](other.md#the-daemonsets-privileges) [b](other.md#twice-1) [c](other.md#gone) "
                     "[d](missing.md) [e](#here) `[f](inline.md)`\n\n## Here\n\n```\n[g](fenced.md)\n```\n")
     assert broken_links(page) == ["other.md#gone: no heading with anchor #gone in other.md", "missing.md: no such file"]
+
+
+def bench_index() -> dict[str, str]:
+    """bench/README.md's tables: script -> its row's RESULTS cell."""
+    rows = re.findall(r"^\| `([^`]+)` \|.*\| ([^|]*) \|$", (ROOT / "bench" / "README.md").read_text(), flags=re.M)
+    return dict(rows)
+
+
+def test_the_bench_index_names_every_script_and_the_results_section_it_feeds():
+    """Issue 44: every script in bench/ has its row, linking the RESULTS.md sections it feeds (the anchors are
+    checked with the other links), and no row names a script that is gone."""
+    index = bench_index()
+    scripts = sorted(p.name for p in (ROOT / "bench").iterdir() if p.is_file() and p.suffix in (".py", ".sh")
+                     and p.name != "__init__.py")
+    assert sorted(index) == scripts
+    assert [name for name, cell in index.items() if "(RESULTS.md#" not in cell] == []
 
 
 def readme_commands() -> list[list[str]]:

@@ -173,9 +173,11 @@ def test_a_lost_gpu_disappears_and_comes_back_when_it_answers_again(tmp_path):
                            15, 0.05, "GPU 1 lost")
         m = samples(e)
         assert all(labels.get("uuid") != SECOND for name, rows in m.items() if name.startswith("gpu_")
-                   and name != "gpu_spatial_source_state" for labels, _ in rows)
+                   and name not in ("gpu_spatial_source_state", "gpu_lost") for labels, _ in rows)
+        assert gpu_series(m, "gpu_lost", SECOND) == 1 and gpu_series(m, "gpu_lost", H100) == 0
         assert gpu_series(m, "gpu_memory_used_bytes", H100) is not None
         wait_for(lambda: gpu_series(samples(e), "gpu_memory_used_bytes", SECOND) is not None, 20, 0.2, "GPU 1 back")
+        assert gpu_series(samples(e), "gpu_lost", SECOND) == 0
         assert time.monotonic() - lost_at >= 9  # asked again after LOST_RETRY_S, not every tick
         assert log_lines(e, "nvml GPU 1", "GPU lost") == 1
         assert log_lines(e, "nvml GPU 1", "answers again") == 1

@@ -1,9 +1,11 @@
-"""The traps a new user fell into in the first hour (issue 36), each as that user met it: real exporter,
-real Prometheus, the commands as typed. Every test here failed on the code before the fix."""
+"""The traps a new user fell into in the first hour (issues 36 and 46), each as that user met it: real
+exporter, real Prometheus, the commands as typed. Every test here failed on the code before the fix."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -67,8 +69,9 @@ def test_trap2_report_says_too_few_evaluations_yet(users_stack):
                         r"counters \(or auto\)\n", done.stderr), done.stderr
 
 
-def test_trap4_a_json_404_of_another_server_is_not_called_an_exporter():
-    """A gateway in front of a store that answers 404 in JSON (and 404 on /healthz too) keeps its own words."""
+@contextlib.contextmanager
+def json_404_server():
+    """A gateway in front of a store that answers 404 in JSON to every path (/healthz and /api/v1/query too)."""
     import http.server
     import threading
 
@@ -89,11 +92,19 @@ def test_trap4_a_json_404_of_another_server_is_not_called_an_exporter():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        done = report("--prometheus", f"http://127.0.0.1:{server.server_port}", "--last", "1h")
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
+
+
+def test_trap4_a_json_404_of_another_server_is_not_called_an_exporter_or_a_prometheus():
+    """It keeps its own words in the report, and top does not call it a Prometheus: it retries."""
+    with json_404_server() as url:
+        done, top = commands(("-m", "gpu_spatial", "report", "--prometheus", url, "--last", "1h"),
+                             ("-m", "gpu_spatial", "top", "--once", "--interval", "0.5", "--url", url))
     assert done.returncode == 2
     assert done.stderr.endswith("rejected the query (HTTP 404): no such tenant\n"), done.stderr
+    assert top.returncode == 1 and "not answering" in top.stdout and "Prometheus" not in top.stdout + top.stderr
 
 
 def test_a_report_of_only_none_says_which_by_has_data(users_stack):
@@ -134,32 +145,36 @@ def test_install_without_the_plots_extra_says_which_extra(tmp_path):
                                                  "install .` leaves out: pip install '.[plots]'\n")
 
 
-# -- 4: the report pointed at the exporter says so ---------------------------------------------------------------
+# -- 4: the report pointed at the exporter says so, also at its /metrics URL (issue 46) --------------------------
 @pytest.mark.parametrize("api", ["on", "off"])
 def test_trap4_report_pointed_at_the_exporter_says_it_is_one(api):
     with Exporter("--no-nvml", "--no-mps", *(["--no-api"] if api == "off" else [])) as exporter:
-        done = report("--prometheus", exporter.url, "--last", "1h")
-    assert done.returncode == 2
-    assert done.stderr == (f"gpu-spatial report: {exporter.url} is a gpu-spatial exporter, not a Prometheus query "
-                           f"API: the report reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, "
-                           f"e.g. --prometheus http://127.0.0.1:9090\n")
+        pasted = (exporter.url, f"{exporter.url}/metrics")
+        done = commands(*(("-m", "gpu_spatial", "report", "--prometheus", url, "--last", "1h") for url in pasted))
+    for url, report_done in zip(pasted, done):
+        assert report_done.returncode == 2
+        assert report_done.stderr == (f"gpu-spatial report: {url} is a gpu-spatial exporter, not a Prometheus query "
+                                      f"API: the report reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that "
+                                      f"scrapes it, e.g. --prometheus http://127.0.0.1:9090\n")
 
 
 # -- 3: top takes the URL people paste, and says when the API is off ---------------------------------------------
 def test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off():
     with Exporter("--no-nvml", "--no-mps", "--replay", str(STEADY)) as exporter:
         wait_for(lambda: "gpu_sm_active_ratio{" in exporter.metrics(), 15, 0.2, "the replay published")
-        pasted = (f"{exporter.url}/metrics", f"{exporter.url}/", f"{exporter.url}/api/v1/gpus")
+        # the README's curl line names the exporter as 127.0.0.1:9478: top takes that form too (issue 46)
+        pasted = (f"{exporter.url}/metrics", f"{exporter.url}/", f"{exporter.url}/api/v1/gpus",
+                  f"127.0.0.1:{exporter.port}")
         for done in commands(*(("-m", "gpu_spatial", "top", "--once", "--size", "100x20", "--url", url)
                                for url in pasted)):
             assert done.returncode == 0, done.stdout + done.stderr
             assert "SM[" in done.stdout and "25%" in done.stdout and "not answering" not in done.stdout
     with Exporter("--no-nvml", "--no-mps", "--no-api") as exporter:
         done = command("-m", "gpu_spatial", "top", "--once", "--size", "200x10", "--url", exporter.url + "/metrics")
-    assert done.returncode == 1
-    assert (f"the exporter at {exporter.url} answers, but its JSON API is off (--no-api): top --url reads "
-            f"/api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host") in done.stdout
-    assert "not answering" not in done.stdout
+    assert (done.returncode, done.stdout) == (2, "")  # no retry helps: bad input, one line
+    assert done.stderr == (f"gpu-spatial top: the exporter at {exporter.url} answers, but its JSON API is off "
+                           f"(--no-api): top --url reads /api/v1/gpus; start it without --no-api, or run gpu-spatial "
+                           f"top on that host\n")
 
 
 # -- 5: plot blames the output's format ---------------------------------------------------------------------------
@@ -193,7 +208,10 @@ def test_trap6_users_named_from_etc_passwd_when_init_is_not_readable():
     done = command("-c", probe)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert lines[0].startswith("users passwd: user names from /etc/passwd (cannot read /proc/1/root/etc/passwd (")
+    # the same database, said calmly: root in a container cannot open it either (issue 46)
+    assert lines[0] == ("users passwd: user names from /etc/passwd, the same database as /proc/1/root/etc/passwd "
+                        "(this host's, seen through its init, which this process may not open: that needs "
+                        "CAP_SYS_PTRACE)"), lines[0]
     assert lines[1] == "root is root"
     assert lines[-1] == "again root"
 
@@ -325,6 +343,128 @@ def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():
     nsys = next(s for s in gpu["sources"] if s["source"] == "nsys")
     for said in (nsys["reason"], uploads):
         assert "--nsys-upload-token-file" in said and not re.search(r"--nsys-upload-token(?!-file)", said), said
+
+
+# -- issue 46: errors that name the mistake, and what piped output keeps -----------------------------------------
+@needs("prometheus")
+def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack):
+    _exporter, prometheus = users_stack
+    done = command("-m", "gpu_spatial", "top", "--once", "--url", prometheus.url)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (f"gpu-spatial top: {prometheus.url} is a Prometheus query API, not a gpu-spatial exporter: "
+                           f"top --url reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account "
+                           f"from this Prometheus: gpu-spatial report --prometheus {prometheus.url}\n")
+
+
+@needs("prometheus")
+def test_report_on_one_scrape_says_wait_for_the_next(users_stack):
+    """A range that holds the first scrape of the counters and no second: the next scrape is what is missing;
+    a range before any scrape is still a range without data."""
+    _exporter, prometheus = users_stack
+    held = "gpu_workload_held_gpu_seconds_total"
+    wait_for(lambda: prometheus.query(f"count_over_time({held}[1h]) >= 2"), 60, 0.5, "two scrapes of the counters")
+    first = min(float(t) for series in prometheus.query(f"{held}[1h]") for t, _v in series["values"])
+    once, before = commands(*(("-m", "gpu_spatial", "report", "--prometheus", prometheus.url, "--by", "user",
+                               "--start", f"{start:.3f}", "--end", f"{end:.3f}")
+                              for start, end in ((first - 30, first + 0.5), (first - 3600, first - 1800))))
+    assert once.returncode == 2 and once.stderr == (
+        f"gpu-spatial report: {prometheus.url} has one scrape of the workload counters in the range (a Prometheus "
+        f"that has just started?): an account needs two; run the report again after the next scrape, or end the "
+        f"range later\n"), once.stderr
+    assert before.returncode == 2 and "no workload series between the start and the end" in before.stderr
+
+
+@needs("prometheus")
+def test_report_before_the_first_scrape_says_so(tmp_path):
+    """Prometheus has its target and no sample of it yet. The target accepts and never answers, with a 5-minute
+    scrape timeout: its first scrape cannot end during the test, so the test does not race it."""
+    import yaml
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        target = f"127.0.0.1:{silent.getsockname()[1]}"
+        (tmp_path / "prometheus.yaml").write_text(yaml.safe_dump({
+            "global": {"scrape_interval": "5m", "scrape_timeout": "5m"},
+            "scrape_configs": [{"job_name": "gpu", "static_configs": [{"targets": [target]}]}]}))
+        prometheus = Prometheus.from_config(tmp_path)
+        try:
+            wait_for(lambda: target.encode() in http_get(prometheus.url + "/api/v1/targets", timeout=5)[1], 60, 0.2,
+                     "the target listed")
+            done = report("--prometheus", prometheus.url, "--last", "1h")
+        finally:
+            prometheus.stop()
+    assert done.returncode == 2 and done.stderr == (
+        f"gpu-spatial report: {prometheus.url} has not scraped http://{target}/metrics yet (it has just started?): "
+        f"run the report again after its first scrapes, within a scrape interval\n"), done.stderr
+
+
+def test_the_targets_named_are_few_and_printable():
+    """What the targets API says is the server's: clipped, no escape sequences, a count past the first three."""
+    from gpu_spatial.report.empty import never_scraped
+
+    class Targets:
+        def targets(self):
+            return [{"health": "unknown", "scrapeUrl": f"http://h{i}\x1b[2J/metrics"} for i in range(5)] + \
+                [{"health": "up", "scrapeUrl": "http://up/metrics"}, "not a target"]
+
+    assert never_scraped(Targets()) == ["http://h0?[2J/metrics", "http://h1?[2J/metrics", "http://h2?[2J/metrics",
+                                        "2 more targets"]
+
+
+@pytest.mark.parametrize("recording", ["README.md", "fifo", "tests"])
+def test_an_nvml_replay_that_is_no_recording_says_what_one_is(recording, tmp_path):
+    if recording == "fifo":  # never opened blocking
+        recording = str(tmp_path / "fifo")
+        os.mkfifo(recording)
+    done = command("-m", "exporter", "--nvml-replay", recording, "--port", "0")
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    if recording == "README.md":
+        assert done.stderr == ("error: README.md is not an NVML recording (not JSON: Expecting value: line 1 column 1 "
+                               "(char 0)): a recording is the JSON that `python3 -m exporter.nvml_replay record "
+                               "OUT.json` writes on a GPU host (tests/fixtures/nvml_h100_time_sliced.json is one)\n")
+    else:
+        assert done.stderr.startswith(f"error: cannot read NVML recording {recording}: a "), done.stderr
+
+
+def test_the_inputs_are_checked_before_the_port():
+    """With the port taken: a missing --replay is the mistake named; a good one leaves the port the one line
+    said (what loading the replay logged is dropped with it)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        missing, good = commands(*(("-m", "exporter", "--no-nvml", "--no-mps", "--replay", replay, "--port", port)
+                                   for replay in ("nothere.sqlite", str(STEADY))))
+    assert (missing.returncode, missing.stderr) == (2, "error: --replay nothere.sqlite: nothere.sqlite: no such file\n")
+    assert (good.returncode, good.stderr) == (2, f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
+                                                 f"choose another with --port\n")
+
+
+def test_top_once_piped_cuts_no_line():
+    """Piped, a line is as long as it is (a pipe has no edge); --size still cuts at its width."""
+    piped, sized = commands(("-m", "gpu_spatial", "top", "--once", *USERS),
+                            ("-m", "gpu_spatial", "top", "--once", "--size", "100x30", *USERS))
+    workloads = [line for line in piped.stdout.splitlines() if line.startswith("workload user")]
+    assert len(workloads) == 3 and all(line.endswith("time idle 0.00") for line in workloads), piped.stdout
+    assert max(map(len, piped.stdout.splitlines())) > 120  # the default width of a pipe, not cut to
+    assert sized.returncode == 0 and max(map(len, sized.stdout.splitlines())) == 100
+
+
+def test_trace_help_says_what_tracing_needs():
+    done = command("-m", "gpu_spatial", "trace", "--help")
+    lines = done.stdout.split("needs:\n", 1)[1].splitlines()
+    assert done.returncode == 0 and len([line for line in lines if not line.startswith("    ")]) == 2, done.stdout
+    process, exporter = (" ".join(lines[:2]), lines[2])
+    assert "native library" in process and "pip install ." in process and "cupti-python" in process
+    assert "--workload-cupti" in exporter
+
+
+def test_top_help_replays_the_readmes_recording():
+    readme = (ROOT / "README.md").read_text()
+    replayed = re.search(r"^gpu-spatial-exporter --no-nvml --replay (\S+)", readme, re.M).group(1)
+    done = command("-m", "gpu_spatial", "top", "--help")
+    assert f"--replay {replayed} " in done.stdout and "--replay tests/fixtures/" not in done.stdout.replace(replayed, "")
 
 
 # -- 1: a rule that holds whatever the job is called (last: it stops the exporter) -------------------------------

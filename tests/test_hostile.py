@@ -296,10 +296,9 @@ def test_a_spent_budget_or_a_cancel_stops_sqlite_with_one_line(tmp_path):
 
 
 def _big_export(path: Path, rows: int) -> Path:
-    sys.path.insert(0, str(ROOT))
-    from bench.ingest_bench import build
+    from tests.synthetic_exports import grown
 
-    build(path, rows)
+    grown(path, rows)
     return path
 
 

@@ -23,10 +23,10 @@ from importlib import metadata
 
 import pytest
 
-from bench.http_attacks import Scraper, pipelining, query_strings
 from exporter.config import build_parser, parse_args
 from exporter.server import DRAIN_MAX_BYTES, MAX_QUEUED, MAX_TARGET_BYTES
 from tests.helpers import FIXTURES, ROOT, http_get, wait_for
+from tests.http_load import Scraper, pipelining, query_strings
 from tests.test_exposure import MB, SHORT, connect, exporter_under_attack, memory, reset_peak
 
 SCRAPE_TIMEOUT_S = 5.0  # a scrape slower than this on the loaded CI machine is a failure, not a figure

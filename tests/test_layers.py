@@ -1,5 +1,6 @@
 """Lower floors never import upper ones (issue 38): hostio imports nothing of the project, nsys_ingest
-nothing of the exporter or the CLI, the exporter nothing of the CLI. Read from the source (every
+nothing of the exporter or the CLI, the exporter nothing of the CLI; tests and tools import nothing of bench
+(issue 44: shared harness code lives in tests/ and bench imports it). Read from the source (every
 import statement, function-local ones too), so a lazy import cannot hide."""
 import ast
 from pathlib import Path
@@ -11,7 +12,8 @@ ROOT = Path(__file__).resolve().parent.parent
 FORBIDDEN = {"hostio": ("exporter", "nsys_ingest", "gpu_spatial", "dashboards"),
              "nsys_ingest": ("exporter", "gpu_spatial", "dashboards"),
              "exporter": ("gpu_spatial",),
-             "gpu_trace": ("exporter", "nsys_ingest", "gpu_spatial", "dashboards", "hostio")}  # runs inside the app
+             "gpu_trace": ("exporter", "nsys_ingest", "gpu_spatial", "dashboards", "hostio"),  # runs inside the app
+             "tests": ("bench",), "tools": ("bench",)}
 
 
 def imported(path: Path) -> set[str]:

@@ -3,7 +3,7 @@
 tests/fixtures/h100_quarter_sms_50hz.sqlite starts and ends near idle (GR active 0.01 and 0.53 in its
 first and last steps), so a replay of it in a loop breaks the alert's condition every 10 s and it never
 holds for the rule's `for` (10 minutes). The showcase, h100_quarter_sms_steady_50hz.sqlite, is the same
-H100 recording trimmed to its steady phase (1.6-8.9 s: bench/trim_export.py, then scrub): every step of
+H100 recording trimmed to its steady phase (1.6-8.9 s: tools/trim_export.py, then scrub): every step of
 its replay meets the condition, at any --interval, so the condition holds for as long as it runs.
 Checked twice: each replay step against the thresholds read from the rule (exact, no timing), and by
 Debian's Prometheus scraping the replay with `for` at 20 s (more than two loops of the replay).

@@ -24,7 +24,7 @@ import sys
 import pytest
 
 import tests.synthetic_exports as synth
-from bench.verdict_table import RECORDINGS, live_diagnoses, offline, rejudge
+from tests.verdict_recordings import RECORDINGS, live_diagnoses, offline, rejudge
 from exporter.chain import diagnose as diagnose_live
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.nvml_replay import ReplayNvml

@@ -4,10 +4,10 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
-from exporter.holders import join_gpu
+from exporter.holders import join_gpu, owner_labels
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import SPATIAL_FIELDS
-from exporter.vocabulary import PUBLISHED_STATES
+from exporter.vocabulary import PUBLISHED_STATES, WORKLOAD_PROCESS_KINDS
 from nsys_ingest.verdicts import SHARING_MODES, VERDICTS
 
 GPU_LABELS = ["gpu", "uuid", "model"]
@@ -43,12 +43,7 @@ HEALTH_GAUGES = (
 )
 
 
-PROCESS_KINDS = ("mps", "time_sliced")  # an MPS server is infrastructure, not a workload
 OTHER = "other"
-
-
-OWNER_LABELS = ["namespace", "pod", "container", "hpc_job", "user"]  # the process series' owner (Holder.owner())
-NO_OWNER = ("",) * len(OWNER_LABELS)
 
 
 def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[list[str], float, float]]:
@@ -58,12 +53,13 @@ def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[li
     `limit` largest by SM time stay; the rest are summed into command="other" so a node running
     thousands of short processes keeps a bounded series count."""
     groups: dict[tuple, list[float]] = {}
+    names = owner_labels()
+    no_owner = ("",) * len(names)
     for proc in processes:
         owner = owners.get(proc.pid)
         if holding is not None and owner not in holding:
             owner = None
-        key = (*((owner.namespace, owner.pod, owner.container, owner.hpc_job, owner.user) if owner else NO_OWNER),
-               proc.command)
+        key = (*(owner.values_of(names) if owner else no_owner), proc.command)
         sums = groups.setdefault(key, [0.0, 0.0])
         sums[0] += proc.sm
         sums[1] += proc.memory
@@ -71,7 +67,7 @@ def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[li
     kept, rest = ranked[:limit], ranked[limit:]
     out = [(list(key), round(min(sm, 1.0), 6), round(min(mem, 1.0), 6)) for key, (sm, mem) in kept]
     if rest:
-        out.append(([*NO_OWNER, OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
+        out.append(([*no_owner, OTHER], round(min(sum(v[0] for _, v in rest), 1.0), 6),
                     round(min(sum(v[1] for _, v in rest), 1.0), 6)))
     return out
 
@@ -117,6 +113,9 @@ class HealthFamilies:
         self.ecc = _counter("gpu_ecc_errors", "ECC errors: error corrected or uncorrected, scope volatile (since the "
                             "driver loaded) or aggregate (the GPU's life) (NVML).", ["error", "scope"])
         self.rows = _counter("gpu_remapped_rows", "Memory rows remapped, by the error that caused it (NVML).", ["error"])
+        self.lost = _gauge("gpu_lost", "1 while the GPU does not answer NVML (GPU_IS_LOST: fell off the bus), 0 while "
+                           "it does; a GPU lost before the exporter started is named by its PCI bus id or index "
+                           "(uuid unknown-pci-..., model unknown).")
         self.xid = _counter("gpu_xid_errors", "XID events since the exporter started, by XID (NVML event set).", ["xid"])
         self.last_xid = _gauge("gpu_xid_last_code", "The last XID this GPU reported since the exporter started (NVML).")
         self.pcie = _gauge("gpu_pcie_throughput_bytes_per_second", "PCIe throughput: GPM over its window, or "
@@ -128,6 +127,7 @@ class HealthFamilies:
         tel = view.telemetry
         if tel is None:
             return
+        self.lost.add_metric(labels, 1.0 if tel.lost else 0.0)
         for xid, count in tel.xid_counts:  # kept for a lost GPU: XID 79 says why it was lost
             self.xid.add_metric(labels + [str(xid)], count)
         if tel.last_xid is not None:
@@ -165,7 +165,7 @@ class HealthFamilies:
     def families(self):
         yield from self.gauges.values()
         yield from (self.driver, self.reasons, self.energy, self.throttle, self.replays, self.ecc, self.rows,
-                    self.xid, self.last_xid, self.pcie, self.nvlink)
+                    self.lost, self.xid, self.last_xid, self.pcie, self.nvlink)
 
 
 def _counter(name, documentation, extra_labels=()):
@@ -188,7 +188,7 @@ class GpuCollector:
     def _families(self) -> dict:
         """Every family collect() yields, empty, in the order it yields them."""
         mode, _ = self._engine.process_series
-        process_labels = ["pid", "command"] if mode == "pid" else [*OWNER_LABELS, "command"]
+        process_labels = ["pid", "command"] if mode == "pid" else [*owner_labels(), "command"]
         f = {
             "time_util": _gauge("gpu_time_utilization_ratio", "Share of time at least one kernel ran (NVML "
                                 "utilization.gpu, or GPM GRAPHICS_UTIL over the same tick where GPM serves the GPU)."),
@@ -269,7 +269,7 @@ class GpuCollector:
                         proc_sm.add_metric(labels + group, sm)
                         proc_mem.add_metric(labels + group, mem)
                 if tel.compute_processes is not None:
-                    for kind in PROCESS_KINDS:
+                    for kind in WORKLOAD_PROCESS_KINDS:  # an MPS server is infrastructure, not a workload
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
             if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
                 refs = kubelet.pods[view.identity.uuid]

@@ -4,11 +4,9 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.collectors.gpu import GPU_LABELS
-from exporter.holders import Holder
-from exporter.vocabulary import ACTIVE, CUPTI, LEDGER, WORKLOAD_SOURCE_STATES
-
-HOLDER_LABELS = list(Holder.LABELS)
-LABELS = GPU_LABELS + HOLDER_LABELS
+from exporter.holders import labels as holder_labels
+from exporter.vocabulary import (ACTIVE, BUSY_BY_BASIS, CUPTI, HELD, HELD_IDLE, HIDDEN_IDLE, LEDGER, SM_ACTIVE,
+                                 WORKLOAD_SOURCE_STATES)
 
 
 class WorkloadCollector:
@@ -40,13 +38,13 @@ class WorkloadCollector:
             if w.held_share is not None:
                 held.add_metric(labels, w.held_share)
                 held_basis.add_metric(labels + [w.held_share_basis], 1.0)
-                c_held.add_metric(labels, w.counters["held"], created=w.created)
-                c_idle.add_metric(labels, w.counters["held_idle"], created=w.created)
+                c_held.add_metric(labels, w.counters[HELD], created=w.created)
+                c_idle.add_metric(labels, w.counters[HELD_IDLE], created=w.created)
             if w.processes is not None:
                 processes.add_metric(labels, w.processes)
             if w.time_share is not None:
                 time_share.add_metric(labels + [w.time_share_basis], w.time_share)
-            busy = dict(w.counters["busy_basis"])
+            busy = dict(w.counters[BUSY_BY_BASIS])
             if w.time_share is not None:
                 busy.setdefault(w.time_share_basis, 0.0)
             for basis, value in sorted(busy.items()):
@@ -55,9 +53,9 @@ class WorkloadCollector:
                 sm_active.add_metric(labels + [w.sm_active_basis], w.sm_active)
             if w.sm_estimate is not None:
                 f["sm_estimate"].add_metric(labels, w.sm_estimate)
-            for basis, value in sorted(w.counters["sm_active"].items()):
+            for basis, value in sorted(w.counters[SM_ACTIVE].items()):
                 c_sm.add_metric(labels + [basis], value, created=w.created)
-            for basis, value in sorted(w.counters["hidden_idle"].items()):
+            for basis, value in sorted(w.counters[HIDDEN_IDLE].items()):
                 c_hidden.add_metric(labels + [basis], value, created=w.created)
             for cell, value in sorted(w.counters[LEDGER].items()):
                 c_ledger.add_metric(labels + [cell], value, created=w.created)
@@ -108,11 +106,11 @@ class WorkloadCollector:
 
 
 def _gauge(name, doc, extra=()):
-    return GaugeMetricFamily(name, doc, labels=LABELS + list(extra))
+    return GaugeMetricFamily(name, doc, labels=[*GPU_LABELS, *holder_labels(), *extra])
 
 
 def _counter(name, doc, extra=()):
-    return CounterMetricFamily(name, doc, labels=LABELS + list(extra))
+    return CounterMetricFamily(name, doc, labels=[*GPU_LABELS, *holder_labels(), *extra])
 
 
 def _families() -> dict:

@@ -36,9 +36,10 @@ from typing import TYPE_CHECKING
 from exporter import heap
 from exporter.config import duration
 from exporter.nsys_exports import CaptureError, NsysRunner, last_line, read_export
-from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState, serves
+from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState
+from exporter.sources import profiled_by
 from exporter.snapshot import CollectorHealth, LogOnce
-from exporter.vocabulary import ACTIVE, CTXSW, ERROR, STANDBY, UNSUPPORTED
+from exporter.vocabulary import ACTIVE, CTXSW, ERROR, MPS_CLIENT, MPS_SERVER, STANDBY, UNSUPPORTED
 
 if TYPE_CHECKING:  # loaded where a window is attributed: every exporter imports this module for its flags
     from nsys_ingest.attribution import Attribution
@@ -52,8 +53,8 @@ MAX_ANSWER_BYTES = 4 << 20  # the child's output read back (its answer is the la
 NVML_WAIT_S = 15.0  # at start the first capture waits this long at most for NVML's first look at the GPUs
 MPS = "MPS: all clients share one context, so the trace has no per-client slices"
 MIG = "MIG: every instance is its own GPU; the GPU has no time slices to split"
-DCGM = ("DCGM profiles this GPU and nsys cannot sample its metrics at the same time "
-        "(pause DCGM profiling: dcgmi profile --pause)")
+PROFILED = "{name} profiles this GPU and nsys cannot sample its metrics at the same time (pause {name} profiling: {pause})"
+DCGM = PROFILED.format(name="DCGM", pause="dcgmi profile --pause")  # what it says where DCGM profiles the GPU
 NOT_ROOT = "needs root: nsys traces GPU context switches system-wide only as root"
 NO_SWITCHES = ("no context switches recorded while {n} processes ran on it: this GPU or its driver does not "
                "trace them")
@@ -239,10 +240,11 @@ class CtxswSampler(LatestWindows):
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)
         if tel is not None and tel.mig_enabled:
             return MIG
-        if tel is not None and any(p.kind in ("mps", "mps_server") for p in tel.compute_processes or ()):
+        if tel is not None and any(p.kind in (MPS_CLIENT, MPS_SERVER) for p in tel.compute_processes or ()):
             return MPS
-        if serves(self._others, "dcgm", uuid):
-            return DCGM
+        profiler = profiled_by(self._others, uuid)
+        if profiler is not None:
+            return PROFILED.format(name=profiler[0].upper(), pause=profiler[1])
         return None
 
     def _listed(self, targets) -> dict[str, set[int]]:

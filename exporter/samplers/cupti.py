@@ -11,10 +11,15 @@ resources) and the window's wall-clock bounds (gpu_trace.protocol). fresh() hand
 scales the SM estimates so that their sum never exceeds the GPU's measured SM active.
 
 Everything a client says is hostile. The pid is the socket peer's (SO_PEERCRED, in this process's pid
-namespace): a report naming another pid is refused. Bounded: --cupti-max-clients connections (more are
-closed at once), 16 KiB per report (gpu_trace.protocol), read until the window's end plus a grace
-(a client that drips, stays silent or sends garbage is disconnected; it may connect again), every
-number checked against the window. A refused report is one log line per client and kind of fault.
+namespace): a report naming another pid is refused. A connection is bound to its process, not to the pid
+number: the process's start time (/proc/PID/stat, under --proc-root) is read at connect and checked at
+every report, so a socket kept by a parent after its child exited, or passed on, cannot speak for the
+process that later gets the pid. Bounded: one connection per process (a newer one replaces the older),
+--cupti-max-clients-per-user per user and --cupti-max-clients in all (more are closed at once), 16 KiB
+per report (gpu_trace.protocol), read until the window's end plus a grace (a client that drips, stays
+silent or sends garbage is disconnected; it may connect again), every number checked against the window
+(one too large for a float is refused like any other). A refusal is one log line per client and kind of
+fault, naming the pid and uid; it costs that client its report, never the others theirs.
 """
 from __future__ import annotations
 
@@ -29,13 +34,18 @@ import stat
 import struct
 import threading
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 from exporter import vocabulary as V
 from exporter.config import duration
+from exporter.samplers.mps import MAX_STAT_BYTES, StatError, parse_stat
 from exporter.sampler import LatestWindows, ProcessShare, ProcessWindow, SourceState
-from exporter.snapshot import CollectorHealth, LogOnce
+from exporter.snapshot import CollectorHealth, LogOnce, loggable
 from gpu_trace import protocol
+from hostio.files import read_text_capped
 
 log = logging.getLogger(__name__)
 # After the window: a client answers at most 4.1 s after it (gpu_trace.tracer: CUPTI's disable 2 s, settle, its
@@ -46,6 +56,9 @@ START_SLACK_S = 2.0  # a client starts its window this long after being asked, a
 SLACK = 1.001  # measured seconds may exceed the window by float rounding, no more
 UUID = re.compile(r"GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+LISTEN_BACKLOG = 128
+MAX_KERNELS = 1e12
+MAX_REMEMBERED_REFUSALS = 1024  # (kind, client) pairs already logged: a host's churn of pids cannot grow it
 NO_CLIENTS = "no tracing client is connected (clients opt in: docs/mps-clients.md)"
 NOT_ON_GPU = "no tracing client reported this GPU in the last window"
 
@@ -76,15 +89,62 @@ class _Client:
     sock: socket.socket
     pid: int
     uid: int
+    start: int | None  # the process's start time at connect (/proc/PID/stat): None, no live process
     pending: bytearray = field(default_factory=bytearray)
 
+    @property
+    def process(self) -> tuple[int, int | None]:
+        return self.pid, self.start
 
-def _number(value, name: str, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    @property
+    def who(self) -> str:
+        return f"pid {self.pid} (uid {self.uid})"
+
+
+@dataclass(frozen=True)
+class DeviceField:
+    """One number of a device entry: its name in the report and its highest value given the window's
+    length and the fields read before it (the lowest is 0)."""
+    name: str
+    high: Callable[[float, dict], float]
+    whole: bool = False  # a count
+
+
+# A device entry's numbers, in the order their bounds need them; DeviceReport has one attribute per field,
+# so a new field is one line here and one there.
+DEVICE_FIELDS = (
+    DeviceField("kernel_busy_s", lambda length, got: length * SLACK),  # no busier than the window is long
+    DeviceField("sm_seconds", lambda length, got: got["kernel_busy_s"] * SLACK + 1e-9),  # the whole GPU while busy
+    DeviceField("copy_busy_s", lambda length, got: length * SLACK),
+    DeviceField("kernels", lambda length, got: MAX_KERNELS, whole=True),
+)
+
+
+def _number(value, name: str, lo: float, hi: float, whole: bool = False) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise BadReport(f"{name} is not a number")
-    if not lo <= value <= hi:
-        raise BadReport(f"{name} {value:g} outside [{lo:g}, {hi:g}]")
-    return float(value)
+    try:
+        number = float(value)  # JSON's integers have no bound: 400 digits do not fit a float
+    except OverflowError:
+        raise BadReport(f"{name} is too large for a number") from None
+    if not math.isfinite(number):
+        raise BadReport(f"{name} is not a number")
+    if not lo <= number <= hi:
+        raise BadReport(f"{name} {number:g} outside [{lo:g}, {hi:g}]")
+    if whole and not number.is_integer():
+        raise BadReport(f"{name} {number:g} is not a whole number")
+    return int(number) if whole else number
+
+
+def process_start(proc_root: Path, pid: int) -> int | None:
+    """The start time of the live process `pid` (/proc/PID/stat field 22, clock ticks after boot): what
+    tells it from a later process given the same number. None: no such process (exited, a zombie, one of
+    another pid namespace, whose SO_PEERCRED pid is 0; unreadable)."""
+    try:
+        stat = parse_stat(read_text_capped(proc_root / str(pid) / "stat", MAX_STAT_BYTES))
+    except (OSError, StatError):
+        return None
+    return None if stat["state"] in ("Z", "X") else stat["starttime"]
 
 
 def parse_report(line: bytes, peer_pid: int, window: int, asked_at: float, asked_s: float, now: float,
@@ -116,11 +176,12 @@ def parse_report(line: bytes, peer_pid: int, window: int, asked_at: float, asked
             raise BadReport("a device without a GPU UUID")
         if entry["uuid"] not in gpus:
             raise BadReport(f"{entry['uuid']} is not a GPU of this host")
-        busy = _number(entry.get("kernel_busy_s"), "kernel_busy_s", 0.0, length * SLACK)
-        out[entry["uuid"]] = DeviceReport(
-            busy, _number(entry.get("sm_seconds"), "sm_seconds", 0.0, busy * SLACK + 1e-9),
-            _number(entry.get("copy_busy_s"), "copy_busy_s", 0.0, length * SLACK),
-            int(_number(entry.get("kernels"), "kernels", 0, 1e12)))
+        if entry["uuid"] in out:
+            raise BadReport(f"{entry['uuid']} reported twice")
+        got: dict = {}
+        for f in DEVICE_FIELDS:
+            got[f.name] = _number(entry.get(f.name), f.name, 0.0, f.high(length, got), f.whole)
+        out[entry["uuid"]] = DeviceReport(**got)
     return ClientReport(peer_pid, start, end, out)
 
 
@@ -153,13 +214,16 @@ class CuptiSource(LatestWindows):
     after_nvml = True  # the GPUs' UUIDs come from NVML
 
     def __init__(self, nvml, socket_path: str = protocol.DEFAULT_SOCKET, window_s: float = 5.0,
-                 period_s: float = 600.0, max_clients: int = 128, clock=time.time):
+                 period_s: float = 600.0, max_clients: int = 128, clock=time.time, max_per_user: int | None = None,
+                 proc_root="/proc"):
         self._nvml = nvml
         self.path = socket_path
+        self.proc_root = Path(proc_root)
         self.window_s = window_s
         self.interval = period_s
         self.max_tick_seconds = window_s + REPLY_GRACE_S + 5.0
         self.max_clients = max_clients
+        self.max_per_user = max_per_user or per_user_default(max_clients)
         self.max_age = 2 * period_s + window_s
         self.clock = clock
         self.health = CollectorHealth(True, 0.0, "")
@@ -167,6 +231,9 @@ class CuptiSource(LatestWindows):
         self.states: dict[str, SourceState] = {}
         self.refused: dict[str, int] = {}  # kind of fault -> reports and connections refused so far
         self._clients: dict[int, _Client] = {}  # fd -> client
+        self._by_process: dict[tuple, _Client] = {}  # (pid, start time) -> its one connection
+        self._per_user: Counter[int] = Counter()  # uid -> connections
+        self._said: OrderedDict[tuple[str, str], None] = OrderedDict()  # refusals logged, oldest first
         self._listener: socket.socket | None = None
         self._window = 0
         self._log = LogOnce(log)
@@ -215,28 +282,61 @@ class CuptiSource(LatestWindows):
                 window.window_start, window.window_end)
 
     def _accept(self) -> None:
-        """Every pending connection: kept up to --cupti-max-clients, the rest closed at once."""
-        while True:
+        """The pending connections, each bound to its process; at most a full table and a full backlog
+        per tick, so that a process reconnecting in a loop cannot hold the tick."""
+        for _ in range(self.max_clients + LISTEN_BACKLOG):
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            if len(self._clients) >= self.max_clients:
-                sock.close()
-                self._refuse("connections", f"more than --cupti-max-clients {self.max_clients} connections: "
-                             "the rest are closed")
-                continue
             pid, uid, _gid = PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEERCRED.size))
+            client = _Client(sock, pid, uid, process_start(self.proc_root, pid))
+            refusal = self._admit(client)
+            if refusal is not None:
+                sock.close()
+                self._refuse(*refusal, client)
+                continue
             sock.setblocking(False)
-            self._clients[sock.fileno()] = _Client(sock, pid, uid)
+            self._clients[sock.fileno()] = self._by_process[client.process] = client
+            self._per_user[uid] += 1
+
+    def _admit(self, client: _Client) -> tuple[str, str] | None:
+        """None, or why `client` is closed at once: one connection per process (its newer one replaces the
+        older: a client reconnecting), at most --cupti-max-clients-per-user per user, --cupti-max-clients
+        in all; so that one process or user cannot take every slot."""
+        if client.start is None:
+            return "no process", (f"no live process {client.pid} under {self.proc_root} to bind the connection to: "
+                                  "closed")
+        older = self._by_process.get(client.process)
+        if older is not None:
+            self._drop(older)
+            self._refuse("per process", "connected again: its older connection is closed (one per process)", client)
+        if self._per_user[client.uid] >= self.max_per_user:
+            return "per user", (f"uid {client.uid} already holds --cupti-max-clients-per-user {self.max_per_user} "
+                                "connections: closed")
+        if len(self._clients) >= self.max_clients:
+            return "connections", f"--cupti-max-clients {self.max_clients} connections are held: closed"
+        return None
 
     def _drop(self, client: _Client) -> None:
-        self._clients.pop(client.sock.fileno(), None)
+        if self._clients.pop(client.sock.fileno(), None) is not None:
+            del self._by_process[client.process]
+            self._per_user[client.uid] -= 1
+            if not self._per_user[client.uid]:
+                del self._per_user[client.uid]
         client.sock.close()
 
-    def _refuse(self, kind: str, why: str) -> None:
+    def _refuse(self, kind: str, why: str, client: _Client) -> None:
+        """Counted per kind; one log line per kind and client (the last MAX_REMEMBERED_REFUSALS remembered)."""
         self.refused[kind] = self.refused.get(kind, 0) + 1
-        self._log.problem(f"cupti refused ({kind})", why)
+        said = (kind, client.who)
+        if said in self._said:
+            self._said.move_to_end(said)
+            return
+        self._said[said] = None
+        if len(self._said) > MAX_REMEMBERED_REFUSALS:
+            self._said.popitem(last=False)
+        log.warning("%s", loggable(f"cupti refused ({kind}): {client.who}: {why}"))
 
     def _ask(self, gpus: frozenset[str]) -> list[ClientReport]:
         """Sends the window's command to every client and reads their answers until the deadline."""
@@ -268,8 +368,8 @@ class CuptiSource(LatestWindows):
                             log.debug("cupti window %d: pid %d traced %.6f to %.6f%s", self._window, report.pid,
                                       report.start, report.end, f" (error {report.error!r})" if report.error else "")
             for key in list(selector.get_map().values()):  # silent or dripping until the deadline
-                self._refuse("late", f"pid {key.data.pid} did not answer within the window and "
-                             f"{REPLY_GRACE_S:g} s: disconnected")
+                self._refuse("late", f"did not answer within the window and {REPLY_GRACE_S:g} s: disconnected",
+                             key.data)
                 self._drop(key.data)
         finally:
             selector.close()
@@ -288,26 +388,25 @@ class CuptiSource(LatestWindows):
             return None
         client.pending += data
         end = client.pending.find(b"\n")
-        if end < 0:
-            if len(client.pending) > protocol.MAX_REPORT_BYTES:
-                self._refuse("oversized", f"pid {client.pid}: a report over {protocol.MAX_REPORT_BYTES} bytes: "
-                             "disconnected")
-                self._drop(client)
-                return None
-            return False
+        if end < 0 and len(client.pending) <= protocol.MAX_REPORT_BYTES:
+            return False  # not complete yet
+        if end < 0 or end > protocol.MAX_REPORT_BYTES:
+            return self._refused(client, "oversized", f"a report over {protocol.MAX_REPORT_BYTES} bytes")
         line = bytes(client.pending[:end])
         client.pending.clear()
-        if end > protocol.MAX_REPORT_BYTES:
-            self._refuse("oversized", f"pid {client.pid}: a report over {protocol.MAX_REPORT_BYTES} bytes: "
-                         "disconnected")
-            self._drop(client)
-            return None
+        if process_start(self.proc_root, client.pid) != client.start:
+            return self._refused(client, "not its process", "the process that connected has exited (its pid may "
+                                 "name another process now)")
         try:
             return parse_report(line, client.pid, self._window, asked_at, self.window_s, self.clock(), gpus)
-        except BadReport as exc:
-            self._refuse("bad report", f"pid {client.pid} (uid {client.uid}): {exc}: ignored, disconnected")
-            self._drop(client)
-            return None
+        except Exception as exc:  # whatever a report makes of the parser is that client's refusal, never the tick's
+            return self._refused(client, "bad report", str(exc) if isinstance(exc, BadReport) else
+                                 f"unreadable ({type(exc).__name__})")
+
+    def _refused(self, client: _Client, kind: str, why: str) -> None:
+        self._refuse(kind, f"{why}: report refused, disconnected", client)
+        self._drop(client)
+        return None
 
     def close(self) -> None:
         self._stopping.set()
@@ -340,12 +439,17 @@ def listen(path: str) -> socket.socket:
     try:
         sock.bind(path)
         os.chmod(path, 0o666)
-        sock.listen(128)
+        sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
     except OSError:
         sock.close()
         raise
     return sock
+
+
+def per_user_default(max_clients: int) -> int:
+    """Half the table: one user cannot lock out the rest. In Kubernetes every container run as root is uid 0."""
+    return (max_clients + 1) // 2
 
 
 def add_arguments(parser) -> None:
@@ -360,6 +464,9 @@ def add_arguments(parser) -> None:
     g.add_argument("--cupti-window", type=duration, default=5.0, help="how long each client traces per window")
     g.add_argument("--cupti-period", type=duration, default=600.0, help="from one window to the next")
     g.add_argument("--cupti-max-clients", type=int, default=128, help="connections kept; more are closed")
+    g.add_argument("--cupti-max-clients-per-user", type=int, default=None,
+                   help="connections kept per user (uid of the connecting process; default: half of "
+                        "--cupti-max-clients); one per process in any case")
 
 
 def check_arguments(args) -> str | None:
@@ -370,6 +477,9 @@ def check_arguments(args) -> str | None:
                 f"--cupti-period ({args.cupti_period:g}s)")
     if not 1 <= args.cupti_max_clients <= 4096:
         return f"--cupti-max-clients {args.cupti_max_clients}: give 1 to 4096"
+    per_user = args.cupti_max_clients_per_user
+    if per_user is not None and not 1 <= per_user <= args.cupti_max_clients:
+        return f"--cupti-max-clients-per-user {per_user}: give 1 to --cupti-max-clients"
     return None
 
 
@@ -378,4 +488,5 @@ def build(args, nvml, spatial=None):
     profiling session, so DCGM and GPM keep sampling)."""
     if not getattr(args, "workload_cupti", False):
         return None
-    return CuptiSource(nvml, args.cupti_socket, args.cupti_window, args.cupti_period, args.cupti_max_clients)
+    return CuptiSource(nvml, args.cupti_socket, args.cupti_window, args.cupti_period, args.cupti_max_clients,
+                       max_per_user=args.cupti_max_clients_per_user, proc_root=getattr(args, "proc_root", "/proc"))

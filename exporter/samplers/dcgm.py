@@ -9,6 +9,7 @@ import logging
 import time
 
 from hostio import answers
+from exporter.config import duration
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, LogOnce, SourceResult, SpatialReading, as_ratio
 
@@ -225,3 +226,42 @@ class DcgmBindingsSource(_DcgmSource):
         self.health = CollectorHealth(True, time.perf_counter() - started)
         self._log.clear("dcgm")
 
+
+
+# exporter/sources.py SOURCES: DCGM profiling holds the GPU's profiling counters while it serves the GPU.
+HOLDS_PROFILER = True
+PAUSE_PROFILER = "dcgmi profile --pause"
+
+
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("dcgm")
+    g.add_argument("--dcgm-exporter-url", default=None,
+                   help="read DCGM profiling fields from this dcgm-exporter /metrics (e.g. http://dcgm-exporter:9400/metrics)")
+    g.add_argument("--dcgm-hostengine", default=None,
+                   help="read DCGM profiling fields through DCGM's Python bindings from this nv-hostengine (e.g. localhost)")
+    g.add_argument("--dcgm-timeout", type=duration, default=2.0, help="timeout of one dcgm-exporter scrape")
+    g.add_argument("--dcgm-frozen-after", type=duration, default=30.0,
+                   help="time of exactly repeated non-zero DCGM values after which they count as frozen "
+                        "(dcgm-exporter repeats its last values when its host engine restarts or hangs)")
+    g.add_argument("--dcgm-window", type=duration, default=1.0,
+                   help="GPU time a DCGM value describes (dcgm-exporter's collect interval)")
+
+
+def build(args, nvml, built=None):
+    """The DCGM source (the host engine's bindings, else dcgm-exporter), or (None, why)."""
+    if not (args.dcgm_hostengine or args.dcgm_exporter_url):
+        return None, "not configured: pass --dcgm-exporter-url or --dcgm-hostengine"
+    if args.dcgm_hostengine:
+        try:
+            return DcgmBindingsSource(args.dcgm_hostengine, args.dcgm_window, args.interval, nvml,
+                                      args.dcgm_frozen_after), None
+        except ImportError:
+            if not args.dcgm_exporter_url:
+                return None, SourceResult(ERROR, "DCGM's Python bindings (pydcgm) are not importable: install DCGM, "
+                                                 "or use --dcgm-exporter-url")
+            log.warning("DCGM bindings not importable: reading dcgm-exporter at %s instead", args.dcgm_exporter_url)
+        except Exception as exc:  # noqa: BLE001 - the host engine refused: say so, serve the rest
+            if not args.dcgm_exporter_url:
+                return None, SourceResult(ERROR, f"DCGM host engine {args.dcgm_hostengine}: {exc}")
+    return DcgmExporterSource(args.dcgm_exporter_url, args.dcgm_timeout, args.dcgm_window,
+                              max(args.interval, 1.0), nvml, args.dcgm_frozen_after), None

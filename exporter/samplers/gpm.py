@@ -132,3 +132,14 @@ def links(metrics: dict) -> LinkThroughput | None:
     if all(v is None for v in rates.values()):
         return None
     return LinkThroughput("gpm", **{k: None if v is None else float(v) * MIB for k, v in rates.items()})
+
+
+def add_arguments(parser) -> None:
+    """GPM has no flags of its own (exporter/sources.py SOURCES): it reads NVML's GPUs."""
+
+
+def build(args, nvml, built=None):
+    """GPM reads through NVML: nothing to build without it. It ticks in NVML's loop, over NVML's window."""
+    if args.no_nvml:
+        return None, "NVML switched off (--no-nvml)"
+    return GpmSource(nvml), None

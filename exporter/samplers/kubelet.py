@@ -713,6 +713,10 @@ class KubeletSampler(HolderSampler):
 
 
 SCHEDULER = True  # exporter/holders.py KINDS
+LABELS = {"namespace": "the Kubernetes namespace of a container holder", "pod": "its pod",  # label -> meaning
+          "container": "the container", "claim": "the DRA ResourceClaim the container holds the GPU through"}
+HELD_THROUGH = ("claim",)  # a DRA claim: held by its container, whose cgroup names the processes
+GROUPS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "claim": ("claim",)}  # report --by (not container)
 
 
 def add_arguments(parser) -> None:

@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import shutil
@@ -20,9 +21,11 @@ import threading
 import time
 from pathlib import Path
 
+from exporter.config import duration, env_name, size
 from exporter.nsys_exports import (READ_BUDGET_S, CaptureError, NsysRunner, identity_of, last_window, read_export,
                                    spatial_reading)
 from exporter.sampler import SamplerDefaults, serves
+from exporter.sources import profiled_by
 from exporter.snapshot import ERROR, OK, UNSUPPORTED, CollectorHealth, GpuIdentity, LogOnce, SourceResult, loggable
 
 log = logging.getLogger(__name__)
@@ -32,6 +35,7 @@ MAX_WATCHED_ENTRIES = 100_000  # directory entries looked at per tick: a directo
 
 class NsysSource(SamplerDefaults):
     name = "nsys"
+    upload = None  # its upload spool (exporter.uploads.UploadSpool) where uploads are on (build)
 
     def __init__(self, interval: float = 1.0, replay=None, watch_dir=None, live=False, window_s: float = 5.0,
                  frequency: int = 100, binary: str = "nsys", nvml=None, other_sources=None):
@@ -179,12 +183,16 @@ class NsysSource(SamplerDefaults):
     def _live_targets(self) -> tuple[list, dict[str, SourceResult]]:
         targets, refused = [], {}
         for gpu in getattr(self._nvml, "gpus", ()):
-            if serves(self._others, "dcgm", gpu.uuid):
-                refused[gpu.uuid] = SourceResult(UNSUPPORTED, "live capture refused: DCGM profiles this GPU and both "
-                                                 "cannot sample it at once (pause DCGM: dcgmi profile --pause)")
+            profiler = profiled_by(self._others, gpu.uuid)
+            if profiler is not None:
+                name, pause = profiler[0].upper(), profiler[1]
+                refused[gpu.uuid] = SourceResult(UNSUPPORTED, f"live capture refused: {name} profiles this GPU and "
+                                                 f"both cannot sample it at once (pause {name}: {pause})")
                 continue
-            if serves(self._others, "gpm", gpu.uuid):
-                refused[gpu.uuid] = SourceResult(UNSUPPORTED, "live capture not needed: GPM serves this GPU")
+            serving = next((name for name in self._others if serves(self._others, name, gpu.uuid)), None)
+            if serving is not None:
+                refused[gpu.uuid] = SourceResult(UNSUPPORTED, f"live capture not needed: {serving.upper()} serves "
+                                                 "this GPU")
                 continue
             targets.append(gpu)
         return targets, refused
@@ -244,3 +252,112 @@ class NsysSource(SamplerDefaults):
             if self.live:  # a live window that failed has no value; a watched export keeps its capture time
                 self.results = {uuid: SourceResult(ERROR, str(exc)) if uuid in self._live_uuids else result
                                 for uuid, result in self.results.items()}
+
+
+# -- registration (exporter/sources.py SOURCES) -------------------------------------------------------
+TOKEN_FILE_MAX_BYTES = 4096
+
+
+def read_token(path: str) -> str:
+    """The upload token from a file (a Kubernetes or compose secret), surrounding whitespace removed."""
+    from hostio.files import FileTooLarge, NotRegularFile, read_capped
+
+    try:  # non-blocking and regular files only: a FIFO there must not hang the exporter's start
+        raw = read_capped(path, TOKEN_FILE_MAX_BYTES, follow=True)  # a mounted secret is a link
+    except FileTooLarge:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: over {TOKEN_FILE_MAX_BYTES} bytes, "
+                                         f"not a token") from None
+    except NotRegularFile as exc:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc}; give the file holding the "
+                                         f"token") from None
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: {exc.strerror}") from None
+    try:
+        token = raw.decode().strip()
+    except UnicodeDecodeError:
+        token = ""
+    if not token:
+        raise argparse.ArgumentTypeError(f"--nsys-upload-token-file {path}: empty or not text; "
+                                         f"write the token into it")
+    return token
+
+
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("nsys")
+    g.add_argument("--replay", metavar="FILE", default=None,
+                   help="publish a recorded Nsight Systems export (.sqlite) as a live stream, in a loop")
+    g.add_argument("--nsys-watch-dir", default=None,
+                   help="directory where Nsight Systems exports (.sqlite) appear; the newest window per GPU is published")
+    g.add_argument("--nsys-window", type=duration, default=5.0,
+                   help="time of an export published as one window (watch and replay), and of one live capture")
+    g.add_argument("--nsys-live", action="store_true",
+                   help="profile GPUs that neither DCGM nor GPM serves with `nsys profile` in short windows")
+    g.add_argument("--nsys-frequency", type=int, default=100, help="GPU metrics sampling frequency of live captures, Hz")
+    g.add_argument("--nsys-binary", default="nsys", help="the nsys executable for live captures and .nsys-rep exports")
+    g.add_argument("--nsys-upload-token", default=None,
+                   help="enable POST /api/v1/nsys for clients that send this bearer token (disabled without it); "
+                        "prefer the file or the environment variable: a flag shows in `ps` to every user")
+    g.add_argument("--nsys-upload-token-file", metavar="FILE", default=None,
+                   help="read the upload token from this file (a mounted secret), whitespace stripped")
+    g.add_argument("--nsys-spool-dir", default=None,
+                   help="where uploaded exports are kept (default: the watch directory, else a temporary directory)")
+    g.add_argument("--nsys-upload-max-bytes", type=size, default=512 * 1024 * 1024, help="largest upload accepted")
+    g.add_argument("--nsys-spool-max-files", type=int, default=100,
+                   help="uploads kept in the spool; the oldest go first (never the one published now)")
+    g.add_argument("--nsys-spool-max-bytes", type=size, default=10 * 1024**3,
+                   help="bytes of uploads kept in the spool")
+    g.add_argument("--nsys-spool-max-age", type=duration, default=7 * 86400,
+                   help="how long an upload is kept")
+
+
+def check_arguments(args) -> str | None:
+    """Why the upload flags cannot work (one line), or None; reads the token file into the token."""
+    if args.no_api and (args.nsys_upload_token or args.nsys_upload_token_file):
+        return ("--no-api switches uploads off too (POST /api/v1/nsys and /api/v1/diagnose): "
+                "drop the upload token or --no-api")
+    if args.nsys_upload_token_file:
+        if args.nsys_upload_token:
+            return ("give the upload token once: --nsys-upload-token-file or --nsys-upload-token "
+                    f"({env_name('--nsys-upload-token')}), not both")
+        try:
+            args.nsys_upload_token = read_token(args.nsys_upload_token_file)
+        except argparse.ArgumentTypeError as exc:
+            return str(exc)
+    return None
+
+
+def _replaying(args) -> str | None:
+    """Why uploads, a watched directory and live captures publish nothing with --replay (None without)."""
+    if not args.replay:
+        return None
+    return (f"this exporter replays {args.replay} (--replay) and publishes no other export: uploads are refused "
+            "(409), --nsys-watch-dir and --nsys-live are not read; POST /api/v1/diagnose still answers. "
+            "Send exports to an exporter without --replay")
+
+
+def build(args, nvml, built=None):
+    """The nsys source (a replay, a watched directory or spool, live captures), or (None, why). Its upload
+    spool, where uploads are on, is its `upload`. Each import where its flag asks for it: an exporter
+    without uploads pays none of them."""
+    watch_dir, upload = args.nsys_watch_dir, None
+    if args.nsys_upload_token:
+        from exporter.spool import Retention, SpoolRetention
+        from exporter.uploads import UploadSpool
+
+        spool = args.nsys_spool_dir or watch_dir or tempfile.mkdtemp(prefix="nsys-spool-")
+        retention = SpoolRetention(spool, Retention(args.nsys_spool_max_files, args.nsys_spool_max_bytes,
+                                                    args.nsys_spool_max_age))
+        upload = UploadSpool(args.nsys_upload_token, spool, args.nsys_upload_max_bytes, retention,
+                             window_s=args.nsys_window, refuse_uploads=_replaying(args))
+        watch_dir = watch_dir or spool
+    if args.replay and (args.nsys_watch_dir or args.nsys_upload_token or args.nsys_live):
+        log.warning("%s", _replaying(args))
+    if not (args.replay or watch_dir or args.nsys_live):
+        return None, "not configured: pass --replay, --nsys-watch-dir, --nsys-live or --nsys-upload-token-file"
+    nsys = NsysSource(interval=args.interval if args.replay else max(args.interval, 1.0), replay=args.replay,
+                      watch_dir=watch_dir, live=args.nsys_live, window_s=args.nsys_window,
+                      frequency=args.nsys_frequency, binary=args.nsys_binary, nvml=nvml, other_sources=built)
+    if upload is not None:
+        upload.retention.published = nsys.published_path
+    nsys.upload = upload
+    return nsys, None

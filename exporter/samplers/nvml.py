@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from exporter.nvml import NvmlError, PartialAnswer
 from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
+from exporter import vocabulary
 from exporter.snapshot import (
     CollectorHealth,
     ComputeProcess,
@@ -126,15 +127,36 @@ class NvmlSampler(SamplerDefaults):
         return True
 
     def _discover(self) -> None:
+        """Lists the GPUs once. One that cannot be asked who it is (lost before this exporter started) is
+        that GPU's problem: it is listed as lost, named by its index and PCI bus id, and the others are served."""
         if self.gpus:
             return
-        gpus = []
+        gpus, unreachable = [], {}
         for index in range(self.backend.device_count()):
-            ident = self.backend.identity(index)
-            gpus.append(GpuIdentity(index, ident["uuid"], ident["model"], ident.get("minor")))
+            try:
+                gpus.append(identity(index, self.backend.identity(index)))
+            except NvmlError as exc:
+                unreachable[index] = exc
+        if unreachable:
+            bus_ids = self._pci_bus_ids()
+            for index, exc in unreachable.items():
+                gpu = unnamed_identity(index, bus_ids.get(str(index)))
+                gpus.append(gpu)
+                self._lost[index] = time.monotonic()
+                self._report_lost(gpu, exc.reason)
         if not gpus:
             self._log.problem("nvml", "NVML found no GPU on this host")
-        self.gpus = tuple(gpus)
+        self.gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
+
+    def _pci_bus_ids(self) -> dict:
+        try:
+            return self.backend.pci_bus_ids()
+        except NvmlError:  # an unnamed GPU is then named by its index alone
+            return {}
+
+    def _report_lost(self, gpu: GpuIdentity, why: str) -> None:
+        self._log.problem(_log_key(gpu), f"GPU lost (fell off the bus?): {why}; its series stop and gpu_lost is 1; "
+                          f"asked again every {LOST_RETRY_S:.0f} s", logging.ERROR)
 
     # -- one tick -------------------------------------------------------------------------------
     def tick(self) -> None:
@@ -153,7 +175,7 @@ class NvmlSampler(SamplerDefaults):
             self.xid = XidWatcher(self.backend)
             self.xid.start()
         errors = []
-        telemetry = dict(self.telemetry)
+        telemetry = {}
         for gpu in self.gpus:
             reading = self._read(gpu)
             telemetry[gpu.uuid] = reading
@@ -203,19 +225,24 @@ class NvmlSampler(SamplerDefaults):
         if forget:
             forget(gpu.index)  # a handle from before the loss may not work after a reset
         try:
-            back = self.backend.identity(gpu.index)["uuid"] == gpu.uuid
+            answer = self.backend.identity(gpu.index)
         except NvmlError:
-            back = False
-        if back:
-            del self._lost[gpu.index]
-            if self.xid is not None:
-                self.xid.reregister(gpu.index)  # the event set holds the old handle, which reports nothing now
-            self._history.pop(gpu.uuid, None)  # samples from before the loss describe nothing now
-            self._log.clear(key, "GPU answers again: serving it")
-        return not back
+            return True
+        if is_unnamed(gpu):
+            # Lost since before this exporter started, it says who it is at last: served under its own name
+            # from the next tick on (this tick's views were made under the placeholder).
+            self.gpus = tuple(identity(gpu.index, answer) if g == gpu else g for g in self.gpus)
+        elif answer["uuid"] != gpu.uuid:
+            return True
+        del self._lost[gpu.index]
+        if self.xid is not None:
+            self.xid.reregister(gpu.index)  # the event set holds the old handle, which reports nothing now
+        self._history.pop(gpu.uuid, None)  # samples from before the loss describe nothing now
+        self._log.clear(key, "GPU answers again: serving it")
+        return is_unnamed(gpu)
 
     def _read(self, gpu: GpuIdentity) -> DeviceTelemetry:
-        key = f"nvml GPU {gpu.index} ({gpu.uuid})"
+        key = _log_key(gpu)
         if self._still_lost(gpu, key):
             return DeviceTelemetry(gpu, time.time(), lost=True, errors=("GPU is lost",), **self._xid(gpu))
         b = self.backend
@@ -267,8 +294,7 @@ class NvmlSampler(SamplerDefaults):
                                 for d in (mig or {}).get("devices", ()))
             mig_sms = (mig or {}).get("sm_count")
         if gpu.index in self._lost:
-            self._log.problem(key, f"GPU lost (fell off the bus?): its series stop; asked again every {LOST_RETRY_S:.0f} s",
-                              logging.ERROR)
+            self._report_lost(gpu, "; ".join(errors))
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors), **self._xid(gpu))
         if errors:
             self._log.problem(key, "; ".join(errors))
@@ -417,6 +443,28 @@ class NvmlSampler(SamplerDefaults):
             history.popleft()
 
 
+UNNAMED_MODEL = "unknown"  # the model label of a GPU lost before it could be asked who it is
+
+
+def identity(index: int, answer: dict) -> GpuIdentity:
+    """A GPU's identity from the backend's identity() answer."""
+    return GpuIdentity(index, answer["uuid"], answer["model"], answer.get("minor"))
+
+
+def unnamed_identity(index: int, pci_bus_id: str | None) -> GpuIdentity:
+    """What names a GPU lost before it said who it is: its PCI bus id where known (the address nvidia-smi
+    and the kernel log show for it), else its index, in place of the UUID."""
+    return GpuIdentity(index, f"unknown-pci-{pci_bus_id}" if pci_bus_id else f"unknown-gpu-{index}", UNNAMED_MODEL)
+
+
+def is_unnamed(gpu: GpuIdentity) -> bool:
+    return gpu.model == UNNAMED_MODEL and gpu.uuid.startswith("unknown-")
+
+
+def _log_key(gpu: GpuIdentity) -> str:
+    return f"nvml GPU {gpu.index} ({gpu.uuid})"
+
+
 def throttle_share(before: tuple | None, seconds: dict, now: float) -> tuple[float | None, tuple | None]:
     """Share of the time since the last read during which power or thermal limits held the clocks down
     (the larger of the two violation counters' growth), and what to compare the next read with."""
@@ -438,7 +486,8 @@ def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:
     everyone = {p["pid"]: p for p in answer.get("compute", ())} | clients
     out = []
     for pid, p in sorted(everyone.items()):
-        kind = "mps_server" if p["command"] == MPS_SERVER else "mps" if pid in clients else "time_sliced"
+        kind = vocabulary.MPS_SERVER if p["command"] == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
+            else vocabulary.TIME_SLICED
         out.append(ComputeProcess(pid, p["command"], kind))
     return tuple(out)
 

@@ -136,6 +136,7 @@ class SlurmSampler(HolderSampler):
 
 
 SCHEDULER = True  # exporter/holders.py KINDS
+LABELS = {"hpc_job": "the batch job (Slurm job ID) holding the GPU"}  # label -> meaning, as dcgm-exporter names it
 
 
 def add_arguments(parser) -> None:

@@ -23,6 +23,7 @@ from exporter.holders import EVEN_SPLIT, Held, Holder, HolderSampler, Holdings
 from hostio.files import FileTooLarge, read_capped
 from exporter.samplers.cgroups import ProcFileOwners
 from exporter.snapshot import CollectorHealth, LogOnce
+from exporter.vocabulary import MPS_SERVER
 
 log = logging.getLogger(__name__)
 MAX_STATUS_BYTES = 16384  # /proc/PID/status is ~1.5 KB
@@ -52,7 +53,7 @@ def parse_passwd(text: str) -> dict[int, str]:
 
 def context_pids(telemetry) -> dict[str, set[int]]:
     """GPU UUID -> pids with a context on it (compute processes and MPS clients, not the MPS server)."""
-    return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != "mps_server"}
+    return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != MPS_SERVER}
             for uuid, tel in telemetry.items() if not tel.lost}
 
 
@@ -75,6 +76,16 @@ class UsersSampler(HolderSampler):
         self._names_read = -PASSWD_EVERY_S
         self._log = LogOnce(log)
 
+    def _why_not_first(self, failed: list[str]) -> str:
+        """Said beside the file the names came from. This host's /etc/passwd after its init's copy is the same
+        database: the init's is closed without CAP_SYS_PTRACE (a container's root too), which is no fault."""
+        if not failed:
+            return ""
+        if len(failed) == 1 and len(self.passwd_files) > 1:
+            return (f", the same database as {self.passwd_files[0]} (this host's, seen through its init, which "
+                    f"this process may not open: that needs CAP_SYS_PTRACE)")
+        return f" ({'; '.join(failed)})"
+
     def _user_names(self) -> dict[int, str]:
         if time.monotonic() - self._names_read >= PASSWD_EVERY_S:
             self._names_read = time.monotonic()
@@ -91,8 +102,8 @@ class UsersSampler(HolderSampler):
                 self._names = parse_passwd(data.decode("utf-8", "replace"))
                 if path != self.names_from:  # one line, also where a failure ends
                     self.names_from = path
-                    self._log.problem("users passwd", f"user names from {path}"
-                                      + (f" ({'; '.join(failed)})" if failed else ""), logging.INFO)
+                    self._log.problem("users passwd", f"user names from {path}" + self._why_not_first(failed),
+                                      logging.INFO)
                 return self._names
             self._names, self.names_from = {}, None
             self._log.problem("users passwd", f"{'; '.join(failed)}: users are labelled by uid (pass --passwd FILE, "
@@ -122,6 +133,7 @@ class UsersSampler(HolderSampler):
 
 
 SCHEDULER = False  # exporter/holders.py KINDS: users hold GPUs only where no scheduler is configured
+LABELS = {"user": "the Unix user (name, or uid where no name resolves) of a user holder"}  # label -> meaning
 
 
 def add_arguments(parser) -> None:

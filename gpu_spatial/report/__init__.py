@@ -15,6 +15,7 @@ import sys
 import time
 from datetime import datetime, timezone
 
+from exporter.vocabulary import HELD
 from nsys_ingest.commandline import missing_extra
 
 from .promapi import BASIC_AUTH_ENV, TOKEN_ENV, PrometheusAPI, ReportError, auth_header
@@ -31,6 +32,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def parser() -> Parser:
+    from .account import group_labels
+
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                formatter_class=argparse.RawDescriptionHelpFormatter,
                epilog=f"Credentials: --bearer-token-file or ${TOKEN_ENV}; --basic-auth-file (USER:PASSWORD) or "
@@ -41,9 +44,9 @@ def parser() -> Parser:
     p.add_argument("--start", help="RFC3339 time, a date (UTC) or a Unix timestamp")
     p.add_argument("--end", help="as --start; default now")
     p.add_argument("--last", help="a duration ending at --end, e.g. 7d, 12h, 1w2d (default 7d)")
-    p.add_argument("--by", default="namespace", choices=["namespace", "pod", "hpc_job", "node", "gpu", "model", "user", "claim"],
+    p.add_argument("--by", default="namespace", choices=list(group_labels()),
                    help="group by this (node is the instance label; gpu: instance and uuid, with each GPU's ledger; "
-                        "user: Unix users on hosts without a scheduler; claim: DRA claims); default namespace")
+                        "user: Unix users on hosts without a scheduler; claim: DRA claims; the holder kinds' labels: exporter/holders.py KINDS); default namespace")
     p.add_argument("--match", action="append", default=[], metavar="MATCHER",
                    help='label matcher(s) on the workload series, e.g. \'namespace=~"team-.*"\' (repeatable)')
     p.add_argument("--format", default="text", choices=["text", "markdown", "csv", "json", "html"])
@@ -143,7 +146,7 @@ def chart_step(length: float) -> float:
 def build(args, now: float):
     from exporter.vocabulary import WASTE_CELLS
 
-    from . import account, summary
+    from . import account, empty, summary
     from .render import Report
 
     start, end = time_range(args, now)
@@ -156,8 +159,8 @@ def build(args, now: float):
     api = PrometheusAPI(args.prometheus, auth_header(args.bearer_token_file, args.basic_auth_file),
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
-    if not any(q == "held" for row in collected.totals.values() for q, _b in row):
-        raise account.diagnose_empty(api, plan, start, end)
+    if not any(q == HELD for row in collected.totals.values() for q, _b in row):
+        raise empty.diagnose_empty(api, plan, start, end)
     if all(not any(group) for group in collected.totals):
         collected.notes.append(account.other_groupings(api, plan, start, end))
     table = summary.summarize(collected.totals, plan.labels)

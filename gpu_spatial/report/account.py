@@ -23,35 +23,47 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import time
 from dataclasses import dataclass, field
 
-from exporter.vocabulary import UNOBSERVED
+from exporter.holders import report_groups
+from exporter.vocabulary import (BUSY, CTXSW, CUPTI, EXACT, HELD, HIDDEN_IDLE, LEDGER, NVML, QUANTITIES, SM_ACTIVE,  # noqa: F401
+                                 TIME_SHARE, UNOBSERVED)  # QUANTITIES, LEDGER: the report's modules read them from here
 
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
-QUANTITIES = ("held", "busy", "sm_active", "hidden_idle", "held_idle")
-LEDGER = "ledger"  # the holders' ledger cells (exporter/ledger.py): keyed by cell, not basis
-WITH_BASIS = ("busy", "sm_active", "hidden_idle")
+# QUANTITIES (held, busy, sm_active, hidden_idle, held_idle) and LEDGER (the holders' ledger cells, exporter/ledger.py:
+# keyed by cell, not basis) are the exporter's counters (exporter/vocabulary.py).
+WITH_BASIS = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # the counters with a basis label
 KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the rest of WITH_BASIS)
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
 LOST_GAUGE = "gpu_lost"  # 1 while the GPU answers GPU_IS_LOST, 0 while it answers (docs/metrics.md)
 SIGHTING_STEP = 15.0  # seconds: the resolution of a GPU's first sighting (its last is its sample's own time)
 EDGE = 600.0  # a GPU (or its node) seen within this of an edge of the range was there (scrape intervals up to 10 min)
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
-COVERED = ("busy", "sm_active", "hidden_idle")  # absent under MPS (and busy/hidden-idle on MIG)
+COVERED = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # absent under MPS (and busy/hidden-idle on MIG)
 # Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
 # own kernels (cupti); SM active exact (alone on the GPU), from the holder's own context-switch slices, the GPU's
 # split by time share, or an MPS client's kernels' grids scaled to the GPU's SM active (cupti: an estimate).
-BASES = {"busy": ("nvml", "ctxsw", "cupti"), "sm_active": ("exact", "ctxsw", "time_share", "cupti"),
-         "hidden_idle": ("exact", "ctxsw", "time_share", "cupti")}
-EXACT_BASES = ("exact", "ctxsw")
-UNLABELLED_BASIS = {"busy": "nvml"}  # exporters before the basis label: NVML was the only time share
-GROUP_LABELS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "hpc_job": ("hpc_job",),
-                "node": ("instance",), "model": ("model",), "user": ("user",), "claim": ("claim",),
-                "gpu": ("instance", "uuid")}
-RULE_LABEL = {"namespace": "namespace", "hpc_job": "hpc_job", "node": "instance", "model": "model",
-              "user": "user", "claim": "claim"}
+BASES = {BUSY: (NVML, CTXSW, CUPTI), SM_ACTIVE: (EXACT, CTXSW, TIME_SHARE, CUPTI),
+         HIDDEN_IDLE: (EXACT, CTXSW, TIME_SHARE, CUPTI)}
+EXACT_BASES = (EXACT, CTXSW)
+UNLABELLED_BASIS = {BUSY: NVML}  # exporters before the basis label: NVML was the only time share
+# --by choices of the GPUs (gpu: with each GPU's own ledger); the holders' are registered
+GPU_GROUPS = {"node": ("instance",), "gpu": ("instance", "uuid"), "model": ("model",)}
+# The groupings the shipped recording rules roll up (rules/gpu-utilization.rules.yaml; tests/test_report.py checks
+# them against it): the others (pods, a new kind's labels) are read from the raw counters.
+RULED = ("namespace", "hpc_job", "node", "model", "user", "claim")
+
+
+def group_labels() -> dict[str, tuple[str, ...]]:
+    """--by choice -> the labels of a group: the GPUs' groupings, then every registered holder kind's
+    (exporter/holders.py KINDS)."""
+    return {**GPU_GROUPS, **report_groups()}
+
+
+def rule_label(by: str) -> str | None:
+    """The label the rollups of a --by choice are kept by (None: no rollup; the counters answer)."""
+    return group_labels()[by][-1] if by in RULED else None
 HEARTBEAT = "gpu_workload:rollup_window_seconds"
 DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow
@@ -99,7 +111,7 @@ class Plan:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        return GROUP_LABELS[self.by]
+        return group_labels()[self.by]
 
     @property
     def selector(self) -> str:
@@ -110,9 +122,9 @@ class Plan:
 
     def rules_unusable(self) -> str | None:
         """Why the rollups cannot answer this report, or None."""
-        if self.by not in RULE_LABEL:
+        if rule_label(self.by) is None:
             return f"no recording rule groups by {self.by}"
-        other = sorted({label for label, _op, _value in self.matchers} - {RULE_LABEL[self.by]})
+        other = sorted({label for label, _op, _value in self.matchers} - {rule_label(self.by)})
         if other:
             return f"--match on {', '.join(other)}, which the {self.by} rollups do not keep"
         return None
@@ -135,7 +147,7 @@ class Plan:
         """As counter_queries, from the rollups: sum of the samples in the window x factor (their spacing).
         once: what takes every series' copies of the samples in the window down to one (the average less
         the sum: an evaluation stored twice counts once)."""
-        label = RULE_LABEL[self.by]
+        label = rule_label(self.by)
 
         def summed(record, by):
             series = f"{record}{self.selector}[{window}]"
@@ -421,8 +433,8 @@ def why_no_rollups(evaluations) -> str:
 
 def other_groupings(api: PrometheusAPI, plan: Plan, start: float, end: float) -> str:
     """For a report whose every group is (none): the --by choices whose label the held series do carry."""
-    held = counter("held") + plan.selector
-    found = [f"--by {by} ({len(values)})" for by, labels in GROUP_LABELS.items() if by != plan.by
+    held = counter(HELD) + plan.selector
+    found = [f"--by {by} ({len(values)})" for by, labels in group_labels().items() if by != plan.by
              and (values := [v for v in api.label_values(labels[-1], held, start, end) if v])]
     said = f"; {', '.join(found)} {'has' if len(found) == 1 else 'have'} data" if found else ""
     return f"every group is (none): no workload series of the range carries {'/'.join(plan.labels)}{said}"
@@ -528,7 +540,7 @@ class Totals:
             key = (plan_quantity, basis)
             row = self._row(group)
             row[key] = row.get(key, 0.0) + value
-            if plan_quantity == "held" and not unknown:
+            if plan_quantity == HELD and not unknown:
                 added += value
         return added
 
@@ -685,7 +697,7 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: 
             continue
         window = promql_window(step)
         if span.source == "rules":
-            label = RULE_LABEL[plan.by]
+            label = rule_label(plan.by)
             expr = (f"sum by ({label}) (sum_over_time({rollup(label, LEDGER)}{selector}[{window}])) * "
                     f"{span.step!r}")
         else:
@@ -699,19 +711,3 @@ def timeline(api: PrometheusAPI, plan: Plan, collected: Collected, cells, step: 
     frame = pd.DataFrame([(*key, value) for key, value in points.items()],
                          columns=[*plan.labels, "t", "gpu_seconds"])
     return frame.groupby([*plan.labels, "t"], as_index=False)["gpu_seconds"].sum()
-
-
-def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> ReportError:
-    """Why a range gave nothing: no exporter at all, an exporter without workload series, or just this range."""
-    workload, gpu = counter("held"), "gpu_time_utilization_ratio"
-    year = 366 * DAY
-    seen = api.metric_names([workload, gpu], end - year, max(end, time.time()) + DAY)
-    if workload in seen:
-        matched = f" matching {plan.selector}" if plan.matchers else ""
-        return ReportError(f"no workload series{matched} between the start and the end: choose a range in which "
-                           f"the exporter ran (--start/--end or --last)")
-    if gpu in seen:
-        return ReportError(f"{api.url} has this exporter's GPU series but no {workload}: holders are known only on "
-                           f"Kubernetes (kubelet PodResources) or Slurm (--hpc-job-mapping-dir)")
-    return ReportError(f"{api.url} has no series of the gpu-spatial exporter ({workload}): is it the Prometheus "
-                       f"(or Thanos/Mimir/VictoriaMetrics) that scrapes or receives it?")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from hostio import answers
 
+from ..endpoints import exporter_base, serves_exporter
+
 TOKEN_ENV = "GPU_SPATIAL_PROMETHEUS_TOKEN"
 BASIC_AUTH_ENV = "GPU_SPATIAL_PROMETHEUS_BASIC_AUTH"
 
@@ -96,6 +98,10 @@ class PrometheusAPI:
             if status in (401, 403):
                 raise ReportError(f"{self.url} refused the credentials (HTTP {status}): set --bearer-token-file, "
                                   f"{TOKEN_ENV}, or --basic-auth-file")
+            if status == 404 and serves_exporter(exporter_base(self.url), self.timeout):
+                raise ReportError(f"{self.url} is a gpu-spatial exporter, not a Prometheus query API: the report "
+                                  f"reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, e.g. "
+                                  f"--prometheus http://127.0.0.1:9090")
             data = answers.parse_json(answer.body, self.max_values)
         except answers.AnswerError as exc:
             raise self._answer_error(exc, path, status) from None
@@ -103,27 +109,12 @@ class PrometheusAPI:
             raise ReportError(f"cannot reach {self.url} ({getattr(exc, 'strerror', None) or exc}): check --prometheus "
                               f"and that the server is up (timeout {self.timeout:g} s, --timeout)") from None
         if not isinstance(data, dict) or data.get("status") != "success":
-            if status == 404 and self._is_our_exporter():
-                raise ReportError(f"{self.url} is a gpu-spatial exporter, not a Prometheus query API: the report "
-                                  f"reads the Prometheus (or VictoriaMetrics, Thanos, Mimir) that scrapes it, e.g. "
-                                  f"--prometheus http://127.0.0.1:9090")
             error = str(data.get("error", "no error message") if isinstance(data, dict) else data)[:300]
             if SAMPLE_LIMIT.search(error):
                 raise TooManySamples(f"{self.url} refused to read that many samples in one query ({error}): raise "
                                      f"its limit or narrow --match")
             raise ReportError(f"{self.url} rejected the query (HTTP {status}): {error}")
         return data.get("data")
-
-    def _is_our_exporter(self) -> bool:
-        """Whether the URL serves the exporter's /healthz (its JSON: status and a GPU count; 503 included,
-        while it has no GPU or stalled)."""
-        try:
-            answer = answers.fetch(self.url + "/healthz", time.monotonic() + self.timeout, 4096,
-                                        headers={"Accept": "application/json"})
-            health = answers.parse_json(answer.body, 64)
-        except (answers.AnswerError, OSError):
-            return False
-        return isinstance(health, dict) and health.get("status") in ("ok", "no_gpu", "stale") and "gpus" in health
 
     def _answer_error(self, exc: answers.AnswerError, path: str, status: int | None) -> ReportError:
         if exc.kind == "slow":
@@ -165,6 +156,12 @@ class PrometheusAPI:
         data = self._call(f"/api/v1/label/{label}/values", {"match[]": selector, "start": f"{start:.3f}",
                                                              "end": f"{end:.3f}"}, post=False)
         return data if isinstance(data, list) else []
+
+    def targets(self) -> list:
+        """The active scrape targets (Prometheus, VictoriaMetrics); ReportError where there is no targets API."""
+        data = self._call("/api/v1/targets", {"state": "active"}, post=False)
+        targets = data.get("activeTargets") if isinstance(data, dict) else None
+        return targets if isinstance(targets, list) else []
 
     def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
         """Which of `names` have series between start and end (the label values API: a few bytes back)."""

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from exporter.vocabulary import BUSY_UNSPLIT, HIDDEN_IDLE, HOLDER_CELLS, SM_ACTIVE_WORK, TIME_IDLE
+from exporter.vocabulary import BUSY_UNSPLIT, HELD, HIDDEN_IDLE, HOLDER_CELLS, SM_ACTIVE_WORK, TIME_IDLE
 
 from .account import BASES, COVERED, EXACT_BASES, LEDGER, QUANTITIES, WITH_BASIS
 
@@ -42,7 +42,7 @@ def columns() -> list[str]:
 
 def figures(hours: dict) -> dict:
     """hours: {(quantity, basis): GPU-hours} of one group -> the row's figures."""
-    held = sum(v for (q, _b), v in hours.items() if q == "held")
+    held = sum(v for (q, _b), v in hours.items() if q == HELD)
     row = {"held_gpu_hours": held}
     for quantity in QUANTITIES[1:]:
         measured = {b: v for (q, b), v in hours.items() if q == quantity and b != "unknown"}

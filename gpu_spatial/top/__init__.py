@@ -2,7 +2,7 @@
 
     gpu-spatial top                                  the exporter's samplers, in this process
     gpu-spatial top --url http://host:9478           a running exporter, through /api/v1/gpus
-    gpu-spatial top --no-nvml --replay tests/fixtures/h100_quarter_sms_50hz.sqlite    no GPU needed
+    gpu-spatial top --no-nvml --replay tests/fixtures/h100_quarter_sms_steady_50hz.sqlite    no GPU needed
 
 Every flag of the exporter's sources (--replay, --nvml-replay, --dcgm-exporter-url, --no-mps, ...) is
 accepted for the in-process mode; see `gpu-spatial exporter --help`.
@@ -64,11 +64,13 @@ def make_feed(args, rest: list[str]):
     if args.url:
         if rest:
             raise ValueError(f"{' '.join(rest)}: source flags are for the in-process mode, not with --url")
+        from gpu_spatial.endpoints import with_scheme
         from gpu_spatial.top.feeds import HttpFeed
 
-        if not args.url.startswith(("http://", "https://")):
+        url = with_scheme(args.url)  # 127.0.0.1:9478, as curl takes it
+        if not url.startswith(("http://", "https://")):
             raise ValueError(f"--url {args.url!r}: want http://host:port, e.g. http://127.0.0.1:9478")
-        return HttpFeed(args.url, args.interval, timeout=min(2.0, max(args.interval, 0.5)))
+        return HttpFeed(url, args.interval, timeout=min(2.0, max(args.interval, 0.5)))
     from exporter.config import build_parser as exporter_parser
     from gpu_spatial.top.feeds import InProcessFeed
 
@@ -78,18 +80,23 @@ def make_feed(args, rest: list[str]):
 
 
 def once(feed, args) -> int:
+    """One screen on stdout: 0 with values, 1 without (the exporter not answering, stale); a URL that no
+    retry helps is bad input, one line on stderr and 2."""
     from gpu_spatial.top.render import View, plain, render
 
     width, height = _size(args.size)
     deadline = time.monotonic() + max(5.0, 3 * args.interval)
     state = feed.state()
-    while state.version is None and time.monotonic() < deadline:
+    while state.version is None and not state.refused and time.monotonic() < deadline:
         time.sleep(0.05)
         state = feed.state()
+    if state.refused:
+        print(f"gpu-spatial top: {state.problem}", file=sys.stderr)
+        return 2
     if state.version is not None:  # one more interval: sources that need two samples (GPM) report
         time.sleep(args.interval)
         state = feed.state()
-    print(plain(render(state, View(), width, height)))
+    print(plain(render(state, View(), width, height, cut=args.size is not None or sys.stdout.isatty())))
     return 0 if state.version is not None and not state.problem else 1
 
 

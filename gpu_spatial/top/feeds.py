@@ -2,12 +2,12 @@
 JSON API. Both hand the same JSON to state.screen_state, so both paths render the same."""
 from __future__ import annotations
 
-import re
 import threading
 import time
 import urllib.parse
 
 from hostio import answers
+from gpu_spatial.endpoints import exporter_base, serves_prometheus_api, with_scheme
 from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
@@ -55,26 +55,16 @@ class InProcessFeed:
         return state
 
 
-# The exporter's own paths: a URL people paste (the "serving on .../metrics" log line) names its base.
-EXPORTER_PATHS = re.compile(r"/(metrics|healthz|docs|openapi\.json|api(/v1(/[^?#]*)?)?)/?$")
-
-
-def exporter_base(url: str) -> str:
-    """http://host:9478 from http://host:9478, .../metrics, .../api/v1/gpus, ... (query and fragment dropped)."""
-    parts = urllib.parse.urlsplit(url)
-    path = EXPORTER_PATHS.sub("", parts.path).rstrip("/")
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
-
-
-class ApiOff(ValueError):
-    """The exporter answers, with its JSON API switched off (--no-api): top --url cannot read it."""
+class WrongServer(ValueError):
+    """The URL answers, but cannot be read by top --url: the exporter with its JSON API switched off
+    (--no-api), or a Prometheus. Said once, never retried."""
 
 
 class HttpFeed:
     """Polls GET {url}/api/v1/gpus in a thread, so keys answer while a slow exporter times out."""
 
     def __init__(self, url: str, interval: float, timeout: float = 2.0):
-        self.url = exporter_base(url)
+        self.url = exporter_base(with_scheme(url))
         self.interval = interval
         self.timeout = timeout
         host = urllib.parse.urlsplit(self.url).hostname or ""
@@ -103,8 +93,12 @@ class HttpFeed:
         answer = answers.fetch(self.url + path, time.monotonic() + self.timeout, MAX_BODY_BYTES,
                                     headers={"Accept": "application/json"})
         if answer.status == 404 and b"--no-api" in answer.body[:4096]:
-            raise ApiOff(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
-                         "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
+            raise WrongServer(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
+                              "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
+        if answer.status == 404 and serves_prometheus_api(self.url, self.timeout):
+            raise WrongServer(f"{self.url} is a Prometheus query API, not a gpu-spatial exporter: top --url reads "
+                              f"the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account from this "
+                              f"Prometheus: gpu-spatial report --prometheus {self.url}")
         if answer.status != 200:
             raise ValueError(f"HTTP {answer.status}")
         return answers.parse_json(answer.body, MAX_BODY_BYTES // answers.BYTES_PER_VALUE)
@@ -125,9 +119,9 @@ class HttpFeed:
         try:
             state = screen_state(self.fetch(), self.origin, self.local)
             self._failing_since = None
-        except ApiOff as exc:
+        except WrongServer as exc:
             self._failing_since = None
-            state = ScreenState(self.origin, problem=str(exc))
+            state = ScreenState(self.origin, problem=str(exc), refused=True)
         except (OSError, ValueError, answers.AnswerError) as exc:  # refused, reset, slow, large, not JSON
             now = time.time()
             self._failing_since = self._failing_since or now

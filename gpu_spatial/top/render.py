@@ -7,6 +7,8 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass
 
+from exporter.holders import holder_name
+from exporter.sources import default_order
 from exporter.vocabulary import (BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
                                  UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
@@ -135,9 +137,7 @@ def _ledger(cells: dict) -> str:
 def _workload(record: dict) -> str:
     """A workload record of the exporter, whatever its exact fields: the holder, then its figures, each with
     its basis where the record names one (`time_share_basis` nvml|ctxsw|cupti, `sm_active_basis` exact|ctxsw|time_share|cupti)."""
-    holder = (record.get("pod") or record.get("hpc_job") or (record.get("claim") and f"claim {record['claim']}")
-              or (record.get("user") and f"user {record['user']}") or record.get("namespace") or record.get("holder")
-              or "?")
+    holder = holder_name(record) or (record.get("holder") if isinstance(record.get("holder"), str) else "") or "?"
 
     def basis(key):
         value = record.get(f"{key}_basis")
@@ -209,8 +209,9 @@ def why_lines(state: ScreenState, gpu: Gpu | None, view: View, width: int) -> li
             if value is None:
                 lines.append([(f"  {name}: n/a: ", "na"), (gpu.why("time" if name.startswith("time") else name), "")])
         lines.append([("spatial sources, in order of preference:", "bold")])
+        named = max(map(len, default_order())) + 1  # the registered sources' names (exporter/sources.py)
         for source, source_state, reason in gpu.sources:
-            lines.append([(f"  {source:<5} {source_state:<11} ", "sel" if source_state == "active" else "dim"),
+            lines.append([(f"  {source:<{named}} {source_state:<11} ", "sel" if source_state == "active" else "dim"),
                           (reason, "")])
         if gpu.sharing_mode is None:
             lines.append([("  sharing mode: n/a: NVML did not list the GPU's compute processes", "")])
@@ -248,8 +249,9 @@ def wrap(lines, width: int):
     return out
 
 
-def render(state: ScreenState, view: View, width: int, height: int) -> list[list[tuple[str, str]]]:
-    """The whole screen: at most `height` lines, each at most `width` characters."""
+def render(state: ScreenState, view: View, width: int, height: int, cut: bool = True) -> list[list[tuple[str, str]]]:
+    """The whole screen: at most `height` lines, each at most `width` characters (laid out for `width` but
+    never cut without `cut`: a pipe has no edge)."""
     gpu = state.gpus[min(view.selected, len(state.gpus) - 1)] if state.gpus else None
     if view.page == "help":
         lines = [header_line(state, view)] + wrap([[(line, "")] for line in HELP.splitlines()], width)
@@ -259,7 +261,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
         lines = [header_line(state, view)]
         if state.problem:
             lines.append([(state.problem, "bad")])
-        if not state.gpus:
+        if not state.gpus and not state.refused:
             lines.append([("no GPUs in this snapshot" if not state.problem else "no values shown: they would be stale",
                            "dim")])
             lines += [[("collector ", "bad"), (error, "")] for error in state.collector_errors[:3]]
@@ -271,7 +273,7 @@ def render(state: ScreenState, view: View, width: int, height: int) -> list[list
             lines += process_lines(gpu, view, width, height - len(lines) - 1)
         for paging in state.mps_paging[:1]:
             lines.append([(paging, "bad")])
-    return [clip(line, width) for line in lines[:height]]
+    return [clip(line, width) if cut else line for line in lines[:height]]
 
 
 def clip(line, width: int):

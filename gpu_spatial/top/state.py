@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from hostio.files import read_text_capped
+from exporter.holders import holder_name
 from exporter.snapshot import as_ratio
 
 NA = "n/a"
@@ -104,17 +105,36 @@ class ScreenState:
     created: float | None = None
     gpus: list[Gpu] = field(default_factory=list)
     problem: str = ""  # shown instead of numbers: the exporter is not answering, the snapshot is stale
+    refused: bool = False  # the problem is the URL given (not an exporter, its API off): no retry helps
     collector_errors: list[str] = field(default_factory=list)
     mps_paging: list[str] = field(default_factory=list)  # MPS servers taking major faults
 
 
+def _kinds(snapshot: dict) -> list[dict]:
+    """What each holder kind holds (/api/v1/gpus `holders`, in the exporter's kind order); an exporter from
+    before it: its kubelet section, whose pods and owners have the same fields."""
+    kinds = [mapping(kind) for kind in mapping(snapshot.get("holders")).values()]
+    if kinds or not snapshot.get("kubelet"):
+        return kinds
+    kubelet = mapping(snapshot.get("kubelet"))
+    return [{"gpus": kubelet.get("pods"), "process_owners": kubelet.get("process_owners")}]
+
+
 def _process_owners(snapshot: dict) -> dict[int, str]:
-    owners = {}
-    for pid, ref in mapping(mapping(snapshot.get("kubelet")).get("process_owners")).items():
-        ref = mapping(ref)
-        if str(pid).isdigit():
-            owners[int(pid)] = f"{text(ref.get('namespace'))}/{text(ref.get('pod'))}/{text(ref.get('container'))}"
+    """pid -> the holder running it, of every kind (the first kind listing a pid keeps it, as the exporter's
+    own join)."""
+    owners: dict[int, str] = {}
+    for kind in _kinds(snapshot):
+        for pid, ref in mapping(kind.get("process_owners")).items():
+            if str(pid).isdigit():
+                owners.setdefault(int(pid), holder_name(mapping(ref)))
     return owners
+
+
+def _gpu_holders(snapshot: dict, uuid: str) -> list[str]:
+    """The holders of one GPU, of every kind."""
+    return [name for kind in _kinds(snapshot) for ref in items(mapping(kind.get("gpus")).get(uuid))
+            if (name := holder_name(mapping(ref)))]
 
 
 def _workload_users(workloads: list[dict]) -> dict[int, str]:
@@ -160,7 +180,7 @@ def gpu_from_json(position: int, raw: dict, snapshot: dict, local: "LocalProcess
     gpu.errors = [e for e in items(tel.get("errors")) if isinstance(e, str)]
     if not tel:
         gpu.errors.append("NVML does not know this GPU (only a spatial source does)")
-    gpu.holders = [f"{text(p.get('namespace'))}/{text(p.get('pod'))}" for p in map(mapping, items(raw.get("pods")))]
+    gpu.holders = _gpu_holders(snapshot, gpu.uuid)
     gpu.workloads = _workloads_for(snapshot, gpu.uuid)
     book = next((mapping(b) for b in items(snapshot.get("ledgers")) if mapping(b).get("uuid") == gpu.uuid), {})
     gpu.ledger = {text(cell): ratio(v) for cell, v in mapping(book.get("cells")).items() if ratio(v) is not None}

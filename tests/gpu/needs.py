@@ -22,6 +22,6 @@ def root(why: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(os.geteuid() != 0, reason=f"missing privilege: {why} needs root")
 
 
-CUPY = module("cupy", "the spin workload of bench/workloads.py", "pip install cupy-cuda12x")
-TORCH = module("torch", "the trainer of bench/train_worker.py", "pip install torch")
+CUPY = module("cupy", "the spin workload of tests/gpu/workloads.py", "pip install cupy-cuda12x")
+TORCH = module("torch", "the trainer of tests/gpu/train_worker.py", "pip install torch")
 MPS_CONTROL = tool("nvidia-cuda-mps-control", "nvidia-cuda-mps-control (CUDA MPS)", "install the NVIDIA driver's MPS tools")

@@ -74,7 +74,7 @@ def _reclaim(pid: int, env: dict) -> str:
             break
         except OSError as exc:
             notes.append(f"memory.reclaim {amount!r}: {exc.strerror}")  # reclaimed what it could
-    subprocess.run([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "4:1"], env=env,
+    subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "4:1"], env=env,
                    stdout=subprocess.DEVNULL, check=False, timeout=60)
     return "; ".join(notes)
 
@@ -100,7 +100,7 @@ def test_mps_daemons_clients_and_major_faults():
     client = None
     try:
         with Exporter("--interval", "0.5", "--mps-pipe-dir", env["CUDA_MPS_PIPE_DIRECTORY"]) as exporter:
-            client = subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "16:40"],
+            client = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "16:40"],
                                       env=env, stdout=subprocess.DEVNULL)
 
             def attached():
@@ -118,7 +118,7 @@ def test_mps_daemons_clients_and_major_faults():
                 subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True, check=True)
                 time.sleep(1)
             # A second client makes the server run code it had not touched since the drop.
-            subprocess.run([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "4:1"], env=env,
+            subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "4:1"], env=env,
                            stdout=subprocess.DEVNULL, check=False, timeout=60)
             faults = lambda: (_server(exporter.gpus()["mps"]) or {}).get("major_faults", 0)  # noqa: E731
             time.sleep(2)
@@ -128,7 +128,7 @@ def test_mps_daemons_clients_and_major_faults():
                 how = _page_out(_server(mps)["pid"])
                 time.sleep(1)
                 how += f" (server RSS now {_server(exporter.gpus()['mps'])['resident_bytes'] >> 20} MiB)"
-                subprocess.run([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "4:1"], env=env,
+                subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "4:1"], env=env,
                                stdout=subprocess.DEVNULL, check=False, timeout=60)
                 time.sleep(2)
             if faults() <= before:

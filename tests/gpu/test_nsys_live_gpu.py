@@ -20,7 +20,7 @@ NSYS = os.environ.get("NSYS_BINARY") or shutil.which("nsys")
 @needs.CUPY
 def test_live_captures_publish_the_quarter_sm_load():
     sms = 33
-    load = subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", f"{sms}:45"],
+    load = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", f"{sms}:45"],
                             stdout=subprocess.DEVNULL)
     try:
         # GPM would serve this H100 first; leave nsys as the only spatial source.

@@ -1,5 +1,5 @@
 """On a real GPU: N workers time-sliced read gpu_sharing_mode time_sliced with N processes; the same
-N under CUDA MPS read mps (each worker spins on 8 SMs, bench/workloads.py); a trainer starved by its
+N under CUDA MPS read mps (each worker spins on 8 SMs, tests/gpu/workloads.py); a trainer starved by its
 input reads input_bound."""
 import os
 import subprocess
@@ -17,7 +17,7 @@ WORKERS = 4
 
 
 def _workers(env=None):
-    return [subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", "8:25"],
+    return [subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "8:25"],
                              env=env, stdout=subprocess.DEVNULL) for _ in range(WORKERS)]
 
 
@@ -63,9 +63,9 @@ def test_time_sliced_then_mps():
 
 @needs.TORCH  # the trainer needs PyTorch, not CuPy
 def test_a_trainer_waiting_on_its_input_reads_input_bound():
-    """One trainer that makes each batch on the host for 8 ms (bench/train_worker.py --cpu-input-ms)."""
+    """One trainer that makes each batch on the host for 8 ms (tests/gpu/train_worker.py --cpu-input-ms)."""
     with Exporter("--interval", "0.5", "--no-mps") as exporter:
-        trainer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "train_worker.py"), "--start-at",
+        trainer = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "train_worker.py"), "--start-at",
                                     str(time.time() + 5), "--seconds", "40", "--batch", "512", "--hidden", "4096",
                                     "--cpu-input-ms", "8"], stdout=subprocess.DEVNULL)
         try:

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.gpu, needs.CUPY]
 
 
 def _sm_count() -> int:
-    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests" / "gpu"))
     from workloads import sm_count
 
     return sm_count()
@@ -37,7 +37,7 @@ def _readings(exporter, seconds: float) -> list[dict]:
 
 
 def _spin_and_read(exporter, sms: int) -> dict:
-    load = subprocess.Popen([sys.executable, str(ROOT / "bench" / "workloads.py"), "--phases", f"{sms}:9"],
+    load = subprocess.Popen([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", f"{sms}:9"],
                             stdout=subprocess.DEVNULL)
     try:
         time.sleep(3)  # past start-up and one full window

@@ -1,6 +1,6 @@
 """One small training process: an MLP trained on random data, like a small-batch job or a notebook.
 
-    python3 bench/train_worker.py --start-at EPOCH --seconds 20 [--cpu-input-ms 10]
+    python3 tests/gpu/train_worker.py --start-at EPOCH --seconds 20 [--cpu-input-ms 10]
 
 Initialises CUDA and warms up first, trains from --start-at for --seconds, then prints
 {"steps": N, "per_second": [...]} (steps in each second of the window, for the overhead comparison).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the device (one H200, root): per-workload truth from the GPU's own context switches, next to the
 # exporter's NVML basis, for jobs of different footprints time-sliced on GPU 0.
-#   NSYS_EXTRA_LIB=DIR bash bench/record_ctxsw.sh OUTDIR
+#   NSYS_EXTRA_LIB=DIR bash tools/record_ctxsw.sh OUTDIR
 # Five Slurm jobs hold GPU 0 (mapping file "0"), each worker moved into its job's cgroup (slurmstepd's v2
 # layout) before it starts CUDA:
 #   201 spin on 66 of 132 SMs, 4 ms kernels back to back      202 bf16 8192^3 products back to back
@@ -19,7 +19,7 @@ set -uo pipefail
 out=${1:?usage: record_ctxsw.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-source bench/ctxsw_setup.sh
+source tools/ctxsw_setup.sh
 "$ns" --version
 seconds=${SECONDS_PER_RUN:-240}  # an upper bound: the workers are stopped once both captures are done
 port=9479
@@ -115,6 +115,6 @@ for kind in "matmul --size 8192" launch; do
     done
   done
 done
-python3 bench/nvml_probe.py > "$out/nvml_probe.json"
+python3 tools/nvml_probe.py > "$out/nvml_probe.json"
 nvidia-smi -q > "$out/nvidia_smi_q.txt"
 rm -rf "$tmp"

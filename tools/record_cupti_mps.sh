@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device (one H200, root, cupti-python importable), from the repo root:
-#   bash bench/record_cupti_mps.sh OUTDIR [PHASE ...]     # phases: acc models probe cost8 (default: all four)
+#   bash tools/record_cupti_mps.sh OUTDIR [PHASE ...]     # phases: acc models probe cost8 (default: all four)
 # Under CUDA MPS (own pipe and log folders, quit at the end), the exporter with --workload-cupti (10 s windows
 # every 20 s, GPM for the GPU's SM active, Slurm jobs as holders: one mapping file, cgroups in slurmstepd's
 # layout) and clients started with `python3 -m gpu_trace --socket ... --`:

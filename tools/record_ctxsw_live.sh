@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device (one H200, root): the live context-switch source (--workload-ctxsw, default duty) and the NVML
 # basis, per Slurm job, against the 10 kHz context-switch truth of the same steady workloads.
-#   NSYS_EXTRA_LIB=DIR bash bench/record_ctxsw_live.sh OUTDIR
-# The five jobs of bench/record_ctxsw.sh share GPU 0 in their cgroups. Exporter A (port 9479, NVML basis only)
+#   NSYS_EXTRA_LIB=DIR bash tools/record_ctxsw_live.sh OUTDIR
+# The five jobs of tools/record_ctxsw.sh share GPU 0 in their cgroups. Exporter A (port 9479, NVML basis only)
 # runs throughout; nsys records 10 s at 10 kHz (the truth); then exporter B (port 9480, --workload-ctxsw,
 # default 10 s every 60 s) runs two windows. Both exporters' /api/v1/workloads are read every second.
 # Writes into OUTDIR: truth.json (nsys_ingest workloads --json --estimator within, and fit), jobs.json (job ->
@@ -12,7 +12,7 @@ set -uo pipefail
 out=${1:?usage: record_ctxsw_live.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-source bench/ctxsw_setup.sh
+source tools/ctxsw_setup.sh
 common=(--interval 1 --kubelet-socket none --hpc-job-mapping-dir "$map" --held-idle-after 10s)
 python3 -m exporter --port 9479 "${common[@]}" > "$out/exporter_a.log" 2>&1 &
 exporter_a=$!

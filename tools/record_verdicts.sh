@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On the device (one H100): exports for the verdicts that the first recordings did not cover, each with a
 # CUDA kernel trace and GPU metrics at 100 Hz, plus the live exporter's /api/v1/gpus in the middle of each.
-#   NSYS_EXTRA_LIB=DIR bash bench/record_verdicts.sh OUTDIR
-# Writes into OUTDIR (trimmed with bench/trim_export.py; scrub before committing):
+#   NSYS_EXTRA_LIB=DIR bash tools/record_verdicts.sh OUTDIR
+# Writes into OUTDIR (trimmed with tools/trim_export.py; scrub before committing):
 #   membound.sqlite  a = b + 2c over 1.5 GiB fp32 tensors (DRAM-bound kernels)
 #   copy.sqlite      device-to-device copies of 3 GiB fp16 tensors (copies, no kernels)
 #   launch.sqlite    one process adding to a 16-element tensor in a loop (tiny kernels, host between)
@@ -29,9 +29,9 @@ phase() {  # phase NAME SECONDS TRIM_SECONDS: one workloads.py phase after 1 s i
   local name=$1 seconds=$2 keep=$3 watcher
   watch_live "$name" & watcher=$!
   bash tools/nsys-capture.sh "$raw/$name.sqlite" 100 -- \
-      bash -c "python3 bench/workloads.py --phases idle:1,$name:$seconds > $out/$name.json" || echo "capture $name failed"
+      bash -c "python3 tests/gpu/workloads.py --phases idle:1,$name:$seconds > $out/$name.json" || echo "capture $name failed"
   kill $watcher
-  python3 bench/trim_export.py "$raw/$name.sqlite" "$out/$name.sqlite" $(python3 -c "
+  python3 tools/trim_export.py "$raw/$name.sqlite" "$out/$name.sqlite" $(python3 -c "
 import json; p = json.load(open('$out/$name.json'))['phases'][-1]; mid = (p['start'] + p['end']) / 2
 print('--from-epoch', mid - $keep / 2, '--to-epoch', mid + $keep / 2)")
 }
@@ -51,7 +51,7 @@ python3 -m nsys_ingest diagnose "$raw/ts_long.sqlite" --json $(python3 -c "
 import json, datetime as d; w = json.load(open('$out/ts_long_nvml.json'))['window']
 print(*(f'--{k} ' + d.datetime.fromtimestamp(t, d.timezone.utc).isoformat() for k, t in zip(('start', 'end'), w)))") \
     > "$out/ts_long_diagnose.json" || echo "diagnose of the probe window failed"
-python3 bench/trim_export.py "$raw/ts_long.sqlite" "$out/ts_long.sqlite" $(python3 -c "
+python3 tools/trim_export.py "$raw/ts_long.sqlite" "$out/ts_long.sqlite" $(python3 -c "
 import json; w = json.load(open('$out/ts_long_nvml.json'))['window']; print('--from-epoch', w[0] + 2, '--to-epoch', w[0] + 3.5)")
 kill $exporter; wait $exporter
 rm -rf "$raw"

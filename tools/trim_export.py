@@ -1,8 +1,8 @@
 """Keep one time window of a recorded export, and only what diagnose and summary read: small fixtures.
 
-    python3 bench/trim_export.py IN.sqlite OUT.sqlite --from-epoch 1795330000.5 --to-epoch 1795330002.0
+    python3 tools/trim_export.py IN.sqlite OUT.sqlite --from-epoch 1795330000.5 --to-epoch 1795330002.0
 
-Deletes GPU metric samples and kernels outside the window (wall seconds, as bench/train_worker.py's
+Deletes GPU metric samples and kernels outside the window (wall seconds, as tests/gpu/train_worker.py's
 --start-at) and empties the tables neither reads (CUDA API calls, synchronisations, OS runtime calls, callchains), then
 vacuums. Run `python3 -m nsys_ingest scrub` on the result before it is committed.
 """

@@ -1,4 +1,4 @@
-# Sourced by bench/record_ctxsw.sh and bench/record_ctxsw_live.sh (on the device, as root, from the repo root):
+# Sourced by tools/record_ctxsw.sh and tools/record_ctxsw_live.sh (on the device, as root, from the repo root):
 # nsys found as the device has it ($ns, with NSYS_EXTRA_LIB's libdw), a scratch folder ($tmp) and the five
 # Slurm jobs of the issue-26 runs: their specs (bench/ctxsw_jobs.py), one mapping file "0" listing them
 # all ($map), and their cgroup v2 directories in slurmstepd's layout ($cg).

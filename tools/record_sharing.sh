@@ -2,11 +2,11 @@
 # On the device: record NVML answers (compute process lists and MIG mode included) while N small spin
 # workers share the GPU, first time-sliced, then under CUDA MPS. Writes into OUTDIR:
 #   nvml_h100_time_sliced.json, nvml_h100_mps.json (replayable with --nvml-replay), sharing.log
-#   bash bench/record_sharing.sh OUTDIR [WORKERS]
+#   bash tools/record_sharing.sh OUTDIR [WORKERS]
 set -uo pipefail
 out=${1:?usage: record_sharing.sh OUTDIR [WORKERS]}; n=${2:-4}
 cd "$(dirname "$0")/.."
-workers() { for _ in $(seq "$n"); do python3 bench/workloads.py --phases 8:14 >/dev/null & done; }
+workers() { for _ in $(seq "$n"); do python3 tests/gpu/workloads.py --phases 8:14 >/dev/null & done; }
 probe() { python3 -c "
 from exporter.nvml import Nvml
 from exporter.samplers.nvml import compute_processes

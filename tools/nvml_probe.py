@@ -1,7 +1,7 @@
 """Every NVML value dcgm-exporter's default set reads, raw, for GPU 0..N: what the card answers
 (value, or the NVML error's name), to check the exporter's series against on the device.
 
-    python3 bench/nvml_probe.py > nvml_probe.json
+    python3 tools/nvml_probe.py > nvml_probe.json
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """GPU workloads with known spatial footprints, for the GPU tests, fixtures and benchmarks.
 
-    python3 bench/workloads.py --phases idle:1,33:3,132:3,matmul:3   # prints each phase's wall window as JSON
+    python3 tests/gpu/workloads.py --phases idle:1,33:3,132:3,matmul:3   # prints each phase's wall window as JSON
 
 A phase "N:S" spins back-to-back kernels on exactly N SMs for S seconds: every block asks for most of
 an SM's shared memory, so no two blocks share an SM and N blocks occupy N SMs. NVML reads such a load

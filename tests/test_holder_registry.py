@@ -1,0 +1,131 @@
+"""A holder kind declares its labels and every view reads them from the registry (exporter/holders.py KINDS,
+issue 44): a kind with labels of its own (tests/ray_holder.py, registered from the test suite only) is right in
+/metrics, the JSON API and its schema, the process series' owners, the report's --by and top; the rules and
+dashboards join on exactly the registered labels."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from exporter import holders
+from exporter.holders import Holder
+from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+
+RAY = {"ray": "tests.ray_holder"}
+
+
+@pytest.fixture
+def ray_registered(monkeypatch):
+    monkeypatch.setattr(holders, "KINDS", {**holders.KINDS, **RAY})
+
+
+def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_and_process_owners(tmp_path):
+    from exporter.nvml_replay import cut
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)  # pids 417-420: 30/10/40/20 %
+    (tmp_path / "actors").write_text("417 j1 a\n418 j1 a\n419 j1 b\n")  # two actors of one job
+    with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--holders", "ray",
+                  "--ray-actor-file", str(tmp_path / "actors"), module="tests.ray_holder") as running:
+        def workloads():
+            return json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]
+
+        found = wait_for(lambda: len(workloads()) == 2 and workloads(), 20, what="two Ray actors")
+        samples = parse_metrics(running.metrics())
+        gpus = running.gpus()
+        schemas = json.loads(http_get(running.url + "/openapi.json")[1])["components"]["schemas"]
+    assert {(w["ray_job"], w["ray_actor"], w["held_share"], w["processes"]) for w in found} == {
+        ("j1", "a", 0.5, 2), ("j1", "b", 0.5, 1)}
+    held = {(l["ray_job"], l["ray_actor"]): v for l, v in samples["gpu_workload_held_share_ratio"]}
+    assert held == {("j1", "a"): 0.5, ("j1", "b"): 0.5}
+    # each actor's processes under its own owner, not summed into one nor left unowned
+    process = {(l["ray_job"], l["ray_actor"]): v for l, v in samples["gpu_process_sm_utilization_ratio"]}
+    assert process == {("j1", "a"): pytest.approx(0.4), ("j1", "b"): pytest.approx(0.4), ("", ""): pytest.approx(0.2)}
+    assert gpus["holders"]["ray"]["process_owners"]["419"]["ray_actor"] == "b"
+    for model in ("Workload", "HolderRef", "HeldShare"):
+        assert {"ray_job", "ray_actor", "namespace", "hpc_job"} <= set(schemas[model]["properties"]), model
+    assert schemas["HolderRef"]["properties"]["ray_actor"]["description"] == "the Ray actor holding the GPU"
+
+
+def test_a_label_no_kind_declares_is_refused_where_the_holder_is_built(ray_registered, monkeypatch):
+    assert Holder(ray_job="j", ray_actor="a").to_json()["ray_actor"] == "a"
+    monkeypatch.setattr(holders, "KINDS", {k: v for k, v in holders.KINDS.items() if k not in RAY})
+    with pytest.raises(ValueError, match="no holder kind declares the label.* ray_actor"):
+        Holder(ray_actor="a")
+    with pytest.raises(TypeError, match="at most 6 labels"):
+        Holder(*"abcdefg")
+    assert Holder(*"abcdef").labels() == list("abcdef")  # positional: the registered order
+
+
+def test_holders_sort_by_the_registered_label_order():
+    # namespace before pod: ("a", "z") before ("b", "a") though "a" < "z" in pod
+    assert sorted([Holder("b", "a"), Holder("a", "z"), Holder(user="u"), Holder(hpc_job="j")]) == [
+        Holder(user="u"), Holder(hpc_job="j"), Holder("a", "z"), Holder("b", "a")]
+
+
+def test_a_label_two_kinds_declare_keeps_the_first_kinds_meaning(monkeypatch):
+    monkeypatch.setattr(holders, "KINDS", {**holders.KINDS, "lsf": "tests.dummy_holder"})  # an hpc_job too
+    assert holders.labels().count("hpc_job") == 1
+    assert holders.label_meanings()["hpc_job"] == "the batch job (Slurm job ID) holding the GPU"
+
+
+def test_a_claim_is_not_its_processes_owner():
+    held = Holder("ml", "train", "c", claim="gpu-0")
+    assert held.owner() == Holder("ml", "train", "c") and held.owner().claim == ""
+    assert holders.owner_labels() == ("namespace", "pod", "container", "hpc_job", "user")
+    assert Holder(user="u").owner() == Holder(user="u")
+
+
+def test_report_and_top_read_a_registered_kinds_labels(ray_registered):
+    from gpu_spatial.report import parser
+    from gpu_spatial.report.account import Plan, group_labels
+
+    by = parser()._option_string_actions["--by"].choices
+    assert {"ray_job", "ray_actor", "namespace", "pod", "claim", "hpc_job", "user", "node", "model"} == set(by)
+    assert group_labels()["pod"] == ("namespace", "pod") and group_labels()["ray_actor"] == ("ray_actor",)
+    assert Plan("ray_actor").rules_unusable() == "no recording rule groups by ray_actor"  # the counters answer
+    assert holders.holder_name({"ray_job": "j1", "ray_actor": "a"}) == "a"
+    assert holders.holder_name({"namespace": "ml", "pod": "train-0", "container": "c", "claim": "gpu-0"}) == \
+        "train-0 (claim gpu-0)"
+    assert holders.holder_name({"user": "alice"}) == "user alice"
+    assert holders.holder_name({"pod": 7, "other": "x"}) == ""  # the API is another process's: not trusted
+
+
+def test_top_joins_the_process_owners_of_every_kind():
+    from gpu_spatial.top.state import _gpu_holders, _process_owners
+
+    snapshot = {"holders": {"kubelet": {"process_owners": {"7": {"namespace": "ml", "pod": "p", "container": "c"}},
+                                        "gpus": {"GPU-a": [{"namespace": "ml", "pod": "p", "container": "c"}]}},
+                            "slurm": {"process_owners": {"7": {"hpc_job": "42"}, "8": {"hpc_job": "42"}},
+                                      "gpus": {"GPU-a": [{"hpc_job": "42"}]}}}}
+    assert _process_owners(snapshot) == {7: "p", 8: "hpc_job 42"}  # the first kind listing a pid keeps it
+    assert _gpu_holders(snapshot, "GPU-a") == ["p", "hpc_job 42"]
+    old = {"kubelet": {"process_owners": {"7": {"namespace": "ml", "pod": "p", "container": "c"}}}}
+    assert _process_owners(old) == {7: "p"}  # an exporter from before `holders`
+
+
+def test_rules_and_dashboards_join_on_every_registered_holder_label():
+    """A join or a lookup that misses a holder label matches several holders' series (or fails many-to-many)."""
+    every = {"instance", "uuid", *holders.labels()}
+    rules = (ROOT / "rules" / "gpu-utilization.rules.yaml").read_text()
+    lookups = re.findall(r"printf \"gpu_workload_\w+\{([^}]*)\}", rules)
+    assert len(lookups) == 2
+    for selector in lookups:
+        assert {part.split("=")[0] for part in selector.split(",")} == every
+    dashboard = (ROOT / "dashboards" / "generated" / "workloads.json").read_text()
+    joins = re.findall(r"on \((instance, uuid, [^)]*)\)", dashboard)
+    assert joins and all(set(map(str.strip, join.split(","))) == every for join in joins)
+
+
+def test_the_report_rollups_are_the_shipped_rules():
+    """RULED names a --by choice whose rollups the shipped rules record, for every quantity read."""
+    from gpu_spatial.report.account import QUANTITIES, RULED, rollup, rule_label
+
+    groups = yaml.safe_load((ROOT / "rules" / "gpu-utilization.rules.yaml").read_text())["groups"]
+    recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
+    for by in RULED:
+        assert {rollup(rule_label(by), q) for q in (*QUANTITIES, "ledger")} <= recorded, by
+    holder_rollups = {name.split(":")[0] for name in recorded if name.endswith("_gpu_seconds:rate5m")}
+    assert holder_rollups - {"instance", "model"} <= set(holders.labels())
