@@ -510,14 +510,16 @@ def test_label_values_cannot_drive_the_terminal():
 def test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end():
     """Range 10000..50000, EDGE 600 s: a GPU seen before the range exists from its start, else from its first
     sighting; to the end where it or its node was seen 600 s from it (not 600.5) or it was listed lost at
-    its last sample, else to its last sighting; unobserved is what existed less what was observed, never
-    negative."""
+    its last sample, else to its last sighting; never less than observed nor more than the range;
+    unobserved is what existed less what was observed, never negative."""
     from gpu_spatial.report.account import EDGE, GpuBook, GpuLedgerTotals
 
     assert EDGE == 600.0
     cases = {  # uuid: (before, first, last, listed lost, observed) -> existed, unobserved
         "at-edges": ((True, 10300.0, 49400.0, False, 30000.0), 40000.0, 10000.0),
-        "inside": ((False, 10300.0, 49399.5, False, 40000.0), 39099.5, 0.0),
+        "inside": ((False, 10300.0, 49399.5, False, 39000.0), 39099.5, 99.5),
+        "counted-more": ((False, 10300.0, 49399.5, False, 39500.0), 39500.0, 0.0),  # (increase() extrapolates)
+        "over-range": ((True, 10000.0, 50000.0, False, 40100.0), 40000.0, 0.0),
         "lost": ((False, 10000.0, 30000.0, True, 10000.0), 40000.0, 30000.0),
         "node-up": ((True, 10000.0, 30000.0, False, 20000.0), 40000.0, 20000.0),
     }
@@ -530,7 +532,7 @@ def test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end():
     for uuid, (_given, existed, unobserved) in cases.items():
         book = next(b for b in ledger.books.values() if b.uuid == uuid)
         assert (book.existed, book.unobserved) == (existed, unobserved), uuid
-    assert ledger.existed == 159099.5 and ledger.sums()["unobserved"] == 60000.0
+    assert ledger.existed == 238599.5 and ledger.sums()["unobserved"] == 60099.5
 
 
 def test_the_unit_keeps_digits_and_the_table_fits():

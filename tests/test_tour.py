@@ -155,6 +155,6 @@ def test_the_readme_tour_as_written(shell, tmp_path):
              90, 0.5, "three scrapes of the users")
     shell.clear()
     shell.type(report)
-    text = shell.wait(lambda t: "held GPU-h" in t and t.rstrip().endswith("tour$"), what="the account", timeout=90)
+    text = shell.wait(lambda t: "used/held" in t and t.rstrip().endswith("tour$"), what="the account", timeout=90)
     rows = {m.group(1) for m in re.finditer(r"^\s*(alice|bob|1003)\s+\d", text, re.M)}
     assert rows == {"alice", "bob", "1003"}, text

@@ -37,7 +37,7 @@ WITH_BASIS = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # the counters with a basis label
 KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the rest of WITH_BASIS)
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
 LOST_GAUGE = "gpu_lost"  # 1 while the GPU answers GPU_IS_LOST, 0 while it answers (docs/metrics.md)
-SIGHTING_STEP = 15.0  # seconds: the resolution of a GPU's first sighting (its last is its sample's own time)
+SIGHTING_STEP, SIGHTING_POINTS = 15.0, 11000  # Prometheus: a GPU's first sighting read to 1..15 s (sightings)
 EDGE = 600.0  # a GPU (or its node) seen within this of an edge of the range was there (scrape intervals up to 10 min)
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # absent under MPS (and busy/hidden-idle on MIG)
@@ -238,13 +238,15 @@ class GpuLedgerTotals:
     def close(self, start: float, end: float, node_seen: dict) -> None:
         """Each GPU's existence: from the range's start where it was seen within EDGE before it, else from its
         first sighting; to the range's end where it or its node was seen within EDGE of it (`node_seen`:
-        instance -> last sighting) or it was listed lost at its last sample, else to its last sighting."""
+        instance -> last sighting) or it was listed lost at its last sample, else to its last sighting; never
+        less than its exporters observed, never more than the range."""
         for book in self.books.values():
             first = start if book.before else book.first
             last = book.last
             if end - last <= EDGE or book.listed_lost or end - node_seen.get(book.instance, -math.inf) <= EDGE:
                 last = end
-            book.existed = max(last - max(first, start), 0.0)
+            # what its exporters accounted for is evidence too (increase() extrapolates past the first sample)
+            book.existed = min(max(last - max(first, start), book.observed), end - start)
 
     @property
     def gpus(self) -> set:
@@ -606,7 +608,7 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
             out.book(_metric(sample)).observed += _value(sample)
         for name in (OBSERVED, LOST_GAUGE):  # sightings: the ledger's clock, or a GPU listed lost
             for which in ("min", "max"):
-                for sample in sightings(api, which, name, plan.selector, window, b):
+                for sample in sightings(api, which, name, plan.selector, b - a, b):
                     book = out.book(_metric(sample))
                     book.first, book.last = ((min(book.first, _value(sample)), book.last) if which == "min"
                                              else (book.first, max(book.last, _value(sample))))
@@ -628,21 +630,24 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
     return out
 
 
-def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window: str, at: float) -> list[dict]:
+def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window_seconds: float,
+              at: float) -> list[dict]:
     """The first (min) or last (max) sample time of each GPU's series in the window. VictoriaMetrics reads
     them from the raw samples (tfirst_over_time, tlast_over_time); Prometheus, which has neither, from the
-    sample timestamps at every SIGHTING_STEP (a subquery: many times the work on a fleet)."""
+    sample timestamps at every step of the window (a subquery, at most SIGHTING_POINTS steps of 1 to
+    SIGHTING_STEP seconds: a first sighting is late by up to a step)."""
     by = "instance, uuid, gpu, model"
     if api.dialect != "promql":
         metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]
         try:
-            return api.query(f"{which} by ({by}) ({metricsql}({name}{selector}[{window}]))", at)
+            return api.query(f"{which} by ({by}) ({metricsql}({name}{selector}[{promql_window(window_seconds)}]))", at)
         except ReportError as exc:
             if metricsql not in str(exc):
                 raise
             api.dialect = "promql"  # the server does not know the function: Prometheus' PromQL
-    return api.query(f"{which} by ({by}) ({which}_over_time(timestamp({name}{selector})[{window}:{SIGHTING_STEP:g}s]))",
-                     at)
+    window, step = promql_window(window_seconds), promql_window(min(max(window_seconds / SIGHTING_POINTS, 1.0),
+                                                                    SIGHTING_STEP))
+    return api.query(f"{which} by ({by}) ({which}_over_time(timestamp({name}{selector})[{window}:{step}]))", at)
 
 
 def _instance_selector(plan: Plan) -> str:

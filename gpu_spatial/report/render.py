@@ -250,11 +250,11 @@ def ledger_table(report: Report, room: int) -> list[str]:
                                       for _n, c, _e, _o in sums], keep))
     columns.append(Column("observed", [share(o / e if e > 0 else math.nan) for _n, _c, e, o in sums], 3))
     lines, left_out = fit(columns, room)
-    said = [f"GPU ledger by {report.by}, {name}: existed = the cells on the right (work and hidden idle include the "
-            f"unattributed; unsplit: busy unsplit and unmeasured; t.idle: time idle of holders and unattributed)"]
+    said = [f"in {name}: existed = the cells on the right (work and hid.idle include the unattributed; unsplit: "
+            f"busy unsplit and unmeasured; t.idle: time idle of holders and unattributed); observed: by an exporter"]
     if left_out:
         said.append(f"left out at {room} columns: {', '.join(c.title for c in left_out)} (--format json, csv or html)")
-    return ["", *wrap(said, room), *lines]
+    return ["", f"GPU ledger by {report.by}:", *lines, *wrap(said, room)]
 
 
 def _ascii(text: str) -> str:
@@ -275,9 +275,11 @@ LEGEND = ("Two views, never added (docs/ledger.md). allocation: GPU-hours held (
           "(a kernel ran: time share); 'used of held' can exceed 100% when the others leave the GPU to a holder. "
           "ledger: the group's cells of the physical GPU ledger, where every GPU-hour that existed is in exactly one "
           "cell: work (its kernels ran, SMs active), hidden idle (its kernels ran, SMs idle), busy unsplit (no spatial "
-          "reading), time idle (no kernel ran: its part by held share); 'of what existed' is of the GPU-hours of every "
-          "GPU in the report, so the rows add up to at most 100%. waste = hidden idle + time idle, '>=' where busy is "
-          "unsplit (a lower bound). Switch overhead, unheld and unattributed time belong to no group: GPU ledger line.")
+          "reading), time idle (no kernel ran: its part by held share), unknown where its split cannot be known (basis: "
+          "the cause); 'of what existed' is of the GPU-hours of every GPU in the report (of its node's with --by node, "
+          "of its GPU's with --by gpu), so the rows add up to at most 100%. waste = hidden idle + time idle, '>=' "
+          "where busy is unsplit or unknown (a lower bound). Switch overhead, unheld, unattributed, lost and "
+          "unobserved time belong to no group: GPU ledger lines.")
 
 
 def wasters_lines(report: Report) -> list[str]:
