@@ -281,7 +281,7 @@ def test_spans_are_where_the_data_has_rollups(store, capsys):
     code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(t0),
                                 "--end", str(t0 + history.LENGTH))
     assert code == 0, err
-    header = out.split("\n\n")[0]
+    header = " ".join(out.split("\n\n")[0].split())  # as one line: the text is wrapped to the terminal
     assert f"evaluated every {step:g} s over a 300 s window" in header and header.count(": counters, ") == \
         sum(source == "counters" for source, _a, _b in want)
     assert "measured: SM-active" in header and "ctxsw" in header

@@ -20,6 +20,7 @@ memory grows with the groups, not with the days or queries.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -38,6 +39,8 @@ KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the 
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
 LOST_GAUGE = "gpu_lost"  # 1 while the GPU answers GPU_IS_LOST, 0 while it answers (docs/metrics.md)
 SIGHTING_STEP, SIGHTING_POINTS = 15.0, 11000  # Prometheus: a GPU's first sighting read to 1..15 s (sightings)
+SIGHTED_PER_QUERY = 200  # GPUs whose sightings one query asks for (their uuids in one regular expression)
+BOOK = "instance, uuid, gpu, model"  # the labels a GPU's ledger is summed by
 EDGE = 600.0  # a GPU (or its node) seen within this of an edge of the range was there (scrape intervals up to 10 min)
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # absent under MPS (and busy/hidden-idle on MIG)
@@ -596,36 +599,50 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
     if holder_matchers:
         out.skipped = f"--match on {', '.join(holder_matchers)} selects holders, not GPUs"
         return out
-    by = "instance, uuid, gpu, model"
     for a, b in chunks(start, end):
         window = promql_window(b - a)
-        for sample in api.query(f"sum by ({by}, cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", b):
+        for sample in api.query(f"sum by ({BOOK}, cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", b):
             metric = _metric(sample)
             book = out.book(metric)
             cell = _label(metric, "cell") or "unknown"
             book.cells[cell] = book.cells.get(cell, 0.0) + _value(sample)
-        for sample in api.query(f"sum by ({by}) (increase({OBSERVED}{plan.selector}[{window}]))", b):
+        for sample in api.query(f"sum by ({BOOK}) (increase({OBSERVED}{plan.selector}[{window}]))", b):
             out.book(_metric(sample)).observed += _value(sample)
-        for name in (OBSERVED, LOST_GAUGE):  # sightings: the ledger's clock, or a GPU listed lost
-            for which in ("min", "max"):
-                for sample in sightings(api, which, name, plan.selector, b - a, b):
-                    book = out.book(_metric(sample))
-                    book.first, book.last = ((min(book.first, _value(sample)), book.last) if which == "min"
-                                             else (book.first, max(book.last, _value(sample))))
+        for sample in api.query(f"max by ({BOOK}) (max_over_time({LOST_GAUGE}{plan.selector}[{window}]))", b):
+            out.book(_metric(sample))  # a GPU its exporter lists, lost or not (gpu_lost 0 or 1)
+    if not out.books:
+        return out
     edge = promql_window(EDGE)
-    before = f"last_over_time({OBSERVED}{plan.selector}[{edge}]) or last_over_time({LOST_GAUGE}{plan.selector}[{edge}])"
-    for sample in api.query(f"count by ({by}) ({before})", start):
+    present = f"count by ({BOOK}) (last_over_time({OBSERVED}{plan.selector}[{edge}]) or " \
+              f"last_over_time({LOST_GAUGE}{plan.selector}[{edge}]))"
+    for sample in api.query(present, start):
         out.book(_metric(sample)).before = True
-    node_seen: dict = {}
-    if out.books:
-        window = promql_window(min(end - start, DAY))
-        for sample in api.query(f"max by ({by}) (last_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end):
-            out.book(_metric(sample)).listed_lost = _value(sample) >= 1
-        # a node whose target answered (up 1) or was still scraped (up 0: exporter down) in the last EDGE
-        for sample in api.query(f"count by (instance) (last_over_time(up{_instance_selector(plan)}[{edge}]))", end):
-            node_seen[_label(_metric(sample), "instance")] = end
-        for book in out.books.values():
-            node_seen[book.instance] = max(node_seen.get(book.instance, -math.inf), book.last)
+    for sample in api.query(present, end):
+        out.book(_metric(sample)).last = end
+    window = promql_window(min(end - start, DAY))
+    for sample in api.query(f"max by ({BOOK}) (last_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end):
+        out.book(_metric(sample)).listed_lost = _value(sample) >= 1
+    node_seen: dict = {}  # a node whose target answered (up 1) or was still scraped (up 0) in the last EDGE
+    for sample in api.query(f"count by (instance) (last_over_time(up{_instance_selector(plan)}[{edge}]))", end):
+        node_seen[_label(_metric(sample), "instance")] = end
+    for book in out.books.values():
+        node_seen[book.instance] = max(node_seen.get(book.instance, -math.inf), book.last)
+    # what the edges do not say: when a GPU that appeared in the range was first seen, when one that left it
+    # with its node was last seen (few GPUs: a sighting costs Prometheus a subquery)
+    wanted = {"min": [b for b in out.books.values() if not b.before],
+              "max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}
+    for which, books in wanted.items():
+        for first in range(0, len(books), SIGHTED_PER_QUERY):
+            uuids = "|".join(re.escape(b.uuid) for b in books[first:first + SIGHTED_PER_QUERY])
+            selector = plan.selector_with(("uuid", "=~", json.dumps(uuids)))
+            for a, b in chunks(start, end):
+                for name in (OBSERVED, LOST_GAUGE):  # the ledger's clock, or a GPU listed by an older exporter
+                    for sample in sightings(api, which, name, selector, b - a, b):
+                        book = out.book(_metric(sample))
+                        if which == "min":
+                            book.first = min(book.first, _value(sample))
+                        else:
+                            book.last = max(book.last, _value(sample))
     out.close(start, end, node_seen)
     return out
 
@@ -636,7 +653,7 @@ def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window_s
     them from the raw samples (tfirst_over_time, tlast_over_time); Prometheus, which has neither, from the
     sample timestamps at every step of the window (a subquery, at most SIGHTING_POINTS steps of 1 to
     SIGHTING_STEP seconds: a first sighting is late by up to a step)."""
-    by = "instance, uuid, gpu, model"
+    by = BOOK
     if api.dialect != "promql":
         metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]
         try:
