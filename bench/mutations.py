@@ -914,6 +914,7 @@ ROUND_39_LEDGER = (
 EXISTENCE = ("tests/test_report.py::test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end",)
 FITS = ("tests/test_report.py::test_the_unit_keeps_digits_and_the_table_fits",)
 UNKNOWN = ("tests/test_report.py::test_a_groups_work_is_unknown_only_without_any_sm_series",)
+COME_AND_GO = ("tests/test_report.py", "-k", "come_and_go")
 ROUND_45 = (
     _m("ledger-lost-gpu-leaves", "exporter/workloads.py",
        "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)",
@@ -930,6 +931,15 @@ ROUND_45 = (
     _m("existence-node-ignored", "gpu_spatial/report/account.py",
        "or end - node_seen.get(book.instance, -math.inf) <= EDGE:", ":", EXISTENCE,
        "a GPU of a node up at the end exists to it"),
+    _m("sightings-first-skipped", "gpu_spatial/report/account.py", 'wanted = {"min": [b for b in out.books.values() if not b.before],',
+       'wanted = {"min": [],', COME_AND_GO, "a GPU that appears in the range exists from its first sighting"),
+    _m("sightings-last-skipped", "gpu_spatial/report/account.py",
+       '"max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}',
+       '"max": []}', COME_AND_GO, "a GPU whose node left exists to its last sighting"),
+    _m("sightings-metricsql-first-as-last", "gpu_spatial/report/account.py",
+       'metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]',
+       'metricsql = {"min": "tlast_over_time", "max": "tlast_over_time"}[which]', COME_AND_GO,
+       "VictoriaMetrics' first sighting is its first sample"),
     _m("existed-below-observed", "gpu_spatial/report/account.py",
        "book.existed = min(max(last - max(first, start), book.observed), end - start)",
        "book.existed = min(last - max(first, start), end - start)", EXISTENCE,

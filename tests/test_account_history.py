@@ -401,7 +401,8 @@ def test_the_table_fits_the_terminal(store, columns):
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert max(map(len, lines)) <= room, [line for line in lines if len(line) > room]
-        assert f"in {unit}. allocation" in done.stdout and "used/held: share of its held time" in done.stdout
+        said = " ".join(done.stdout.split())  # wrapped lines joined
+        assert f"in {unit}. allocation" in said and "used/held: share of its held time" in said
         header = next(line for line in lines if line.startswith("hpc_job")).split()
         assert header[:2] == ["hpc_job", "held"] and len(header) >= 5
-        assert (len(header) < 10) == (f"left out at {room} columns" in done.stdout), done.stdout
+        assert (len(header) < 10) == (f"left out at {room} columns" in said), done.stdout

@@ -15,6 +15,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -573,3 +575,78 @@ def test_a_groups_work_is_unknown_only_without_any_sm_series():
                        ("hidden_idle", "unknown"): 1.0, ("ledger", "busy_unsplit"): 0.6, ("ledger", "time_idle"): 0.4})
     assert math.isnan(unsplit["ledger_sm_active_work_gpu_hours"]) and unsplit["ledger_gpu_hours"] == 1.0
     assert [(v, why.split(" (")[0]) for v, why in unknown_causes(unsplit)] == [(1.0, "no spatial reading on its GPU")]
+
+
+MINUTES = 60.0
+# (instance, gpu, first sample, last sample, its exporter down (minutes)): the GPUs of
+# test_gpus_that_come_and_go_exist_while_they_do; node "gone" leaves the fleet at minute 60 (its up series
+# ends), node "a" stays to the end
+COMINGS_AND_GOINGS = (("a", "0", 0, 120, (0, 0)), ("a", "1", 30, 120, (50, 60)), ("gone", "0", 0, 60, (20, 25)),
+                      ("a", "2", 0, 80, (0, 0)))
+
+
+def comings_and_goings(t0: float, millis: bool) -> list[str]:
+    """Every GPU's observed clock (from its first sample, from 0 again after its exporter was down) and
+    gpu_lost 0, each node's up, every 15 s."""
+    lines = []
+    for instance, gpu, first, last, (down, back) in COMINGS_AND_GOINGS:
+        labels = f'gpu="{gpu}",instance="{instance}",model="H100",uuid="GPU-{instance}-{gpu}"'
+        for k in range(int(first * MINUTES // 15), int(last * MINUTES // 15) + 1):
+            t = t0 + k * 15.0
+            if down * MINUTES < t - t0 < back * MINUTES:
+                continue
+            since = back if t - t0 >= back * MINUTES > first * MINUTES else first
+            stamp = f"{int(t * 1000)}" if millis else f"{t:.3f}"
+            lines.append(f"gpu_ledger_observed_seconds_total{{{labels}}} {t - t0 - since * MINUTES:.3f} {stamp}")
+            lines.append(f'gpu_ledger_gpu_seconds_total{{cell="unheld",{labels}}} {t - t0 - since * MINUTES:.3f} {stamp}')
+            lines.append(f"gpu_lost{{{labels}}} 0 {stamp}")
+    for instance, last in (("a", 120), ("gone", 60)):
+        for k in range(int(last * MINUTES // 15) + 1):
+            t = t0 + k * 15.0
+            lines.append(f'up{{instance="{instance}"}} 1 {int(t * 1000) if millis else f"{t:.3f}"}')
+    return lines
+
+
+@pytest.mark.parametrize("engine", ["prometheus", "victoria-metrics"])
+def test_gpus_that_come_and_go_exist_while_they_do(engine, tmp_path):
+    """Range minutes 10..110: a GPU seen before it exists from its start; one that appears at minute 30
+    from then (its first sighting: a subquery on Prometheus, tfirst_over_time on VictoriaMetrics), its
+    exporter down 10 minutes; one whose node leaves the fleet at minute 60 to then (its last sighting), its
+    exporter down 5 minutes; one its exporter stops listing at minute 80 while its node stays up to the end,
+    30 minutes unobserved. Each within a scrape interval (15 s)."""
+    t0 = (time.time() // 3600) * 3600 - 4 * 3600
+    if engine == "prometheus":
+        if shutil.which("promtool") is None:
+            pytest.skip("promtool not installed (see .ci/run)")
+        lines = comings_and_goings(t0, millis=False)
+        families = {line.split("{")[0] for line in lines}
+        text = "".join(f"# TYPE {f.removesuffix('_total')} {'counter' if f.endswith('_total') else 'gauge'}\n"
+                       + "".join(line + "\n" for line in lines if line.split("{")[0] == f) for f in sorted(families))
+        (tmp_path / "h.om").write_text(text + "# EOF\n")
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "h.om"),
+                        str(tmp_path / "tsdb")], check=True, capture_output=True)
+        proc, url = start_prometheus(tmp_path, {"global": {"scrape_interval": "15s"}})
+    else:
+        if shutil.which("victoria-metrics") is None:
+            pytest.skip("victoria-metrics not installed (see .ci/run)")
+        proc, url = start_victoria_metrics(tmp_path, "-search.disableCache", "-search.latencyOffset=0s",
+                                           "-retentionPeriod=1")
+        body = "\n".join(comings_and_goings(t0, millis=True)) + "\n"
+        urllib.request.urlopen(urllib.request.Request(url + "/api/v1/import/prometheus", data=body.encode(),
+                                                      method="POST"), timeout=60).close()
+        http_get(url + "/internal/force_flush", timeout=30)
+        query = urllib.parse.quote("count(count_over_time(up[3h]))")
+        wait_for(lambda: b'"2"' in http_get(f"{url}/api/v1/query?query={query}&time={t0 + 3 * 3600}")[1], 30, 0.5,
+                 "the import searchable")
+    from gpu_spatial.report import account
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    try:
+        ledger = account.gpu_ledger(PrometheusAPI(url), account.Plan("gpu"), t0 + 10 * MINUTES, t0 + 110 * MINUTES)
+    finally:
+        stop(proc)
+    got = {(b.instance, b.gpu): (b.existed / MINUTES, b.unobserved / MINUTES) for b in ledger.books.values()}
+    want = {("a", "0"): (100, 0), ("a", "1"): (80, 10), ("gone", "0"): (50, 5), ("a", "2"): (100, 30)}
+    assert set(got) == set(want)
+    for gpu, (existed, unobserved) in want.items():
+        assert abs(got[gpu][0] - existed) <= 0.25 and abs(got[gpu][1] - unobserved) <= 0.25, (engine, gpu, got[gpu])
