@@ -555,6 +555,9 @@ def test_the_unit_keeps_digits_and_the_table_fits():
     assert [c.title for c in left_out] == ["held", "used", "waste"] and lines[1] == "team-with-a-very-lo~"
     lines, _left_out = fit(columns, 8)
     assert lines[1] == "team-with-a~" and len(lines[1]) == MIN_NAME
+    short = [Column("job", ["42", "(all)"], 0), Column("held", ["1.000", "2.000"], 9)]
+    lines, left_out = fit(short, 12)  # a name shorter than 12 is not padded to 12 (no room for held)
+    assert lines == ["job     held", "42     1.000", "(all)  2.000"] and left_out == []
 
 
 def test_a_groups_work_is_unknown_only_without_any_sm_series():

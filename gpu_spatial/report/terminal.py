@@ -63,7 +63,7 @@ def fit(columns: list[Column], room: int) -> tuple[list[str], list[Column]]:
         left_out.append(drop)
     name = shown[0]
     others = total(shown) - min(name.width, _name_cap(name, 0))
-    name_width = max(MIN_NAME, min(name.width, room - others))
+    name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))
     lines = []
     for row in range(-1, len(name.cells)):
         parts = [_cut(name.title if row < 0 else name.cells[row], name_width).ljust(name_width)]
