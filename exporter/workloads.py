@@ -210,11 +210,12 @@ class CuptiGpu:
     unattributed: float | None  # gpu_sm_active less the scaled sum: the SM activity of untraced clients (and error)
     traced: int  # clients NVML lists on the GPU whose window was traced
     untraced: int  # clients NVML lists that did not trace (no tracer, no CUPTI)
+    clients: tuple = ()  # (pid, ProcessShare) of every traced client: its time, SM, busy parts, record path
 
     def to_json(self) -> dict:
         return {"window": list(self.window), "gpu_sm_active": self.gpu_sm_active, "estimated": self.estimated,
                 "scale": self.scale, "unattributed": self.unattributed, "traced": self.traced,
-                "untraced": self.untraced}
+                "untraced": self.untraced, "clients": {str(pid): share.to_json() for pid, share in self.clients}}
 
 
 def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
@@ -225,7 +226,8 @@ def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
     scale = min(1.0, gpu_sm / estimated) if gpu_sm is not None and estimated > 0 else 1.0
     unattributed = None if gpu_sm is None else round(max(0.0, gpu_sm - estimated * scale), 6)
     return CuptiGpu((window.window_start, window.window_end), None if gpu_sm is None else round(gpu_sm, 6),
-                    estimated, round(scale, 6), unattributed, len(traced), len(clients - traced))
+                    estimated, round(scale, 6), unattributed, len(traced), len(clients - traced),
+                    tuple((pid, window.shares[pid]) for pid in sorted(traced)))
 
 
 @dataclass(frozen=True)
@@ -298,7 +300,8 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                 own = [cupti.shares[pid] for pid in pids[holder]]  # every client of the holder traced its window
                 entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)
                 entry["time_share_basis"], entry["window"] = CUPTI, (cupti.window_start, cupti.window_end)
-                entry["reason"] = "its MPS clients' own kernels (CUPTI): the union of their kernel intervals"
+                entry["reason"] = ("its MPS clients' own GPU work (CUPTI): the union of their kernels, device-side "
+                                   "copies and queued work")
                 entry["sm_estimate"] = round(min(sum(share.sm or 0.0 for share in own), 1.0), 6)
             elif cupti is not None and pids[holder]:
                 entry["reason"] = (f"{MPS_REASON}; {len(set(pids[holder]) - cupti.shares.keys())} of its clients do "

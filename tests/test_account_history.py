@@ -406,3 +406,54 @@ def test_the_table_fits_the_terminal(store, columns):
         header = next(line for line in lines if line.startswith("hpc_job")).split()
         assert header[:2] == ["hpc_job", "held"] and len(header) >= 5
         assert (len(header) < 10) == (f"left out at {room} columns" in said), done.stdout
+
+
+# -- gpu_spatial/report/account.py ---------------------------------------------------------------------
+def test_rule_runs_and_spans_at_their_edges():
+    """Mutants: a spacing exactly 25 % off breaks a run; a spacing of exactly W breaks it; a run of two
+    evaluations used; the rollups' lag (W - D) / 2 dropped (the samples used shift by 2 minutes)."""
+    from gpu_spatial.report.account import plan_spans, runs
+
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
+    assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
+    # two evaluations spanning the whole range are no run; three are
+    assert [s.source for s in plan_spans([(1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)] == ["counters"]
+    assert "rules" in [s.source for s in plan_spans([(940.0, 300.0), (1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)]
+    # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
+    (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
+    assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
+                                                                                      3120.0, 60.0)
+
+
+def test_an_evaluation_on_the_edge_of_two_days_is_read_once():
+    """Mutant: `chunk_start < t` -> `<=` (a store answering a range's both ends, as a range selector may,
+    makes the evaluation at midnight count in both days: "stored more than once")."""
+    from gpu_spatial.report.account import DAY, Plan, heartbeat
+
+    class Store:  # the heartbeat every 60 s; a range [at - d, at] answered with both ends
+        def query_matrix(self, expr, at):
+            d = float(expr.rsplit("[", 1)[1].rstrip("ms]")) / 1000
+            return [{"metric": {}, "values": [[t, "300"] for t in range(0, int(2 * DAY) + 1, 60) if at - d <= t <= at]}]
+
+    notes = []
+    evaluations, twice = heartbeat(Store(), Plan("namespace"), 0.0, 2 * DAY, notes)
+    assert twice == set() and notes == [] and len(evaluations) == 2 * DAY / 60  # (0, 2 days]: once each
+
+
+def test_report_pieces_that_keep_unknown_and_odd_values_apart():
+    """Mutants: a matcher on a label the rollups drop still reads the rollups; the last day runs past the
+    range; NaN and Inf kept; busy without a basis label not "nvml"; the unknown held counted in a span's
+    held total."""
+    from gpu_spatial.report.account import Plan, Totals, _value, chunks
+
+    assert Plan("namespace", [("pod", "=", '"x"')]).rules_unusable() == \
+        "--match on pod, which the namespace rollups do not keep"
+    assert Plan("namespace", [("namespace", "=~", '"team-.*"')]).rules_unusable() is None
+    assert chunks(0.0, 100.0, 60.0) == [(0.0, 60.0), (60.0, 100.0)]
+    assert _value({"value": [0, "NaN"]}) == 0.0 and _value({"value": [0, "+Inf"]}) == 0.0
+    totals = Totals(("namespace",))
+    assert totals.add("busy", False, [{"metric": {"namespace": "a"}, "value": [0, "5"]}]) == 0.0
+    assert totals.add("held", True, [{"metric": {"namespace": "a"}, "value": [0, "2"]}]) == 0.0
+    assert totals.add("held", False, [{"metric": {"namespace": "a"}, "value": [0, "7"]}]) == 7.0
+    assert totals.groups == {("a",): {("busy", "nvml"): 5.0, ("held", "unknown"): 2.0, ("held", "exact"): 7.0}}

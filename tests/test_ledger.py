@@ -280,3 +280,24 @@ def test_a_holder_kind_the_exporter_never_heard_of_is_in_the_account(tmp_path, c
     assert cells["lsf-77"]["time_idle"] == pytest.approx(cells["lsf-88"]["time_idle"], abs=rounding)
     assert ledger["cells_sum_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"], abs=rounding)
     assert jobs["lsf-77"]["allocation"]["held_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"] / 2, abs=rounding)
+
+
+# -- exporter/ledger.py --------------------------------------------------------------------------------
+def test_ledger_cells_at_their_edges():
+    """Mutants: the holders' own busy time ignored where the GPU's reads lower (a's 0.8 squeezed into 0.5);
+    MPS hidden idle taken from the GPU's SM active where the clients' work is larger (cells past 1); switch
+    overhead not clipped to the whole GPU."""
+    from exporter.ledger import GpuUse, HolderUse, cells
+    from exporter.vocabulary import BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE
+
+    a, b = Holder("t", "a", "c"), Holder("t", "b", "c")
+    mine, gpu = cells(GpuUse(busy=0.5), {a: HolderUse(held=1.0, time=0.8)})
+    assert mine[a] == {BUSY_UNSPLIT: 0.8, TIME_IDLE: pytest.approx(0.2)}
+    assert sum(gpu.values()) == pytest.approx(1.0)
+    clients = {a: HolderUse(held=0.5, time=0.6, sm=0.5, concurrent=True), b: HolderUse(held=0.5, time=0.2, sm=0.3,
+                                                                                          concurrent=True)}
+    mine, gpu = cells(GpuUse(busy=1.0, sm=0.6, complete=True), clients)
+    assert mine[a][HIDDEN_IDLE] == pytest.approx(0.15) and mine[b][HIDDEN_IDLE] == pytest.approx(0.05)
+    assert (mine[a][SM_ACTIVE_WORK], mine[b][SM_ACTIVE_WORK]) == (0.5, 0.3) and sum(gpu.values()) == pytest.approx(1.0)
+    mine, gpu = cells(GpuUse(busy=0.5, switch_overhead=1.2), {a: HolderUse(held=1.0, time=0.5)})
+    assert gpu[SWITCH_OVERHEAD] == 1.0 and sum(gpu.values()) == pytest.approx(1.0)

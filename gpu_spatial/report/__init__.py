@@ -160,7 +160,7 @@ def build(args, now: float):
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
     if not any(q == HELD for row in collected.totals.values() for q, _b in row):
-        raise empty.diagnose_empty(api, plan, start, end)
+        raise empty.diagnose_empty(api, plan, start, end, now)
     if all(not any(group) for group in collected.totals):
         collected.notes.append(account.other_groupings(api, plan, start, end))
     table = summary.summarize(collected.totals, plan.labels)

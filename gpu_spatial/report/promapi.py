@@ -163,6 +163,16 @@ class PrometheusAPI:
         targets = data.get("activeTargets") if isinstance(data, dict) else None
         return targets if isinstance(targets, list) else []
 
+    def runtime_info(self) -> dict:
+        """Prometheus' runtime information (its start time); ReportError where the server has none."""
+        data = self._call("/api/v1/status/runtimeinfo", {}, post=False)
+        return data if isinstance(data, dict) else {}
+
+    def configuration(self) -> dict:
+        """Prometheus' configuration as it rendered it ({"yaml": ...}); ReportError where the server has none."""
+        data = self._call("/api/v1/status/config", {}, post=False)
+        return data if isinstance(data, dict) else {}
+
     def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
         """Which of `names` have series between start and end (the label values API: a few bytes back)."""
         found = self.label_values("__name__", '{__name__=~"%s"}' % "|".join(names), start, end)
