@@ -111,8 +111,8 @@ MUTANTS = (
            ("tests/test_report.py::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
            "rollups integrate over the rule group's interval", True, function="_rules_span"),
     Mutant("report-waste-without-hidden-idle", "gpu_spatial/report/summary.py",
-           'row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]',
-           'row["waste_gpu_hours"] = row[f"ledger_{TIME_IDLE}_gpu_hours"]',
+           '(0.0 if math.isnan(row[f"ledger_{HIDDEN_IDLE}_gpu_hours"]) else row[f"ledger_{HIDDEN_IDLE}_gpu_hours"])',
+           '0.0',
            ("tests/test_report.py::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
            "waste = hidden idle + time idle (the ledger's, issue 35)", True, function="figures"),
     Mutant("report-basic-auth-not-sent", "gpu_spatial/report/promapi.py",
@@ -221,8 +221,9 @@ MUTANTS = (
          'queries.append((LEDGER, False, summed(rollup(label, LEDGER), label)))',
          ("tests/test_account_history.py::test_rollups_equal_the_counters_in_every_column",),
          "the rollups keep each ledger cell apart"),
-        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py", "                    out.observed += value",
-         "                    out.observed += 2 * value", ("tests/test_account_history.py",),
+        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py",
+         "out.book(_metric(sample)).observed += _value(sample)", "out.book(_metric(sample)).observed += 2 * _value(sample)",
+         ("tests/test_account_history.py",),
          "the GPU-hours that existed are the observed counters"),
     )),
     # -- older rules --------------------------------------------------------------------------------------
@@ -695,8 +696,9 @@ ROUND_39 = (
     _m("workloads-weakest-time-basis", "exporter/workloads.py", "return None if not found else next(iter(found)) if len(found) == 1 else NVML",
        "return None if not found else next(iter(found))", WORKLOADS, "OTHER's time basis is ctxsw only if every part's is",
        function="_weakest_time_basis"),
-    _m("workloads-lost-gpu-kept", "exporter/workloads.py", "if tel is None or tel.lost:", "if tel is None:", WORKLOADS,
-       "a GPU NVML lost has no holders", function="WorkloadAccountant.update"),
+    _m("workloads-lost-gpu-holders-dropped", "exporter/workloads.py", "entries = {holder: LOST_SHARE for holder in holders}",
+       "entries = {}", ("tests/test_ledger.py",), "a lost GPU's holders keep holding it (allocation view)",
+       function="WorkloadAccountant.update"),
     _m("workloads-left-holders-kept", "exporter/workloads.py", "del self._accounts[key]", "pass", WORKLOADS,
        "holders that left take their series with them", function="WorkloadAccountant.update"),
     _m("workloads-mig-sm-not-weighted", "exporter/workloads.py",
@@ -1100,6 +1102,61 @@ ROUND_39_LEDGER = (
        "if False:\n                    continue", LEDGER, "time before a GPU's first rates is not observed",
        function="Ledger.integrate"),
 )
+# -- issue 45: every GPU-hour that existed, unknown where unknown; issue 46: a table that fits -------------------
+EXISTENCE = ("tests/test_report.py::test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end",)
+FITS = ("tests/test_report.py::test_the_unit_keeps_digits_and_the_table_fits",)
+UNKNOWN = ("tests/test_report.py::test_a_groups_work_is_unknown_only_without_any_sm_series",)
+COME_AND_GO = ("tests/test_report.py", "-k", "come_and_go")
+ROUND_45 = (
+    _m("ledger-lost-gpu-leaves", "exporter/workloads.py",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)",
+       LEDGER, "a lost GPU stays in the ledger: it still exists"),
+    _m("ledger-lost-second-elsewhere", "exporter/workloads.py", "mine, gpu_cells = {holder: {} for holder in holders}, ledger.LOST_RATES",
+       "mine, gpu_cells = {holder: {} for holder in holders}, {}", LEDGER, "a lost GPU's second is lost"),
+    _m("existence-edge-boundary", "gpu_spatial/report/account.py", "if end - last <= EDGE or", "if end - last < EDGE or",
+       EXISTENCE, "a GPU seen EDGE before the end was there at it"),
+    _m("existence-before-ignored", "gpu_spatial/report/account.py", "first = start if book.before else book.first",
+       "first = book.first", EXISTENCE, "a GPU seen before the range existed at its start"),
+    _m("existence-lost-not-to-end", "gpu_spatial/report/account.py", "or book.listed_lost or", "or", EXISTENCE,
+       "a GPU listed lost exists to the end"),
+    _m("existence-node-ignored", "gpu_spatial/report/account.py",
+       "or end - node_seen.get(book.instance, -math.inf) <= EDGE:", ":", EXISTENCE,
+       "a GPU of a node up at the end exists to it"),
+    _m("sightings-first-skipped", "gpu_spatial/report/account.py", 'wanted = {"min": [b for b in out.books.values() if not b.before],',
+       'wanted = {"min": [],', COME_AND_GO, "a GPU that appears in the range exists from its first sighting"),
+    _m("sightings-last-skipped", "gpu_spatial/report/account.py",
+       '"max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}',
+       '"max": []}', COME_AND_GO, "a GPU whose node left exists to its last sighting"),
+    _m("sightings-metricsql-first-as-last", "gpu_spatial/report/account.py",
+       'metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]',
+       'metricsql = {"min": "tlast_over_time", "max": "tlast_over_time"}[which]', COME_AND_GO,
+       "VictoriaMetrics' first sighting is its first sample"),
+    _m("existed-below-observed", "gpu_spatial/report/account.py",
+       "book.existed = min(max(last - max(first, start), book.observed), end - start)",
+       "book.existed = min(last - max(first, start), end - start)", EXISTENCE,
+       "what its exporters observed existed"),
+    _m("unobserved-negative", "gpu_spatial/report/account.py", "return max(self.existed - self.observed, 0.0)",
+       "return self.existed - self.observed", EXISTENCE, "unobserved is never negative"),
+    _m("unit-boundary", "gpu_spatial/report/terminal.py", "if top * factor >= 1.0:", "if top * factor > 1.0:", FITS,
+       "1 GPU-h reads in GPU-h"),
+    _m("fit-drops-highest-first", "gpu_spatial/report/terminal.py", "drop = min(shown[1:], key=lambda c: c.keep)",
+       "drop = max(shown[1:], key=lambda c: c.keep)", FITS, "the least needed column goes first"),
+    _m("fit-name-uncut", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = name.width", FITS, "the name is cut to the room"),
+    _m("fit-short-name-padded", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = max(MIN_NAME, min(name.width, room - others))", FITS, "a short name is not padded past the room"),
+    _m("unknown-work-zero", "gpu_spatial/report/summary.py", 'row[f"ledger_{cell}_gpu_hours"] = math.nan',
+       'row[f"ledger_{cell}_gpu_hours"] = 0.0', UNKNOWN, "a group without SM series has its work unknown, never 0"),
+    _m("unknown-cause-mps-as-mig", "gpu_spatial/report/render.py", '("busy",): unknown["busy"] - both',
+       '("busy",): unknown["busy"]', UNKNOWN, "held time without busy and SM series is an MPS client's, not MIG"),
+    _m("node-share-of-fleet", "gpu_spatial/report/render.py",
+       'if row is not None and row[report.labels[0]] != TOTAL and report.by in ("node", "gpu"):', "if False:",
+       ("tests/test_account_history.py::test_each_gpu_and_node_ledger_sums_to_its_wall_clock",),
+       "a node's share of what existed is of that node"),
+)
 # -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
@@ -1424,7 +1481,7 @@ CADENCE_47 = (
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
 
 
 def _is_test_path(arg: str) -> bool:

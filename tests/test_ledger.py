@@ -10,7 +10,7 @@ from exporter.sampler import ProcessShare, ProcessWindow, SourceState
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, GpuView
 from exporter.vocabulary import (BUSY_UNSPLIT, CTXSW, GPU_CELLS, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
-                                 UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
+                                 UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED, LOST)
 from exporter.workloads import Holder, WorkloadAccountant
 from tests.test_workloads import GPU0, view
 
@@ -167,25 +167,31 @@ def test_unknown_held_shares_and_spatial_readings_are_named_not_guessed():
                          UNATTRIBUTED_TIME_IDLE: 0.375}
 
 
-def test_a_gpu_that_disappears_mid_range_ends_its_ledger_where_it_was_last_seen():
-    """Two GPUs for 10 s; GPU 1 is lost at 110 and back at 130: its ledger ends at its last update (its
-    series end: nothing frozen) and starts again from 0; GPU 0 counts on."""
+def test_a_lost_gpu_stays_in_the_ledger_as_lost_and_a_gone_one_ends_where_it_was_last_seen():
+    """Two GPUs; GPU 1 (held whole by a) answers GPU_IS_LOST at 110: its second is `lost` (it still exists)
+    and a keeps holding it (held counts on, its ledger cells stop); at 120 it is gone (no view): its
+    ledger and a's series end (nothing frozen); back at 130 it counts from 0; GPU 0 counts on."""
     gpu1 = GpuIdentity(1, "GPU-bbbb", "H100")
     v0 = view({}, {}, time_utilization=0.0, sm_active=0.0)
     v1 = GpuView(gpu1, DeviceTelemetry(gpu1, 0.0, processes=(), compute_processes=()), 0.0, None, None, None, None,
                  (), "time_sliced")
     lost = GpuView(gpu1, DeviceTelemetry(gpu1, 0.0, lost=True), None, None, None, None, None, (), "time_sliced")
+    holding = [Holdings(gpus={gpu1.uuid: {A: Held(1.0, REPLICAS)}}, owners={})]
     acc = WorkloadAccountant()
-    for t, views in ((100.0, (v0, v1)), (105.0, (v0, v1)), (110.0, (v0, lost)), (120.0, (v0,)),
-                     (130.0, (v0, v1)), (133.0, (v0, v1))):
-        acc.update(t, views, [])
+    for t, views in ((100.0, (v0, v1)), (105.0, (v0, v1)), (110.0, (v0, lost)), (115.0, (v0, lost)),
+                     (120.0, (v0,)), (130.0, (v0, v1)), (133.0, (v0, v1))):
+        held = acc.update(t, views, holding)
         if t == 105.0:
             assert {b.gpu.index: b.observed for b in acc.gpu_ledgers} == {0: 5.0, 1: 5.0}
+        if t == 115.0:
+            assert [(w.holder, w.held_share, w.time_share, w.sm_active) for w in held] == [(A, 1.0, None, None)]
+            assert held[0].counters["held"] == 15.0 and only(held[0].counters["ledger"]) == {TIME_IDLE: 10.0}
+            assert only(acc.gpu_ledgers[1].counters) == {TIME_IDLE: 10.0, LOST: 5.0}
         if t == 120.0:
-            assert [b.gpu.index for b in acc.gpu_ledgers] == [0]
+            assert [b.gpu.index for b in acc.gpu_ledgers] == [0] and held == ()
     books = {b.gpu.index: b for b in acc.gpu_ledgers}
     assert books[0].observed == 33.0 and only(books[0].counters) == {UNHELD: 33.0}
-    assert books[1].observed == 3.0 and books[1].created == 130.0 and only(books[1].counters) == {UNHELD: 3.0}
+    assert books[1].observed == 3.0 and books[1].created == 130.0 and only(books[1].counters) == {TIME_IDLE: 3.0}
 
 
 @pytest.mark.parametrize("gpu_use", [GpuUse(busy=1.0, sm=0.9), GpuUse(busy=0.2, sm=0.5), GpuUse(busy=None, sm=0.3),

@@ -163,7 +163,7 @@ def test_bad_holder_choices_are_one_line(flag, message):
     assert "Traceback" not in done.stderr
 
 
-def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, capsys):
+def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, capsys, monkeypatch):
     """The README's tour, rerun (issue 35): the whole H100 recording, users alice, bob and uid 1003, a real
     Prometheus scraping every second, `gpu-spatial report --by user`. The old account printed alice busy at
     168% and waste above the GPU-hours; now the GPU ledger's cells add up to the GPU-hours that existed
@@ -187,14 +187,16 @@ def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, ca
                                         "--source", "counters", "--format", "json")
             assert code == 0, err
             document = json.loads(out)
+            monkeypatch.setenv("COLUMNS", "200")  # every column of the text table
             code, text, err = run_report(capsys, "--prometheus", prom.url, "--last", "1h", "--by", "user",
                                          "--source", "counters")
             assert code == 0, err
         finally:
             prom.stop()
     ledger = document["gpu_ledger"]
-    existed = ledger["observed_gpu_hours"]
+    existed = ledger["existed_gpu_hours"]
     assert ledger["gpus"] == 1 and existed > 0
+    assert ledger["unobserved_gpu_hours"] <= 2 / 3600  # its exporter ran all along (to a scrape at each edge)
     assert ledger["cells_sum_gpu_hours"] == pytest.approx(existed, rel=1e-3)
     assert ledger["waste_gpu_hours"] <= existed
     users = {g["name"]: g for g in document["groups"]}
@@ -205,7 +207,8 @@ def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, ca
     assert document["total"]["ledger"]["gpu_hours"] <= existed * (1 + 1e-3)
     # the text shows both views under their own names, and no row's "of what existed" above 100%
     header = next(line for line in text.splitlines() if line.lstrip().startswith("user"))
-    assert "allocation: used of held" in header and "ledger: of what existed" in header
+    assert header.split()[-1] == "existed" and "used/held" in header.split()
+    assert "used/held: share of its held time in which its kernels ran (above 100%" in " ".join(text.split())
     shares = [float(line.split()[-1].rstrip("%")) for line in text.splitlines()
               if line.split() and line.split()[0] in {"alice", "bob", "1003", "(all)"}]
     assert len(shares) == 4 and max(shares) <= 100.0, text

@@ -73,6 +73,7 @@ class PrometheusAPI:
         self.max_bytes = max_bytes
         self.max_values = max_bytes // answers.BYTES_PER_VALUE
         self.requests = 0
+        self.dialect = ""  # "promql" once the server refused a MetricsQL function (account.sightings)
 
     def _call(self, path: str, params: dict, post: bool = True) -> dict:
         """POST where the API allows it (long matchers stay out of URLs and logs), GET elsewhere. The whole
