@@ -4,7 +4,7 @@ restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Resul
 "Mutation review".
 
     python3 bench/mutations.py [--only ID ...] [--module PATH ...] [--out results.json] [--list] [--check]
-    python3 bench/mutations.py --module exporter/holders.py --without tests/test_edge_guards.py  # "before"
+    python3 bench/mutations.py --module exporter/holders.py --without tests/test_ledger.py  # "before"
     python3 bench/mutations.py --rerun results.json   # only the mutants that survived that run
     python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
@@ -37,8 +37,32 @@ from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants
 TIMEOUT_S = 600
 
 
-GUARDS = "tests/test_guards.py"
-REPORT_GUARDS = "tests/test_report_guards.py"
+# the review rounds' guards (issues 27, 39), each beside its unit now
+GUARDS = (
+    "tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",
+    "tests/test_workloads.py::test_a_holders_time_share_never_exceeds_the_whole_gpu",
+    "tests/test_workloads.py::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",
+    "tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",
+    "tests/test_workloads.py::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",
+    "tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",
+    "tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries",
+    "tests/test_exposure.py::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",
+    "tests/test_exposure.py::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",
+    "tests/test_nsys_ingest.py::test_busy_but_idle_counts_gr_active_of_exactly_80_percent",
+    "tests/test_workloads.py::test_a_holders_hidden_idle_is_never_negative",
+    "tests/test_dcgm_chain.py::test_dcgm_values_are_frozen_after_exactly_the_frozen_time",
+)
+REPORT_GUARDS = (
+    "tests/test_report.py::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",
+    "tests/test_report.py::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",
+    "tests/test_report.py::test_credentials_against_prometheus_with_basic_auth",
+)
+SOURCE_GUARDS = (
+    "tests/test_dcgm_chain.py::test_an_idle_gpus_all_zero_dcgm_values_are_not_frozen",
+    "tests/test_sampler_contract.py::test_unknown_hidden_idle_is_left_out_of_the_metrics",
+    "tests/test_sampler_contract.py::test_a_sampler_that_raises_every_tick_keeps_being_called",
+    "tests/test_sampler_contract.py::test_a_sampler_that_worked_then_raises_reads_success_0",
+)
 PHASES = "tests/test_diagnose_phases.py"
 LEDGER = "tests/test_ledger.py"
 DRA, HTTP = "tests/test_dra.py", "tests/test_bounded_http.py"
@@ -50,63 +74,63 @@ CLAIMS = DRA + "::test_a_kubelet_listing_too_many_containers_or_devices_costs_a_
 MUTANTS = (
     # -- the survivors listed in issue 27 ----------------------------------------------------------------
     Mutant("idle-threshold-value", "exporter/workloads.py", "IDLE_TIME_SHARE = 0.01", "IDLE_TIME_SHARE = 0.1",
-           (GUARDS + "::test_idle_below_one_percent_of_the_time_not_at_it",), "idle under 1 % of the time", True),
+           ("tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",), "idle under 1 % of the time", True),
     Mutant("idle-threshold-boundary", "exporter/workloads.py", "time_share < IDLE_TIME_SHARE",
-           "time_share <= IDLE_TIME_SHARE", (GUARDS + "::test_idle_below_one_percent_of_the_time_not_at_it",),
+           "time_share <= IDLE_TIME_SHARE", ("tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",),
            "exactly 1 % is not idle", True, function="WorkloadAccountant._view"),
     Mutant("time-share-clamp", "exporter/workloads.py",
            'entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)',
            'entry["time_share"] = round(own * (scale if scale is not None else 1.0), 6)',
-           (GUARDS + "::test_a_holders_time_share_never_exceeds_the_whole_gpu",), "a time share is at most 1", True,
+           ("tests/test_workloads.py::test_a_holders_time_share_never_exceeds_the_whole_gpu",), "a time share is at most 1", True,
            function="gpu_shares"),
     Mutant("slurm-byte-cap-boundary", "exporter/samplers/slurm.py", "data = read_capped(folder / name, MAX_FILE_BYTES)",
-           "data = read_capped(folder / name, MAX_FILE_BYTES - 1)", (GUARDS + "::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
+           "data = read_capped(folder / name, MAX_FILE_BYTES - 1)", ("tests/test_workloads.py::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
            "a 4096-byte mapping file is read", True, function="read_mapping"),
     Mutant("slurm-file-count-listing", "exporter/samplers/slurm.py", "zip(entries, range(MAX_FILES + 1))",
-           "zip(entries, range(MAX_FILES))", (GUARDS + "::test_more_than_1024_files_is_said_exactly_then",),
+           "zip(entries, range(MAX_FILES))", ("tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",),
            "more than 1024 files is noticed", True, function="read_mapping"),
     Mutant("slurm-file-count-boundary", "exporter/samplers/slurm.py", "if len(names) > MAX_FILES:",
-           "if len(names) >= MAX_FILES:", (GUARDS + "::test_more_than_1024_files_is_said_exactly_then",),
+           "if len(names) >= MAX_FILES:", ("tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",),
            "exactly 1024 files is fine", True, function="read_mapping"),
     Mutant("cgroup-cache-never-forgets", "exporter/samplers/cgroups.py",
            "self._known = {pid: owner for pid, owner in self._known.items() if pid in pids}",
            "self._known = dict(self._known)",
-           (GUARDS + "::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",),
+           ("tests/test_workloads.py::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",),
            "a reused pid gets its new owner", True, function="ProcFileOwners.lookup"),
     Mutant("mig-replicas-held-whole", "exporter/samplers/kubelet.py",
            "if base in devices.mig_share and replicas_of(device_id, offered) == 1:",
-           "if base in devices.mig_share:", (GUARDS + "::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
+           "if base in devices.mig_share:", ("tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
            "a MIG replica's instance SMs are not its holder's alone", True, function="mig_holdings"),
     Mutant("mig-replica-share-whole", "exporter/samplers/kubelet.py", "total += share / replicas",
            "total += share if replica_base(device_id) in devices.mig_share else share / replicas",
-           (GUARDS + "::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
+           ("tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
            "a MIG replica holds its device's share over the replicas", True, function="held_shares"),
     Mutant("report-rollups-fixed-60s", "gpu_spatial/report/account.py",
            "for q, unknown, expr in plan.rule_queries(window, span.step * span.weight))",
            "for q, unknown, expr in plan.rule_queries(window, 60.0 * span.weight))",
-           (REPORT_GUARDS + "::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
+           ("tests/test_report.py::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
            "rollups integrate over the rule group's interval", True, function="_rules_span"),
     Mutant("report-waste-without-hidden-idle", "gpu_spatial/report/summary.py",
-           'row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]',
-           'row["waste_gpu_hours"] = row[f"ledger_{TIME_IDLE}_gpu_hours"]',
-           (REPORT_GUARDS + "::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
+           '(0.0 if math.isnan(row[f"ledger_{HIDDEN_IDLE}_gpu_hours"]) else row[f"ledger_{HIDDEN_IDLE}_gpu_hours"])',
+           '0.0',
+           ("tests/test_report.py::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
            "waste = hidden idle + time idle (the ledger's, issue 35)", True, function="figures"),
     Mutant("report-basic-auth-not-sent", "gpu_spatial/report/promapi.py",
            'return "Basic " + base64.b64encode(basic.encode()).decode()', "return None",
-           (REPORT_GUARDS + "::test_credentials_against_prometheus_with_basic_auth",),
+           ("tests/test_report.py::test_credentials_against_prometheus_with_basic_auth",),
            "basic auth reaches the server (guard runs without VictoriaMetrics)", True, function="auth_header"),
     Mutant("server-idle-deadline-header-timeout", "exporter/server.py",
            "return max(self.idle_since, self.since) + limits.idle_timeout",
            "return max(self.idle_since, self.since) + limits.header_timeout",
-           (GUARDS + "::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",),
+           ("tests/test_exposure.py::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",),
            "a silent connection closes at --http-idle-timeout", True, function="GuardedProtocol.deadline"),
     Mutant("server-keepalive-not-from-idle-timeout", "exporter/server.py",
            "timeout_keep_alive=limits.idle_timeout, ", "",
-           (GUARDS + "::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",),
+           ("tests/test_exposure.py::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",),
            "keep-alive lasts --http-idle-timeout", True, function="serve"),
     Mutant("rule-hidden-idle-time-boundary", "rules/gpu-utilization.rules.yaml",
            "(gpu_time_utilization_ratio >= 0.8)", "(gpu_time_utilization_ratio > 0.8)",
-           (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries",), "HiddenIdleSMs fires at time 0.8", True),
+           ("tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries",), "HiddenIdleSMs fires at time 0.8", True),
     # -- this round's code ------------------------------------------------------------------------------
     Mutant("phases-min-length", "nsys_ingest/phases.py", "MIN_PHASE_S = 2.0", "MIN_PHASE_S = 1.5", (PHASES,),
            "a phase lasts 2 s or more"),
@@ -191,14 +215,15 @@ MUTANTS = (
          "the window's idle edges are not switch overhead"),
         ("report-lower-bound-ignores-unsplit", "gpu_spatial/report/summary.py",
          'row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or',
-         'row["waste_is_lower_bound"] = bool(False or', (REPORT_GUARDS,), "unsplit busy time makes waste a lower bound"),
+         'row["waste_is_lower_bound"] = bool(False or', (*REPORT_GUARDS,), "unsplit busy time makes waste a lower bound"),
         ("report-ledger-rollups-lose-the-cell", "gpu_spatial/report/account.py",
          'queries.append((LEDGER, False, summed(rollup(label, LEDGER), f"{label}, cell")))',
          'queries.append((LEDGER, False, summed(rollup(label, LEDGER), label)))',
          ("tests/test_account_history.py::test_rollups_equal_the_counters_in_every_column",),
          "the rollups keep each ledger cell apart"),
-        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py", "                    out.observed += value",
-         "                    out.observed += 2 * value", ("tests/test_account_history.py",),
+        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py",
+         "out.book(_metric(sample)).observed += _value(sample)", "out.book(_metric(sample)).observed += 2 * _value(sample)",
+         ("tests/test_account_history.py",),
          "the GPU-hours that existed are the observed counters"),
     )),
     # -- older rules --------------------------------------------------------------------------------------
@@ -222,14 +247,14 @@ MUTANTS = (
            function="_sharing"),
     Mutant("summary-busy-idle-boundary", "nsys_ingest/analysis.py",
            "((gr[both] >= BUSY_GR) & (sm[both] <= IDLE_SM))", "((gr[both] > BUSY_GR) & (sm[both] <= IDLE_SM))",
-           ("tests/test_nsys_ingest.py", GUARDS + "::test_busy_but_idle_counts_gr_active_of_exactly_80_percent"),
+           ("tests/test_nsys_ingest.py", "tests/test_nsys_ingest.py::test_busy_but_idle_counts_gr_active_of_exactly_80_percent"),
            "busy-but-idle counts GR active exactly 0.8", function="summarise"),
     Mutant("live-hidden-idle-negative", "exporter/chain.py", "hidden = round(max(0.0, busy - spatial.sm_active), 6)",
-           "hidden = round(busy - spatial.sm_active, 6)", ("tests/test_source_guards.py", "tests/test_sampling.py"),
+           "hidden = round(busy - spatial.sm_active, 6)", (*SOURCE_GUARDS, "tests/test_sampling.py"),
            "hidden idle is never negative", function="build_view"),
     Mutant("workload-hidden-idle-negative", "exporter/workloads.py", "HIDDEN_IDLE: {basis: max(0.0, time_share - sm)}",
            "HIDDEN_IDLE: {basis: time_share - sm}",
-           ("tests/test_workloads.py", GUARDS + "::test_a_holders_hidden_idle_is_never_negative"),
+           ("tests/test_workloads.py", "tests/test_workloads.py::test_a_holders_hidden_idle_is_never_negative"),
            "a holder's hidden idle is never negative", function="WorkloadAccountant._view"),
     Mutant("workload-stalled-gap-integrated", "exporter/workloads.py",
            "min(max(now - self._last, 0.0), MAX_STEP_S)", "max(now - self._last, 0.0)", ("tests/test_workloads.py",),
@@ -239,11 +264,11 @@ MUTANTS = (
            function="SlurmSampler.tick"),
     Mutant("dcgm-frozen-boundary", "exporter/samplers/dcgm.py", "now - seen[1] >= self.frozen_after_s",
            "now - seen[1] > self.frozen_after_s",
-           ("tests/test_dcgm_chain.py", "tests/test_source_guards.py",
-            GUARDS + "::test_dcgm_values_are_frozen_after_exactly_the_frozen_time"),
+           ("tests/test_dcgm_chain.py", *SOURCE_GUARDS,
+            "tests/test_dcgm_chain.py::test_dcgm_values_are_frozen_after_exactly_the_frozen_time"),
            "frozen after exactly --dcgm-frozen-after", function="_DcgmSource._frozen"),
     Mutant("log-once-per-problem", "exporter/snapshot.py", "if self._current.get(key) == (kind or message):\n                return",
-           "if False:\n                return", ("tests/test_source_guards.py", "tests/test_faults.py"),
+           "if False:\n                return", (*SOURCE_GUARDS, "tests/test_faults.py"),
            "one log line per problem, not per tick", function="LogOnce.problem"),
     Mutant("spool-keeps-newest", "exporter/spool.py", "keep.add(uploads[-1][2].resolve())", "pass",
            ("tests/test_spool.py",), "the newest upload is never removed", function="SpoolRetention._doomed"),
@@ -253,7 +278,7 @@ MUTANTS = (
            ("tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests",), "SpatialSourceStuck after 60 s of age"),
     Mutant("rule-hidden-idle-sm-boundary", "rules/gpu-utilization.rules.yaml",
            "(max by (instance, uuid) (gpu_sm_active_ratio) <= 0.5)", "(max by (instance, uuid) (gpu_sm_active_ratio) < 0.5)",
-           (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
+           ("tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
            "HiddenIdleSMs fires at SM active 0.5"),
     # -- issue 39, attacks 4-7: answers of the API server and the kubelet -------------------------------
     Mutant("http-read-deadline-per-call", "hostio/answers.py",
@@ -380,6 +405,9 @@ MUTANTS = (
     Mutant('top-refused-stderr', 'gpu_spatial/top/__init__.py', '    if state.refused:\n        print(', '    if False:\n        print(',
            ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one', 'tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off'), 'a URL no retry helps: one line on stderr, exit 2',
            function="once"),
+    Mutant('top-tui-refused', 'gpu_spatial/top/tui.py', '                if state.refused:', '                if False:',
+           ('tests/test_first_hour.py::test_top_in_a_terminal_pointed_at_a_prometheus_says_it_and_exits',), 'top in a terminal exits on a URL no retry helps',
+           function="run"),
     Mutant('top-url-scheme', 'gpu_spatial/top/__init__.py', 'url = with_scheme(args.url)', 'url = args.url',
            ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes host:port',
            function="make_feed"),
@@ -397,6 +425,15 @@ MUTANTS = (
            function="scraped_once"),
     Mutant('report-never-scraped', 'gpu_spatial/report/empty.py', '    if waiting:', '    if False:',
            ('tests/test_first_hour.py::test_report_before_the_first_scrape_says_so',), 'a target not scraped yet is said',
+           function="diagnose_empty"),
+    Mutant('report-just-started', 'gpu_spatial/report/empty.py', '    if not targets and age is not None and age < JUST_STARTED and scrapes_something(api):', '    if False:',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'a Prometheus too young to list targets is said so',
+           function="diagnose_empty"),
+    Mutant('report-just-started-bound', 'gpu_spatial/report/empty.py', 'age is not None and age < JUST_STARTED', 'age is not None',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'an old Prometheus without targets is not called young',
+           function="diagnose_empty"),
+    Mutant('report-just-started-scrapes', 'gpu_spatial/report/empty.py', 'age < JUST_STARTED and scrapes_something(api)', 'age < JUST_STARTED',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'a young Prometheus that scrapes nothing is not told to wait',
            function="diagnose_empty"),
     Mutant('report-never-scraped-health', 'gpu_spatial/report/empty.py', 't.get("health") == NEVER_SCRAPED', 'True',
            ('tests/test_first_hour.py::test_the_targets_named_are_few_and_printable',), 'only targets never scraped are named',
@@ -509,18 +546,54 @@ MUTANTS = (
 
 
 # -- issue 39, "Rules no test guards": the modules the last round and this one touched ------------------
-EDGE = "tests/test_edge_guards.py"
+EDGE = (
+    "tests/test_ctxsw.py::test_at_gives_a_sample_stamped_at_a_slices_end_to_what_follows_and_one_at_its_start_to_the_slice",
+    "tests/test_ctxsw.py::test_a_restore_start_without_a_pid_takes_its_save_ends_pid",
+    "tests/test_ctxsw.py::test_the_default_window_ends_one_sampling_period_after_the_last_sample",
+    "tests/test_ctxsw.py::test_a_process_with_two_contexts_is_one_process_with_both_slices",
+    "tests/test_ctxsw_live.py::test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_says_stalled",
+    "tests/test_ctxsw_live.py::test_a_window_lists_the_pids_nvml_saw_at_its_start_or_its_end_and_a_gpu_that_left_is_forgotten",
+    "tests/test_ctxsw_live.py::test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw_sm",
+    "tests/test_ctxsw_live.py::test_a_holders_ctxsw_time_share_is_at_most_the_whole_gpu",
+    "tests/test_holder_registry.py::test_where_two_kinds_claim_one_pid_the_first_kind_keeps_it_and_a_failed_kind_says_nothing",
+    "tests/test_holder_registry.py::test_holder_kinds_are_built_in_their_order_users_only_without_a_scheduler_or_when_named",
+    "tests/test_holder_registry.py::test_the_weakest_basis_of_several_is_said_from_whole_to_even_split",
+    "tests/test_users.py::test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads",
+    "tests/test_workloads.py::test_device_plugin_shares_at_their_edges",
+    "tests/test_workloads.py::test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu",
+    "tests/test_dra.py::test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device",
+    "tests/test_dra.py::test_a_container_holding_two_allocations_of_one_gpu_holds_at_most_the_gpu",
+    "tests/test_dra.py::test_shares_decide_before_memory_where_a_device_offers_both",
+    "tests/test_dra.py::test_a_container_holding_one_gpu_both_ways_holds_the_sum_of_both_parts",
+    "tests/test_dra.py::test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_answering",
+    "tests/test_dra.py::test_a_claim_deleted_meanwhile_is_no_failure_and_is_asked_again_after_the_back_off",
+    "tests/test_dra.py::test_a_device_the_slices_did_not_name_lists_them_again_after_a_sixth_of_the_period",
+    "tests/test_dra.py::test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out",
+    "tests/test_dra.py::test_slices_keep_at_most_max_slice_devices_and_say_so_once",
+    "tests/test_dra.py::test_only_the_capacities_a_share_is_split_by_and_the_allocations_listed_are_kept",
+    "tests/test_account_history.py::test_rule_runs_and_spans_at_their_edges",
+    "tests/test_account_history.py::test_an_evaluation_on_the_edge_of_two_days_is_read_once",
+    "tests/test_account_history.py::test_report_pieces_that_keep_unknown_and_odd_values_apart",
+    "tests/test_verdicts.py::test_a_hardware_slowdown_asks_for_both_cooling_and_power",
+    "tests/test_verdicts.py::test_copies_as_long_as_kernels_are_the_work",
+    "tests/test_sampler_contract.py::test_a_samplers_own_max_tick_seconds_keeps_a_long_tick_published_and_a_failure_clears_when_it_ticks_again",
+    "tests/test_sampler_contract.py::test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_none",
+    "tests/test_sampler_contract.py::test_a_stuck_nvml_loop_publishes_no_telemetry",
+    "tests/test_cupti.py::test_cupti_windows_at_their_edges",
+    "tests/test_cupti.py::test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends",
+    "tests/test_ledger.py::test_ledger_cells_at_their_edges",
+)
 NOT_SLOW = ("-k", "not ten_million")  # the 10 M-row switch table: 26 s, and chunking has its own test
-CTXSW_INGEST = (EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
-CTXSW_LIVE = (EDGE, "tests/test_ctxsw_live.py")
-WORKLOADS = (EDGE, GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
-HOLDERS = (EDGE, GUARDS, "tests/test_users.py", "tests/test_workloads.py", "tests/test_dra.py")
-DRA = (EDGE, "tests/test_dra.py")
-KUBE_API = (EDGE, "tests/test_dra.py")
-VERDICTS = (EDGE, "tests/test_verdicts.py")
-USERS = (EDGE, "tests/test_users.py")
-KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
-ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
+CTXSW_INGEST = (*EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
+CTXSW_LIVE = (*EDGE, "tests/test_ctxsw_live.py")
+WORKLOADS = (*EDGE, *GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
+HOLDERS = (*EDGE, *GUARDS, "tests/test_users.py", "tests/test_workloads.py", "tests/test_dra.py")
+DRA = (*EDGE, "tests/test_dra.py")
+KUBE_API = (*EDGE, "tests/test_dra.py")
+VERDICTS = (*EDGE, "tests/test_verdicts.py")
+USERS = (*EDGE, "tests/test_users.py")
+KUBELET = (*EDGE, *GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
+ACCOUNT = (*EDGE, *REPORT_GUARDS, "tests/test_account_history.py")
 
 
 def _m(id, path, old, new, tests, why, listed=False, function=None):
@@ -623,8 +696,9 @@ ROUND_39 = (
     _m("workloads-weakest-time-basis", "exporter/workloads.py", "return None if not found else next(iter(found)) if len(found) == 1 else NVML",
        "return None if not found else next(iter(found))", WORKLOADS, "OTHER's time basis is ctxsw only if every part's is",
        function="_weakest_time_basis"),
-    _m("workloads-lost-gpu-kept", "exporter/workloads.py", "if tel is None or tel.lost:", "if tel is None:", WORKLOADS,
-       "a GPU NVML lost has no holders", function="WorkloadAccountant.update"),
+    _m("workloads-lost-gpu-holders-dropped", "exporter/workloads.py", "entries = {holder: LOST_SHARE for holder in holders}",
+       "entries = {}", ("tests/test_ledger.py",), "a lost GPU's holders keep holding it (allocation view)",
+       function="WorkloadAccountant.update"),
     _m("workloads-left-holders-kept", "exporter/workloads.py", "del self._accounts[key]", "pass", WORKLOADS,
        "holders that left take their series with them", function="WorkloadAccountant.update"),
     _m("workloads-mig-sm-not-weighted", "exporter/workloads.py",
@@ -844,9 +918,9 @@ ROUND_39 = (
 )
 
 # -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
-ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
+ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", *EDGE, "tests/test_host_files.py::"
           "test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
-SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
+SAMPLER = ("tests/test_sampler_contract.py", *EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
 ROUND_39_NEW = (
     _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
        "two samplers never share a collector name", function="Engine.__init__"),
@@ -886,7 +960,7 @@ ROUND_39_NEW = (
        '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none",
        function="SourceState.to_json"),
 )
-CUPTI = (EDGE, "tests/test_cupti.py")
+CUPTI = (*EDGE, "tests/test_cupti.py")
 ROUND_39_CUPTI = (
     _m("cupti-pid-spoofed", "exporter/samplers/cupti.py", 'if data.get("pid") != peer_pid:', "if False:", CUPTI,
        "a client speaks only for its own pid", function="parse_report"),
@@ -902,12 +976,22 @@ ROUND_39_CUPTI = (
     _m("cupti-busy-over-window", "exporter/samplers/cupti.py",
        'Field("kernel_busy_s", lambda length, got: length * SLACK)',
        'Field("kernel_busy_s", lambda length, got: length * 2)', CUPTI, "kernel-busy time within the window"),
-    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", 'got["kernel_busy_s"] * SLACK + 1e-9)', "length * SLACK)",
-       CUPTI, "SM-seconds within the kernel-busy time"),
+    _m("cupti-sm-over-busy", "exporter/samplers/cupti.py", 'return got["busy_s"] * SLACK + 1e-9',
+       "return length * SLACK", CUPTI, "SM-seconds (and each part of the busy time) within the busy time",
+       function="_within_busy"),
     _m("cupti-time-not-clamped", "exporter/samplers/cupti.py",
-       "ProcessShare(time=round(min(device.kernel_busy_s / length, 1.0), 6),",
-       "ProcessShare(time=round(device.kernel_busy_s / length, 6),", CUPTI, "a client's time share is at most 1",
+       "ProcessShare(time=round(min(device.busy_s / length, 1.0), 6),",
+       "ProcessShare(time=round(device.busy_s / length, 6),", CUPTI, "a client's time share is at most 1",
        function="gpu_windows"),
+    _m("cupti-busy-below-kernels", "exporter/samplers/cupti.py", 'low=lambda length, got: got["kernel_busy_s"] / SLACK',
+       "low=lambda length, got: 0.0", CUPTI, "all SM work covers the kernels: a busy time below them is refused"),
+    _m("cupti-gpu-below-usable-sms", "exporter/samplers/cupti.py",
+       'low=lambda length, got: got["sms"] if got["sms"] is not None else 1', "low=lambda length, got: 1", CUPTI,
+       "a GPU smaller than the SMs its client may use is refused"),
+    _m("cupti-older-busy-is-kernels", "exporter/samplers/cupti.py", 'absent=lambda got: got["kernel_busy_s"]),',
+       "absent=lambda got: 0.0),", CUPTI, "an older client's busy time is its kernels'"),
+    _m("cupti-native-only-true", "exporter/samplers/cupti.py", 'native=data.get("native") is True',
+       'native=bool(data.get("native"))', CUPTI, "only true says native", function="parse_report"),
     _m("cupti-max-clients-boundary", "exporter/samplers/cupti.py", "if len(self._clients) >= self.max_clients:",
        "if len(self._clients) > self.max_clients:", CUPTI, "at most --cupti-max-clients connections",
        function="CuptiSource._over_limit"),
@@ -991,7 +1075,7 @@ ISSUE_42_CUPTI = (  # the tracing socket's hostile numbers, slots and reused pid
     _m("cupti-refusals-lru", "exporter/samplers/cupti.py", "            self._said.move_to_end(said)\n", "", CUPTI_ONLY,
        "the refusal said last is kept longest", function="CuptiSource._refuse"),
 )
-LEDGER = (EDGE, "tests/test_ledger.py")
+LEDGER = (*EDGE, "tests/test_ledger.py")
 ROUND_39_LEDGER = (
     _m("ledger-no-scale", "exporter/ledger.py", "scale = cap / attributed if attributed > cap + EPSILON else 1.0",
        "scale = 1.0", LEDGER, "shares summing past the GPU's time are scaled to it", function="cells"),
@@ -1027,6 +1111,61 @@ ROUND_39_LEDGER = (
     _m("ledger-observed-before-rates", "exporter/ledger.py", "if not book.rates:\n                    continue",
        "if False:\n                    continue", LEDGER, "time before a GPU's first rates is not observed",
        function="Ledger.integrate"),
+)
+# -- issue 45: every GPU-hour that existed, unknown where unknown; issue 46: a table that fits -------------------
+EXISTENCE = ("tests/test_report.py::test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end",)
+FITS = ("tests/test_report.py::test_the_unit_keeps_digits_and_the_table_fits",)
+UNKNOWN = ("tests/test_report.py::test_a_groups_work_is_unknown_only_without_any_sm_series",)
+COME_AND_GO = ("tests/test_report.py", "-k", "come_and_go")
+ROUND_45 = (
+    _m("ledger-lost-gpu-leaves", "exporter/workloads.py",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)",
+       LEDGER, "a lost GPU stays in the ledger: it still exists"),
+    _m("ledger-lost-second-elsewhere", "exporter/workloads.py", "mine, gpu_cells = {holder: {} for holder in holders}, ledger.LOST_RATES",
+       "mine, gpu_cells = {holder: {} for holder in holders}, {}", LEDGER, "a lost GPU's second is lost"),
+    _m("existence-edge-boundary", "gpu_spatial/report/account.py", "if end - last <= EDGE or", "if end - last < EDGE or",
+       EXISTENCE, "a GPU seen EDGE before the end was there at it"),
+    _m("existence-before-ignored", "gpu_spatial/report/account.py", "first = start if book.before else book.first",
+       "first = book.first", EXISTENCE, "a GPU seen before the range existed at its start"),
+    _m("existence-lost-not-to-end", "gpu_spatial/report/account.py", "or book.listed_lost or", "or", EXISTENCE,
+       "a GPU listed lost exists to the end"),
+    _m("existence-node-ignored", "gpu_spatial/report/account.py",
+       "or end - node_seen.get(book.instance, -math.inf) <= EDGE:", ":", EXISTENCE,
+       "a GPU of a node up at the end exists to it"),
+    _m("sightings-first-skipped", "gpu_spatial/report/account.py", 'wanted = {"min": [b for b in out.books.values() if not b.before],',
+       'wanted = {"min": [],', COME_AND_GO, "a GPU that appears in the range exists from its first sighting"),
+    _m("sightings-last-skipped", "gpu_spatial/report/account.py",
+       '"max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}',
+       '"max": []}', COME_AND_GO, "a GPU whose node left exists to its last sighting"),
+    _m("sightings-metricsql-first-as-last", "gpu_spatial/report/account.py",
+       'metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]',
+       'metricsql = {"min": "tlast_over_time", "max": "tlast_over_time"}[which]', COME_AND_GO,
+       "VictoriaMetrics' first sighting is its first sample"),
+    _m("existed-below-observed", "gpu_spatial/report/account.py",
+       "book.existed = min(max(last - max(first, start), book.observed), end - start)",
+       "book.existed = min(last - max(first, start), end - start)", EXISTENCE,
+       "what its exporters observed existed"),
+    _m("unobserved-negative", "gpu_spatial/report/account.py", "return max(self.existed - self.observed, 0.0)",
+       "return self.existed - self.observed", EXISTENCE, "unobserved is never negative"),
+    _m("unit-boundary", "gpu_spatial/report/terminal.py", "if top * factor >= 1.0:", "if top * factor > 1.0:", FITS,
+       "1 GPU-h reads in GPU-h"),
+    _m("fit-drops-highest-first", "gpu_spatial/report/terminal.py", "drop = min(shown[1:], key=lambda c: c.keep)",
+       "drop = max(shown[1:], key=lambda c: c.keep)", FITS, "the least needed column goes first"),
+    _m("fit-name-uncut", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = name.width", FITS, "the name is cut to the room"),
+    _m("fit-short-name-padded", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = max(MIN_NAME, min(name.width, room - others))", FITS, "a short name is not padded past the room"),
+    _m("unknown-work-zero", "gpu_spatial/report/summary.py", 'row[f"ledger_{cell}_gpu_hours"] = math.nan',
+       'row[f"ledger_{cell}_gpu_hours"] = 0.0', UNKNOWN, "a group without SM series has its work unknown, never 0"),
+    _m("unknown-cause-mps-as-mig", "gpu_spatial/report/render.py", '("busy",): unknown["busy"] - both',
+       '("busy",): unknown["busy"]', UNKNOWN, "held time without busy and SM series is an MPS client's, not MIG"),
+    _m("node-share-of-fleet", "gpu_spatial/report/render.py",
+       'if row is not None and row[report.labels[0]] != TOTAL and report.by in ("node", "gpu"):', "if False:",
+       ("tests/test_account_history.py::test_each_gpu_and_node_ledger_sums_to_its_wall_clock",),
+       "a node's share of what existed is of that node"),
 )
 # -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
@@ -1096,7 +1235,7 @@ ROUND_37_COST = (
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
-API_TALLIES = (EDGE, "-k", "slices_keep or capacities_a_share or other_drivers or forgotten")
+API_TALLIES = (*EDGE, "-k", "slices_keep or capacities_a_share or other_drivers or forgotten")
 ROUND_39_KUBECAPS = (
     _m("alloc-ids-boundary", "exporter/samplers/kubelet.py", "if device_id not in ids and len(ids) == limit:",
        "if device_id not in ids and len(ids) > limit:", WALKS, "the first `limit` distinct IDs, no more",
@@ -1265,8 +1404,13 @@ ROUND_42_HOSTILE = (
        "a chunk size is hex digits only (int(, 16) takes a sign and 0x)", function="Unchunked._line"),
     _m("chunk-overlong-data", "hostio/answers.py", "            if len(line):\n", "            if False:\n", (HTTP,),
        "a chunk's data ends where its size says", function="Unchunked._line"),
-    _m("chunk-line-uncapped", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES:", "if False:", (HTTP,),
-       "a size line is capped", function="Unchunked._line_across"),
+    _m("chunk-line-uncapped", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES + 1:", "if False:", (HTTP,),
+       "a size line across reads is capped", function="Unchunked._line_across"),
+    _m("chunk-line-cr-refused", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES + 1:",
+       "if len(self.line) > MAX_CHUNK_LINE_BYTES:", (HTTP,), "a line of exactly the cap may wait for its LF",
+       function="Unchunked._line_across"),
+    _m("chunk-line-in-one-read-uncapped", "hostio/answers.py", "        if len(line) > MAX_CHUNK_LINE_BYTES:\n",
+       "        if False:\n", (HTTP,), "a size line in one read is capped too", function="Unchunked._line"),
     _m("chunk-size-uncapped", "hostio/answers.py", "if len(self.body) + size > self.max_bytes:", "if False:", (HTTP,),
        "a chunk larger than the cap is refused by its size line", function="Unchunked._line"),
     _m("plain-length-boundary", "hostio/answers.py", "len(self.body) >= self.length:", "len(self.body) > self.length:",
@@ -1301,7 +1445,7 @@ LOST_GPU = (
     _m("lost-retry-boundary", "exporter/samplers/nvml.py", "self._lost[gpu.index] < LOST_RETRY_S:",
        "self._lost[gpu.index] <= LOST_RETRY_S:", LOST, "asked again exactly LOST_RETRY_S after",
        function="NvmlSampler._still_lost"),
-    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer[\"uuid\"] != gpu.uuid:\n            return True\n",
+    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer.uuid != gpu.uuid:\n            return True\n",
        "", LOST, "another GPU answering at a lost one's index is not that GPU back",
        function="NvmlSampler._still_lost"),
     _m("lost-placeholder-read-under-its-name", "exporter/samplers/nvml.py", "        return is_unnamed(gpu)\n",
@@ -1347,7 +1491,7 @@ CADENCE_47 = (
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
 
 
 def _is_test_path(arg: str) -> bool:

@@ -11,19 +11,27 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from exporter.nvml_answers import (
     DeviceIdentity,
+    GpmMetrics,
     GpmSupport,
+    HealthCounters,
+    LinkCounters,
+    MaxClocks,
+    MemoryErrors,
     MemoryInfo,
     MigLayout,
     ProcessLists,
     ProcessRef,
     ProcessSample,
+    RemappedRows,
     UtilizationRates,
     UtilizationSamples,
     XidEvent,
+    from_json,
+    to_json,
 )
 from exporter.snapshot import MigDevice
 
@@ -75,22 +83,25 @@ MAX_DRIVER_GPUS = 64  # more than any host holds: a bound on what is read, not a
 
 @dataclass(frozen=True)
 class PartialAnswer:
-    """Several NVML calls answered together (the health reads): the values that answered, and one line
-    per call that failed otherwise than "not supported on this GPU" (that one is no error)."""
+    """Several NVML calls answered together (the health reads): the values that answered (a record of
+    exporter/nvml_answers.py: MaxClocks, HealthCounters, MemoryErrors, LinkCounters; None: nothing read), and
+    one line per call that failed otherwise than "not supported on this GPU" (that one is no error)."""
 
-    values: dict = field(default_factory=dict)
+    values: object = None
     errors: tuple[str, ...] = ()
 
     RECORDED_ERRORS = "_errors"  # where a recording (exporter/nvml_replay.py) keeps the errors beside the values
 
     def to_json(self) -> dict:
         """Its form in a recording."""
-        return {**self.values, **({self.RECORDED_ERRORS: list(self.errors)} if self.errors else {})}
+        return {**(to_json(self.values) or {}), **({self.RECORDED_ERRORS: list(self.errors)} if self.errors else {})}
 
     @classmethod
-    def from_json(cls, data: dict) -> "PartialAnswer":
+    def from_json(cls, data: dict, method: str | None = None) -> "PartialAnswer":
+        """From its form in a recording; `method` makes its values that method's record again."""
         values = dict(data)
-        return cls(values, tuple(values.pop(cls.RECORDED_ERRORS, ())))
+        errors = tuple(values.pop(cls.RECORDED_ERRORS, ()))
+        return cls(values if method is None else from_json(method, values), errors)
 
 
 def pci_address(text: str) -> tuple[int, int, int, int] | None:
@@ -458,18 +469,18 @@ class Nvml:
             return ""
         return name.rsplit("/", 1)[-1]
 
-    def gpm_metrics(self, index: int) -> dict | None:
+    def gpm_metrics(self, index: int) -> GpmMetrics | None:
         """GPM metrics (percent) of the whole GPU between the previous call and this one; None on the
         first call."""
         return self._gpm_between(index, index, self._nv.nvmlGpmSampleGet)
 
-    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> dict | None:
+    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> GpmMetrics | None:
         """GPM metrics (percent) of one MIG GPU instance (nvmlGpmMigSampleGet), as gpm_metrics: the
         SM activity of that instance's own SMs."""
         return self._gpm_between((index, gpu_instance), index,
                                  lambda handle, sample: self._nv.nvmlGpmMigSampleGet(handle, gpu_instance, sample))
 
-    def _gpm_between(self, key, index: int, take) -> dict | None:
+    def _gpm_between(self, key, index: int, take) -> GpmMetrics | None:
         nv = self._nv
         h = self._handle(index)
         with self._lock:
@@ -500,11 +511,11 @@ class Nvml:
         finally:
             with self._lock:
                 self._gpm_spare[key] = old
-        values: dict = {"window_s": round(taken - old_taken, 6)}
+        values = {}
         for slot, name in enumerate(names):
             metric = request.metrics[slot]
             values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
-        return values
+        return GpmMetrics(round(taken - old_taken, 6), **values)
 
     def _gpm_get(self, old, sample, names: tuple):
         nv = self._nv
@@ -542,7 +553,7 @@ class Nvml:
         nv, h = self._nv, self._handle(index)
         mhz = self._parts({"sm_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, SM_CLOCK),
                            "memory_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, MEM_CLOCK)})
-        return PartialAnswer({k: float(v) * 1e6 for k, v in mhz.values.items()}, mhz.errors)
+        return PartialAnswer(MaxClocks(**{k: float(v) * 1e6 for k, v in mhz.values.items()}), mhz.errors)
 
     def memory_clock_hz(self, index: int) -> float:
         mhz = self._call("nvmlDeviceGetClockInfo", self._nv.nvmlDeviceGetClockInfo, self._handle(index), MEM_CLOCK)
@@ -603,7 +614,7 @@ class Nvml:
         for engine in ("encoder", "decoder"):
             if engine in raw.values:
                 out[f"{engine}_percent"] = float(raw.values[engine][0])
-        return PartialAnswer(out, raw.errors + fields_answer.errors)
+        return PartialAnswer(HealthCounters(**out), raw.errors + fields_answer.errors)
 
     def nvml_throughput(self, index: int) -> PartialAnswer:
         """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver
@@ -621,7 +632,7 @@ class Nvml:
         for key, value in zip(("nvlink_tx_bytes", "nvlink_rx_bytes"), raw.values.get("fields", ())):
             if value.nvmlReturn == nv.NVML_SUCCESS:
                 out[key] = float(self._field_value(value)) * 1024.0  # KiB
-        return PartialAnswer(out, raw.errors)
+        return PartialAnswer(LinkCounters(**out), raw.errors)
 
     def memory_errors(self, index: int) -> PartialAnswer:
         """ECC error counts (corrected/uncorrected, volatile since the driver loaded / aggregate over the
@@ -632,15 +643,13 @@ class Nvml:
                   **{f"rows_{k}": v for k, v in REMAPPED_ROW_FIELDS.items()}}
         answer = self._fields(h, fields)
         values = answer.values
-        out = {}
-        if "pcie_replays" in values:
-            out["pcie_replays"] = int(values["pcie_replays"])
-        out["ecc"] = {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}
+        rows = None
         if all(f"rows_{k}" in values for k in REMAPPED_ROW_FIELDS):
-            rows = {k: values[f"rows_{k}"] for k in REMAPPED_ROW_FIELDS}
-            out["remapped_rows"] = {"correctable": int(rows["correctable"]), "uncorrectable": int(rows["uncorrectable"]),
-                                    "pending": bool(rows["pending"]), "failure": bool(rows["failure"])}
-        return PartialAnswer(out, answer.errors)
+            rows = RemappedRows(int(values["rows_correctable"]), int(values["rows_uncorrectable"]),
+                                bool(values["rows_pending"]), bool(values["rows_failure"]))
+        return PartialAnswer(MemoryErrors(int(values["pcie_replays"]) if "pcie_replays" in values else None,
+                                          {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}, rows),
+                             answer.errors)
 
     # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
     def xid_open(self) -> dict:

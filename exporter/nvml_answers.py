@@ -78,6 +78,64 @@ class MigLayout(NamedTuple):
     sm_count: int | None = None
 
 
+class GpmMetrics(NamedTuple):
+    """nvmlGpmMetricsGet between two samples `window_s` apart: percent, the interconnect in MiB/s; None where
+    NVML answered that metric with an error (or the driver was not asked it: exporter.nvml.GPM_METRICS)."""
+
+    window_s: float
+    graphics_engine_active: float | None = None
+    sm_active: float | None = None
+    sm_occupancy: float | None = None
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    pcie_tx: float | None = None
+    pcie_rx: float | None = None
+    nvlink_rx: float | None = None
+    nvlink_tx: float | None = None
+
+
+class MaxClocks(NamedTuple):
+    """nvmlDeviceGetMaxClockInfo, hertz."""
+
+    sm_hz: float | None = None
+    memory_hz: float | None = None
+
+
+class HealthCounters(NamedTuple):
+    """Energy (joules since the driver loaded), memory temperature, time the clocks were held down by reason
+    (seconds since the driver loaded), encoder and decoder utilization (percent)."""
+
+    energy_joules: float | None = None
+    memory_temperature_celsius: float | None = None
+    throttle_seconds: dict[str, float] | None = None
+    encoder_percent: float | None = None
+    decoder_percent: float | None = None
+
+
+class RemappedRows(NamedTuple):
+    correctable: int
+    uncorrectable: int
+    pending: bool
+    failure: bool
+
+
+class MemoryErrors(NamedTuple):
+    """ECC counts by "corrected_volatile"... (error and scope), remapped rows, PCIe replays."""
+
+    pcie_replays: int | None = None
+    ecc: dict[str, int] | None = None
+    remapped_rows: RemappedRows | None = None
+
+
+class LinkCounters(NamedTuple):
+    """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver load)."""
+
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes: float | None = None
+    nvlink_rx_bytes: float | None = None
+
+
 class XidEvent(NamedTuple):
     index: int
     xid: int
@@ -94,7 +152,7 @@ def _pairs(samples) -> tuple[tuple[float, float], ...]:
 
 
 # How each method's recorded value becomes its record again (methods not named here answer plain values:
-# numbers, strings, a mapping by metric name or GPU index, or an exporter.nvml.PartialAnswer).
+# numbers, strings, a mapping by GPU index). The health reads' records come inside an exporter.nvml.PartialAnswer.
 FROM_JSON = {
     "identity": lambda data: _record(DeviceIdentity, data),
     "gpm_support": lambda data: _record(GpmSupport, data),
@@ -104,6 +162,14 @@ FROM_JSON = {
     "process_utilization": lambda data: [_record(ProcessSample, p) for p in data],
     "compute_processes": lambda data: ProcessLists(*(tuple(_record(ProcessRef, p) for p in data.get(key, ()))
                                                      for key in ProcessLists._fields)),
+    "gpm_metrics": lambda data: _record(GpmMetrics, data),
+    "gpm_mig_metrics": lambda data: _record(GpmMetrics, data),
+    "max_clocks": lambda data: _record(MaxClocks, data),
+    "health_counters": lambda data: _record(HealthCounters, data),
+    "memory_errors": lambda data: MemoryErrors(data.get("pcie_replays"), data.get("ecc"),
+                                               None if data.get("remapped_rows") is None
+                                               else _record(RemappedRows, data["remapped_rows"])),
+    "nvml_throughput": lambda data: _record(LinkCounters, data),
     "mig_devices": lambda data: MigLayout(bool(data["enabled"]), tuple(_record(MigDevice, d)
                                                                        for d in data.get("devices", ())),
                                           data.get("sm_count")),

@@ -192,7 +192,7 @@ class ReplayNvml:
             if "error" in answer:
                 raise NvmlError.from_json(answer)
             if method in PARTIAL_METHODS:
-                return PartialAnswer.from_json(answer["value"])
+                return PartialAnswer.from_json(answer["value"], method)
             return nvml_answers.from_json(method, answer["value"])
 
         return call

@@ -245,6 +245,12 @@ class HolderShare:
     sm_estimate: float | None = None  # cupti: its MPS clients' own SM estimate, unscaled
 
 
+# a holder of a GPU that answers GPU_IS_LOST: it holds it still, it runs nothing NVML can see
+LOST_SHARE = HolderShare(pids=(), processes=None, time_share=None, time_share_basis=None,
+                         reason="the GPU is lost (GPU_IS_LOST: fell off the bus): only its allocation is known",
+                         sm_active=None, sm_active_basis=None)
+
+
 def _holder_share(entry: dict) -> HolderShare:
     """The record of one holder's entry as gpu_shares builds it up."""
     return HolderShare(pids=entry["pids"], processes=entry["processes"], time_share=entry["time_share"],
@@ -399,19 +405,23 @@ class WorkloadAccountant:
             for view in views:
                 tel = view.telemetry
                 self.sm_history.add(view.identity.uuid, view.spatial)
-                if tel is None or tel.lost:
+                if tel is None:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
-                mig_sm = mig_sm_active(view, holders, mig_instances)
-                windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
-                scaling = self._cupti_scaling(view, windows.get(CUPTI))
-                if scaling is not None:
-                    cupti_gpus.append((view.identity, scaling))
+                if tel.lost:  # it still exists and is still held (the allocation view); nothing on it is measured
+                    entries = {holder: LOST_SHARE for holder in holders}
+                    mine, gpu_cells = {holder: {} for holder in holders}, ledger.LOST_RATES
+                else:
+                    mig_sm = mig_sm_active(view, holders, mig_instances)
+                    windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
+                    scaling = self._cupti_scaling(view, windows.get(CUPTI))
+                    if scaling is not None:
+                        cupti_gpus.append((view.identity, scaling))
+                    entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
+                                         windows.get(CUPTI) if scaling else None, scaling)
+                    mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
+                        holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 gpu_views = []
-                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
-                                     windows.get(CUPTI) if scaling else None, scaling)
-                mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
-                    holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 self.ledger.set(view.identity, gpu_cells, now)
                 for holder, entry in entries.items():
                     key = (view.identity.uuid, holder)
@@ -422,7 +432,7 @@ class WorkloadAccountant:
                 out.extend(self._bounded(view.identity, gpu_views, now, seen))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
-            self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)
+            self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)
             self.gpu_ledgers = self.ledger.books()
             self.sm_history.forget(v.identity.uuid for v in views)
             self.cupti_gpus = tuple(cupti_gpus)

@@ -893,3 +893,53 @@ def test_a_part_of_the_busy_time_is_at_most_the_window():
     got = parse(native_report(kernel_busy_s=10.005, busy_s=10.0 * 1.001, sm_seconds=1.0, sm_copy_busy_s=0.0))
     parts = dict(got.devices[UUID].parts(got.end - got.start))
     assert parts["kernel_busy"] == 1.0 and parts["copy_busy"] == 0.05
+
+
+# -- exporter/samplers/cupti.py ------------------------------------------------------------------------
+def test_cupti_windows_at_their_edges():
+    """Mutants: a window may start 20 s after it was asked (not 2); a client's time share above 1 kept (busy
+    may exceed the window by float rounding); a window lasting one period and a window, not two; the last
+    windows kept when no client is connected any more."""
+    from exporter.samplers.cupti import CuptiSource
+    from tests.test_cupti import NVML, UUID, parse, report
+
+    with pytest.raises(Exception, match="start 1002.1 outside"):
+        parse(report(start=1002.1, end=1011.0))
+    assert parse(report(start=1002.0, end=1011.0)).start == 1002.0
+    from exporter.samplers.cupti import ClientReport, DeviceReport, gpu_windows
+
+    over = gpu_windows([ClientReport(1, 0.0, 10.0, {UUID: DeviceReport(10.009, 10.0, 0.0, 3)})])
+    assert (over[UUID].shares[1].time, over[UUID].shares[1].sm) == (1.0, 1.0)
+    source = CuptiSource(NVML, "/nonexistent/cupti.sock", window_s=5.0, period_s=600.0)
+    assert source.max_age == 1205.0
+    source.readings[UUID] = over[UUID]
+    assert source.fresh(UUID, 10.0 + 1205.0) is over[UUID] and source.fresh(UUID, 10.0 + 1205.001) is None
+
+
+def test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends(tmp_path, monkeypatch,
+                                                                                             caplog):
+    """Mutants: tick() with no client keeps the last windows; a report whose newline comes after 16 KiB
+    (in the read that crosses the cap) parsed instead of refused."""
+    from exporter.samplers import cupti
+    from tests.test_cupti import NVML, UUID, run_attacker
+
+    monkeypatch.setattr(cupti, "REPLY_GRACE_S", 3.0)
+    source = cupti.CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, period_s=60.0, max_clients=8)
+    source.open()
+    try:
+        source.readings[UUID] = cupti.gpu_windows([cupti.ClientReport(1, 0.0, 10.0, {UUID: cupti.DeviceReport(
+            1.0, 1.0, 0.0, 1)})])[UUID]
+        source.tick()  # nobody connected
+        assert source.readings == {} and source.fresh(UUID, 10.0) is None
+        padded = r"""
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True)
+command = json.loads(s.makefile().readline())
+now = time.time()
+body = json.dumps({"window": command["window"], "pid": os.getpid(), "start": now, "end": now + 0.001, "devices": []})
+s.sendall((body + " " * (16500 - len(body)) + "\n").encode()); s.recv(1)
+"""
+        run_attacker(source, caplog, padded)
+        assert source.refused == {"oversized": 1} and source._clients == {}
+    finally:
+        source.close()

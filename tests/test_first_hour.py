@@ -3,12 +3,14 @@ exporter, real Prometheus, the commands as typed. Every test here failed on the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 from pathlib import Path
 
@@ -365,6 +367,17 @@ def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack, tmp_path):
                               f"Prometheus: gpu-spatial report --prometheus {url}\n")
 
 
+@needs("prometheus", "tmux")
+def test_top_in_a_terminal_pointed_at_a_prometheus_says_it_and_exits(users_stack):
+    """Not a screen that retries forever: the terminal restored, the one line, exit 2."""
+    from tests.test_top import tmux
+
+    _exporter, prometheus = users_stack
+    with tmux(["--url", prometheus.url], 160, 20) as terminal:
+        text = terminal.wait(lambda t: "TOP-EXITED=" in t, timeout=60, what="top exited")
+    assert "TOP-EXITED=2" in text and f"gpu-spatial top: {prometheus.url} is a Prometheus query API" in text, text
+
+
 @needs("prometheus")
 def test_report_on_one_scrape_says_wait_for_the_next(users_stack):
     """A range that holds the first scrape of the counters and no second: the next scrape is what is missing;
@@ -408,16 +421,47 @@ def test_report_before_the_first_scrape_says_so(tmp_path):
         f"run the report again after its first scrapes, within a scrape interval\n"), done.stderr
 
 
+@needs("prometheus")
+def test_report_on_a_prometheus_that_lists_no_target_yet(tmp_path):
+    """The first seconds after Prometheus starts, before it lists the targets of its scrape configurations: it
+    says how young it is (here a discovery that finds no file stands for one not run yet). The same server an
+    hour later (the clock moved by hand), and a young one without scrape configurations, get the usual question."""
+    from gpu_spatial.report.account import Plan
+    from gpu_spatial.report.empty import diagnose_empty
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    said = {}
+    for config in ("scrapes", "scrapes nothing"):
+        home = tmp_path / config.replace(" ", "-")
+        home.mkdir()
+        scrape = {"scrape_configs": [{"job_name": "gpu", "file_sd_configs": [{"files": [str(home / "none*.json")]}]}]}
+        (home / "prometheus.yaml").write_text(json.dumps({"global": {"scrape_interval": "5m"},
+                                                          **(scrape if config == "scrapes" else {})}))
+        prometheus = Prometheus.from_config(home)
+        try:
+            wait_for(lambda: http_get(prometheus.url + "/-/ready", timeout=5)[0] == 200, 60, 0.2, "prometheus ready")
+            done = report("--prometheus", prometheus.url, "--last", "1h")
+            api, now = PrometheusAPI(prometheus.url), time.time()
+            said[config] = (prometheus.url, done, str(diagnose_empty(api, Plan("namespace"), now - 3600, now, now + 3600)))
+        finally:
+            prometheus.stop()
+    url, done, later = said["scrapes"]
+    assert done.returncode == 2 and re.fullmatch(
+        rf"gpu-spatial report: {url} started \d+ s ago and lists no scrape target yet: run the report "
+        rf"again after its first scrapes, in a minute\n", done.stderr), done.stderr
+    assert later.startswith(f"{url} has no series of the gpu-spatial exporter"), later
+    url, done, _later = said["scrapes nothing"]
+    assert done.stderr.startswith(f"gpu-spatial report: {url} has no series of the gpu-spatial exporter"), done.stderr
+
+
 def test_the_targets_named_are_few_and_printable():
     """What the targets API says is the server's: clipped, no escape sequences, a count past the first three."""
     from gpu_spatial.report.empty import never_scraped
 
-    class Targets:
-        def targets(self):
-            return [{"health": "unknown", "scrapeUrl": f"http://h{i}\x1b[2J/metrics"} for i in range(5)] + \
-                [{"health": "up", "scrapeUrl": "http://up/metrics"}, "not a target"]
+    targets = [{"health": "unknown", "scrapeUrl": f"http://h{i}\x1b[2J/metrics"} for i in range(5)] + \
+        [{"health": "up", "scrapeUrl": "http://up/metrics"}, "not a target"]
 
-    assert never_scraped(Targets()) == ["http://h0?[2J/metrics", "http://h1?[2J/metrics", "http://h2?[2J/metrics",
+    assert never_scraped(targets) == ["http://h0?[2J/metrics", "http://h1?[2J/metrics", "http://h2?[2J/metrics",
                                         "2 more targets"]
 
 
@@ -478,7 +522,6 @@ def test_top_help_replays_the_readmes_recording():
 
 def test_operations_names_every_provisioned_dashboard():
     """docs/operations.md counts and names the dashboards the compose stack provisions: every generated file."""
-    import json
 
     titles = sorted(json.loads(path.read_text())["title"] for path in (ROOT / "dashboards" / "generated").glob("*.json"))
     compose = (ROOT / "docs" / "operations.md").read_text().split("## The compose stack", 1)[1].split("\n## ", 1)[0]

@@ -7,7 +7,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError, PartialAnswer
-from exporter.nvml_answers import DeviceIdentity, MemoryInfo, MigLayout, ProcessLists, UtilizationSamples
+from exporter.nvml_answers import (
+    DeviceIdentity,
+    HealthCounters,
+    LinkCounters,
+    MaxClocks,
+    MemoryErrors,
+    MemoryInfo,
+    MigLayout,
+    ProcessLists,
+    UtilizationSamples,
+)
 from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
 from exporter import vocabulary
@@ -61,9 +71,9 @@ class _SlowReads:
     errors: dict = field(default_factory=dict)  # read name -> its errors at its last read
     static_done: bool = False
     driver: str | None = None
-    max_clocks: dict = field(default_factory=dict)
-    health: dict = field(default_factory=dict)
-    memory_errors: dict = field(default_factory=dict)
+    max_clocks: MaxClocks = MaxClocks()
+    health: HealthCounters = HealthCounters()
+    memory_errors: MemoryErrors = MemoryErrors()
     gpm: bool | None = None
     links: LinkThroughput | None = None
     nvlink_before: tuple | None = None  # (monotonic time, tx bytes, rx bytes)
@@ -369,60 +379,60 @@ class NvmlSampler(SamplerDefaults):
             return False
         return not any(serves(self.spatial, name, gpu.uuid) for name in self.spatial if name != "gpm")
 
-    def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
-        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its values, and its errors
-        kept until its next read."""
+    def _partial_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn, nothing):
+        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its record (`nothing` where the read
+        failed whole), and its errors kept until its next read."""
         answer, error = self._call(gpu, fn)
         answer = answer or PartialAnswer()
         slow.errors[name] = ([error] if error else []) + list(answer.errors)
-        return answer.values
+        return nothing if answer.values is None else answer.values
 
     def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
         slow = self._slow.setdefault(gpu.uuid, _SlowReads())
         b = self.backend
         if not slow.static_done and self._due(gpu, "static", self.errors_every_s):  # until it worked once
             slow.driver, driver_error = self._call(gpu, lambda _index: b.driver_version())
-            slow.max_clocks = self._dict_read(gpu, slow, "static", b.max_clocks)
+            slow.max_clocks = self._partial_read(gpu, slow, "static", b.max_clocks, MaxClocks())
             slow.errors["static"] += [driver_error] if driver_error else []
             slow.static_done = not slow.errors["static"]
         if slow.gpm is None:
             support, _error = self._call(gpu, b.gpm_support)
             slow.gpm = bool(support and support.supported)
         if self._due(gpu, "health", self.health_every_s):
-            slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
+            slow.health = self._partial_read(gpu, slow, "health", b.health_counters, HealthCounters())
             slow.throttle_share, slow.throttle_before = throttle_share(
-                slow.throttle_before, slow.health.get("throttle_seconds") or {}, time.monotonic())
+                slow.throttle_before, slow.health.throttle_seconds or {}, time.monotonic())
             if not slow.gpm:
                 slow.links, slow.nvlink_before = self._nvml_links(gpu, slow)
         if self._due(gpu, "memory_errors", self.errors_every_s):
-            slow.memory_errors = self._dict_read(gpu, slow, "memory_errors", b.memory_errors)
+            slow.memory_errors = self._partial_read(gpu, slow, "memory_errors", b.memory_errors, MemoryErrors())
         h, e = slow.health, slow.memory_errors
-        rows = e.get("remapped_rows") or {}
+        rows = e.remapped_rows
         return GpuHealth(
             driver_version=slow.driver,
-            sm_clock_max_hertz=slow.max_clocks.get("sm_hz"),
-            memory_clock_max_hertz=slow.max_clocks.get("memory_hz"),
+            sm_clock_max_hertz=slow.max_clocks.sm_hz,
+            memory_clock_max_hertz=slow.max_clocks.memory_hz,
             clock_event_reasons=reasons,
-            memory_temperature_celsius=h.get("memory_temperature_celsius"),
-            energy_joules=h.get("energy_joules"),
-            encoder_utilization=as_ratio(h.get("encoder_percent"), per=100.0),
-            decoder_utilization=as_ratio(h.get("decoder_percent"), per=100.0),
-            throttle_seconds=tuple(sorted((h.get("throttle_seconds") or {}).items())),
+            memory_temperature_celsius=h.memory_temperature_celsius,
+            energy_joules=h.energy_joules,
+            encoder_utilization=as_ratio(h.encoder_percent, per=100.0),
+            decoder_utilization=as_ratio(h.decoder_percent, per=100.0),
+            throttle_seconds=tuple(sorted((h.throttle_seconds or {}).items())),
             throttle_share=slow.throttle_share,
-            pcie_replays=e.get("pcie_replays"),
-            ecc_errors=tuple((*key.split("_", 1), count) for key, count in sorted((e.get("ecc") or {}).items())),
-            remapped_rows=tuple((kind, rows[kind]) for kind in ("correctable", "uncorrectable") if kind in rows),
-            row_remap_pending=rows.get("pending"),
-            row_remap_failure=rows.get("failure"),
+            pcie_replays=e.pcie_replays,
+            ecc_errors=tuple((*key.split("_", 1), count) for key, count in sorted((e.ecc or {}).items())),
+            remapped_rows=(("correctable", rows.correctable), ("uncorrectable", rows.uncorrectable)) if rows else (),
+            row_remap_pending=rows.pending if rows else None,
+            row_remap_failure=rows.failure if rows else None,
             links=slow.links,
         )
 
     def _nvml_links(self, gpu: GpuIdentity, slow: _SlowReads):
         """NVML's PCIe throughput and NVLink rates (from its byte counters between two reads), for a GPU
         GPM does not serve."""
-        answer = self._dict_read(gpu, slow, "links", self.backend.nvml_throughput)
+        answer = self._partial_read(gpu, slow, "links", self.backend.nvml_throughput, LinkCounters())
         now = time.monotonic()
-        counters = (now, answer.get("nvlink_tx_bytes"), answer.get("nvlink_rx_bytes"))
+        counters = (now, answer.nvlink_tx_bytes, answer.nvlink_rx_bytes)
         before = slow.nvlink_before
 
         def rate(i):
@@ -430,7 +440,7 @@ class NvmlSampler(SamplerDefaults):
                 return None
             return (counters[i] - before[i]) / (now - before[0])
 
-        pcie_tx, pcie_rx = answer.get("pcie_tx_bytes_per_second"), answer.get("pcie_rx_bytes_per_second")
+        pcie_tx, pcie_rx = answer.pcie_tx_bytes_per_second, answer.pcie_rx_bytes_per_second
         links = LinkThroughput("nvml", pcie_tx, pcie_rx, rate(1), rate(2))
         known = any(v is not None for v in (pcie_tx, pcie_rx, links.nvlink_tx, links.nvlink_rx))
         return (links if known else None), counters
