@@ -101,7 +101,10 @@ def start_victoria_metrics(out: Path) -> tuple[subprocess.Popen, str]:
     url = f"http://127.0.0.1:{port}"
     vm = subprocess.Popen(["victoria-metrics", f"-storageDataPath={out / 'vm'}", f"-httpListenAddr=127.0.0.1:{port}",
                            "-retentionPeriod=1", "-search.latencyOffset=0s", "-search.maxUniqueTimeseries=5000000",
-                           "-search.maxSamplesPerQuery=10000000000"],
+                           "-search.maxSamplesPerQuery=10000000000",
+                           # vmalert's replay writes a range query's answer in one request: above the default
+                           # 32 MiB VictoriaMetrics refuses it and vmalert drops those rollups (the ledger's)
+                           "-maxInsertRequestSize=1073741824"],
                           stdout=open(out / "vm.log", "w"), stderr=subprocess.STDOUT)
     wait_for(lambda: http_get(url + "/health", timeout=1)[0] == 200, 60, what="victoria-metrics")
     return vm, url

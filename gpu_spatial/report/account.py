@@ -227,6 +227,8 @@ class GpuLedgerTotals:
 
     books: dict = field(default_factory=dict)        # (instance, uuid) -> GpuBook
     skipped: str = ""                                 # why there is none (matchers on holder labels)
+    summed: dict | None = None                        # cell -> GPU-seconds of all, where the server summed them
+    read_worst: float | None = None                   # the worst GPU's, where the server computed it
 
     def book(self, metric: dict) -> GpuBook:
         key = (_label(metric, "instance"), _label(metric, "uuid"))
@@ -257,6 +259,8 @@ class GpuLedgerTotals:
 
     def sums(self, books=None) -> dict:
         """cell -> GPU-seconds over `books` (default all), unobserved included."""
+        if books is None and self.summed is not None:
+            return {**self.summed, UNOBSERVED: sum(b.unobserved for b in self.books.values())}
         out: dict = {}
         for book in self.books.values() if books is None else books:
             for cell, value in book.all_cells().items():
@@ -278,6 +282,8 @@ class GpuLedgerTotals:
     @property
     def worst(self) -> float:
         """The largest |exporter's cells - observed| / observed of one GPU: how closely its counters add up."""
+        if self.read_worst is not None:
+            return self.read_worst
         return max((abs(sum(b.cells.values()) - b.observed) / b.observed for b in self.books.values()
                     if b.observed > 0), default=0.0)
 
@@ -591,14 +597,53 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
 
 
 def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuLedgerTotals:
-    """Every GPU's cells, observed seconds and sightings over the range, from the counters a day at a time (a
-    few series per GPU). GPUs are selected by the matchers on GPU labels only: a matcher on a holder label
+    """Every GPU's cells, observed seconds and sightings over the range, from the counters (a few series per
+    GPU: a day at a time for --by gpu and --by node, else summed by the server over the range). GPUs are selected by the matchers on GPU labels only: a matcher on a holder label
     selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
     out = GpuLedgerTotals()
     holder_matchers = sorted({label for label, _op, _v in plan.matchers} - set(GPU_LABELS))
     if holder_matchers:
         out.skipped = f"--match on {', '.join(holder_matchers)} selects holders, not GPUs"
         return out
+    if plan.by in ("gpu", "node") or not _fleet_cells(api, plan, start, end, out):
+        _each_gpus_cells(api, plan, start, end, out)
+    if not out.books:
+        return out
+    _existence(api, plan, start, end, out)
+    return out
+
+
+def _fleet_cells(api: PrometheusAPI, plan: Plan, start: float, end: float, out: GpuLedgerTotals) -> bool:
+    """A report without a GPU's or node's own ledger: each GPU's observed seconds and listing over the whole
+    range (a GPU each), its cells and the worst GPU's counters summed by the server (one answer each, which
+    the server reads once and VictoriaMetrics caches). False where the server's sample limit refuses a whole
+    range: the per-GPU reads a day at a time answer then (_each_gpus_cells)."""
+    window = promql_window(end - start)
+    cells = f"sum by ({BOOK}) (increase({GPU_LEDGER}{plan.selector}[{window}]))"
+    observed = f"sum by ({BOOK}) (increase({OBSERVED}{plan.selector}[{window}]))"
+    try:
+        seen = api.query(observed, end)
+        listed = api.query(f"max by ({BOOK}) (max_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end)
+        summed = api.query(f"sum by (cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", end)
+        # a GPU observed without cells is 100% off, as in GpuLedgerTotals.worst
+        worst = api.query(f"max(abs(({cells} or {observed} * 0) - {observed}) / ({observed} > 0))", end)
+    except TooManySamples:
+        return False
+    for sample in seen:  # a GPU each, over the whole range
+        book = out.book(_metric(sample))
+        book.observed += _value(sample)
+    for sample in listed:
+        out.book(_metric(sample))  # a GPU its exporter lists, lost or not (gpu_lost 0 or 1)
+    out.summed = {}
+    for sample in summed:
+        cell = _label(_metric(sample), "cell") or "unknown"
+        out.summed[cell] = out.summed.get(cell, 0.0) + _value(sample)
+    out.read_worst = max((_value(sample) for sample in worst), default=0.0)
+    return True
+
+
+def _each_gpus_cells(api: PrometheusAPI, plan: Plan, start: float, end: float, out: GpuLedgerTotals) -> None:
+    """Every GPU's cells, observed seconds and listing, a day at a time (--by gpu, --by node)."""
     for a, b in chunks(start, end):
         window = promql_window(b - a)
         for sample in api.query(f"sum by ({BOOK}, cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", b):
@@ -610,8 +655,11 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
             out.book(_metric(sample)).observed += _value(sample)
         for sample in api.query(f"max by ({BOOK}) (max_over_time({LOST_GAUGE}{plan.selector}[{window}]))", b):
             out.book(_metric(sample))  # a GPU its exporter lists, lost or not (gpu_lost 0 or 1)
-    if not out.books:
-        return out
+
+
+def _existence(api: PrometheusAPI, plan: Plan, start: float, end: float, out: GpuLedgerTotals) -> None:
+    """When each GPU existed: the range's edges, its listing as lost, its node's up, and the sightings of
+    the GPUs the edges do not settle."""
     edge = promql_window(EDGE)
     present = f"count by ({BOOK}) (last_over_time({OBSERVED}{plan.selector}[{edge}]) or " \
               f"last_over_time({LOST_GAUGE}{plan.selector}[{edge}]))"
@@ -644,7 +692,6 @@ def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuL
                         else:
                             book.last = max(book.last, _value(sample))
     out.close(start, end, node_seen)
-    return out
 
 
 def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window_seconds: float,

@@ -402,9 +402,11 @@ def group_json(report: Report, row) -> dict:
     return out
 
 
-def _ledger_entry(ledger, books) -> dict:
-    """A GPU's, node's or the fleet's ledger in GPU-hours: the cells (unobserved included) sum to existed."""
+def _ledger_entry(ledger, books=None) -> dict:
+    """A GPU's, node's or (books None) the fleet's ledger in GPU-hours: the cells (unobserved included) sum to
+    existed."""
     cells = ledger.sums(books)
+    books = ledger.books.values() if books is None else books
     existed = sum(b.existed for b in books)
     return {"existed_gpu_hours": round(existed / 3600, 6),
             "observed_gpu_hours": round(sum(b.observed for b in books) / 3600, 6),
@@ -417,7 +419,7 @@ def _ledger_entry(ledger, books) -> dict:
 
 def gpu_ledger_json(report: Report) -> dict:
     ledger = report.collected.ledger
-    out = {"skipped": ledger.skipped or None, "gpus": len(ledger.books), **_ledger_entry(ledger, ledger.books.values()),
+    out = {"skipped": ledger.skipped or None, "gpus": len(ledger.books), **_ledger_entry(ledger),
            "worst_gpu_relative_error": round(ledger.worst, 9), "error": ERROR}
     if report.by == "gpu":
         out["by_gpu"] = [{"instance": b.instance, "uuid": b.uuid, "gpu": b.gpu, "model": b.model,
