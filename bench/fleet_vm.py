@@ -27,10 +27,10 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.fleet_sim import fleet  # noqa: E402
-from bench.ingest_bench import write_result  # noqa: E402
-from tests.helpers import RULES, free_port, http_get, wait_for  # noqa: E402
-from tests.workload_scenario import series  # noqa: E402
+from bench.fleet_sim import fleet
+from bench.ingest_bench import write_result
+from tests.helpers import RULES, free_port, http_get, wait_for
+from tests.workload_scenario import series
 
 ROOT = Path(__file__).resolve().parent.parent
 

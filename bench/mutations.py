@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests  # noqa: E402
+from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests
 
 TIMEOUT_S = 600
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth
-from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401
+from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401 - re-exported
 
 
 def weakest_basis(bases) -> str:
@@ -179,8 +179,9 @@ class HolderSampler(SamplerDefaults):
 
 # Kind -> its module, which declares
 # - LABELS: the labels its holders set, label -> what it names (kinds may share one: an LSF job is an
-#   hpc_job too; the first kind's meaning is published), and HELD_THROUGH (optional): those of them that name what the GPU is held through rather than who runs
-#   the processes (a DRA claim): the process series' owners go without them (Holder.owner());
+#   hpc_job too; the first kind's meaning is published), and HELD_THROUGH (optional): those of them that
+#   name what the GPU is held through rather than who runs the processes (a DRA claim): the process
+#   series' owners go without them (Holder.owner());
 #   and GROUPS (optional): what `gpu-spatial report --by` groups by, name -> labels (a pod needs its
 #   namespace), where not every label is a grouping alone (the default);
 # - SCHEDULER: True for a scheduler's allocations; under --holders auto the kinds that are no scheduler

@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import urllib.error
 from pathlib import Path
 
 import pytest

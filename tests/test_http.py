@@ -357,7 +357,7 @@ def test_a_client_that_never_reads_is_let_go_with_what_it_left_unsent():
     sent would keep the socket (and its buffers) until the client chose to leave."""
     with exporter_under_attack(*SHORT, "--http-body-timeout", "1s") as exporter:
         assert get_status(exporter, "/docs") == 200
-        fds = lambda: len(os.listdir(f"/proc/{exporter.proc.pid}/fd"))  # noqa: E731
+        fds = lambda: len(os.listdir(f"/proc/{exporter.proc.pid}/fd"))
         before = fds()
         sock = connect(exporter.port)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

@@ -269,7 +269,7 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
 
     server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})],
                                       [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES)])])
-    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share  # noqa: E731
+    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share
     cut = f"GetAllocatableResources lists more than {MAX_DEVICES} device IDs: it is read no further"
     try:
         sampler.tick()

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import tempfile

@@ -153,7 +153,8 @@ def gpu_ledger_lines(report: Report) -> list[str]:
              if ledger.cells.get(cell, 0.0) >= 1.8]  # shown to 0.001 GPU-h: 3.6 s and more
     lost = sum(ledger.cells.get(c, 0.0) for c in WASTE_CELLS) / 3600
     unsplit = sum(ledger.cells.get(c, 0.0) for c in UNSPLIT_CELLS) / 3600
-    return [f"GPU ledger (physical, {len(ledger.gpus)} GPU{'s' * (len(ledger.gpus) != 1)}): {whole:.3f} GPU-h existed = " + " + ".join(parts)
+    return [f"GPU ledger (physical, {len(ledger.gpus)} GPU{'s' * (len(ledger.gpus) != 1)}): {whole:.3f} GPU-h existed = "
+            + " + ".join(parts)
             + f" (cells sum to {sum(ledger.cells.values()) / 3600:.3f}; worst GPU off by {ledger.worst:.3%})",
             f"GPU ledger waste: {'>=' if unsplit > 5e-4 else ''}{lost:.3f} GPU-h ({lost / whole:.1%} of what existed): "
             f"hidden idle + time idle + switch overhead, attributed or not"]
