@@ -558,7 +558,7 @@ ROUND_39 = (
     _m("holders-strongest-basis", "exporter/holders.py", "max(bases, key=HELD_SHARE_BASES.index, default=WHOLE)",
        "min(bases, key=HELD_SHARE_BASES.index, default=WHOLE)", HOLDERS, "the weakest basis is said"),
     _m("holders-claim-owner-keeps-claim", "exporter/holders.py",
-       'if not any(label in through for label, _ in self._values):', "if True:", HOLDERS,
+       'self if not through & self._map.keys() else', 'self if True else', HOLDERS,
        "a claim's processes are its container's"),
     # issue 44: the registries and the vocabulary refuse at construction
     _m("holders-unknown-label-accepted", "exporter/holders.py", "        if unknown:\n", "        if False:\n",
