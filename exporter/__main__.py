@@ -59,6 +59,10 @@ def build_engine(args):
                     "runs", ", ".join(source.name for source in sources))
     engine = Engine(nvml, samplers, order=args.spatial_sources, disabled_reasons=disabled, interval=args.interval,
                     process_series=(args.process_series, args.process_series_limit), workloads=workloads)
+    # A source with a loop and windows of its own (DCGM, nsys) or a workload source (ctxsw, cupti) needs NVML's
+    # samples as its windows end; GPM, ticked in NVML's loop, shares its window.
+    if args.unwatched_interval > 0 and all(s.in_nvml_loop for s in spatial.values()) and not sources:
+        engine.unwatched_interval = args.unwatched_interval
     return engine, upload
 
 
@@ -125,8 +129,10 @@ def main(argv=None, prog: str | None = None) -> int:
 
         app = create_app(engine, upload, api_on=not args.no_api)
         port = sock.getsockname()[1]  # the port bound, also where --port 0 chose one
-        log.info("serving on http://%s:%d/metrics (interval %.2f s, spatial sources %s%s)", args.listen_address,
-                 port, args.interval, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
+        unwatched = (f", NVML every {engine.unwatched_interval:g} s while no API reader watches"
+                     if engine.unwatched_interval else "")
+        log.info("serving on http://%s:%d/metrics (interval %.2f s%s, spatial sources %s%s)", args.listen_address,
+                 port, args.interval, unwatched, ",".join(args.spatial_sources), "; JSON API off" if args.no_api else "")
         serve(app, sock, Limits.from_args(args))
     except BindError as exc:
         print(f"error: {exc}", file=sys.stderr)

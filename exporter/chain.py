@@ -75,7 +75,8 @@ def build_view(
     time_window = None
     time_util = memory_util = None
     if live:
-        time_window = (telemetry.taken_at - interval, telemetry.taken_at)
+        start = telemetry.window_start if telemetry.window_start is not None else telemetry.taken_at - interval
+        time_window = (start, telemetry.taken_at)
         memory_util = window_mean(telemetry.memory_samples, *time_window)
         gpm = engine_busy(results.get("gpm"))
         if telemetry.gpu_samples or gpm is None:

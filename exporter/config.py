@@ -81,6 +81,10 @@ def _at_least(convert, minimum, what: str, maximum=None):
 duration, size, at_least, api_server, env_name = _duration, _size, _at_least, _api_server, _env_name
 _port = _at_least(int, 0, "a port number", 65535)  # 0: any free port (the log names the one bound)
 _interval = _at_least(_duration, 0.1, "an interval", 60)
+# Prometheus scrapes every 15 s or more seldom: reading NVML every 10 s then costs a tenth of reading it every
+# second (bench/RESULTS.md, "Cost per GPU, issue 47"), and 10 s stays within the ~14 s of samples NVML keeps.
+UNWATCHED_INTERVAL_S = 10.0
+_unwatched_interval = _at_least(_duration, 0.0, "an interval", UNWATCHED_INTERVAL_S)
 
 
 def _bool(text: str) -> bool:
@@ -160,7 +164,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     g.add_argument("--listen-address", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     g.add_argument("--port", type=_port, default=DEFAULT_PORT,
                    help="port of /metrics, /healthz and /api/v1 (0: any free port, named in the log)")
-    g.add_argument("--interval", type=_interval, default=1.0, help="sampling interval (0.1 s to 60 s)")
+    g.add_argument("--interval", type=_interval, default=1.0,
+                   help="sampling interval (0.1 s to 60 s); NVML and GPM: while a reader of the JSON API watches")
+    g.add_argument("--unwatched-interval", type=_unwatched_interval, default=UNWATCHED_INTERVAL_S,
+                   help="how often NVML and GPM are read while no reader of the JSON API (top, a polling client) "
+                        "came in the last 30 s: every value then describes the whole time since the last read, no "
+                        "NVML sample lost (NVML keeps ~14 s of them: at most 10 s). 0: always --interval. Applies "
+                        "where GPM is the only spatial source and no workload source runs (DCGM's and nsys' windows "
+                        "need NVML's samples as they end)")
     g.add_argument("--no-api", action="store_true",
                    help="switch the JSON API off (/api/*, /docs: 404): a node that is only scraped never loads "
                         "FastAPI (19 MB); /metrics and /healthz answer as ever")

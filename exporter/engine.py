@@ -26,6 +26,9 @@ NVML_FIRST_TICK_WAIT_S = 30.0  # a hung NVML init does not hold them back for lo
 # what a start, a burst of scrapes or a slow read freed stays resident otherwise (bench/RESULTS.md, "Resident
 # memory at steady state").
 HEAP_GIVE_BACK_S = 60.0
+# A reader of the JSON API (`gpu-spatial top`, a client polling /api/v1) keeps NVML's loop at --interval this
+# long after its last request; unwatched, the loop ticks every `unwatched_interval` (docs/exporter.md, "Freshness").
+WATCHED_FOR_S = 30.0
 
 
 class Engine:
@@ -67,6 +70,11 @@ class Engine:
         self._crashed: dict[str, CollectorHealth] = {}  # loop name -> why its last tick raised or is stuck
         self._withdrawn: set[str] = set()  # loops whose tick is stuck or raised: none of their values are published
         self.tick_deadline = TICK_DEADLINE_S
+        # How often NVML's loop ticks while no reader watches (None: always `interval`): its values are read
+        # over the whole time since the last tick (NVML's buffered samples, GPM's window), none lost.
+        self.unwatched_interval: float | None = None
+        self._watched_until = float("-inf")
+        self._watched = threading.Event()  # wakes NVML's loop out of an unwatched wait
         self.snapshot = Snapshot(version=0, created=time.time())
 
     # -- sampling -------------------------------------------------------------------------------
@@ -79,6 +87,25 @@ class Engine:
         finally:
             if self.nvml in members:
                 self._nvml_ticked.set()
+
+    def watch(self) -> None:
+        """A reader that wants values as fresh as `interval` came (the JSON API): NVML's loop ticks at
+        `interval` for the next WATCHED_FOR_S, starting now rather than at the end of an unwatched wait."""
+        now = time.monotonic()
+        if now >= self._watched_until and self.unwatched_interval is not None:  # no slower wait to end otherwise
+            self._watched.set()
+        self._watched_until = now + WATCHED_FOR_S
+
+    def device_interval(self) -> float:
+        """How often NVML's loop ticks now: `interval` while a reader watches, else the unwatched interval."""
+        if self.unwatched_interval is None or time.monotonic() < self._watched_until:
+            return self.interval
+        return max(self.interval, self.unwatched_interval)
+
+    @property
+    def longest_interval(self) -> float:
+        """The longest time between two of NVML's ticks: what a snapshot's age is judged by."""
+        return max(self.interval, self.unwatched_interval or 0.0)
 
     def tick_devices(self) -> None:
         """One tick of NVML's loop (GPM, then NVML)."""
@@ -106,6 +133,7 @@ class Engine:
 
     def stop(self) -> None:
         self._stop.set()
+        self._watched.set()
         for sampler in reversed(self.samplers[1:]):  # work in flight (a capture) ends now, not after the join
             sampler.close()
         for thread in self._threads:
@@ -128,14 +156,19 @@ class Engine:
             if name not in self._crashed:  # a tick that raised leaves the values withdrawn
                 self._withdrawn.discard(name)
             self.publish()
-            if name == self.nvml.name:
+            devices = name == self.nvml.name
+            if devices:
                 self._give_back_heap()
-            next_at += interval
+            next_at += self.device_interval() if devices else interval
             delay = next_at - time.monotonic()
             if delay < 0:  # fell behind (slow device call): skip ticks instead of bursting
                 next_at = time.monotonic()
                 delay = 0
-            self._stop.wait(delay)
+            if not devices:
+                self._stop.wait(delay)
+            elif self._watched.wait(delay):  # a reader came: its first values now, not after the unwatched wait
+                self._watched.clear()
+                next_at = time.monotonic()
 
     def _give_back_heap(self) -> None:
         now = time.monotonic()

@@ -157,6 +157,9 @@ class DeviceTelemetry:
     last_xid: int | None = None
     lost: bool = False
     errors: tuple[str, ...] = ()
+    # Start of the time this tick's samples describe: the GPU's previous tick, however long ago (NVML's
+    # loop slows down while no reader watches). None: one interval before taken_at.
+    window_start: float | None = None
 
 
 @dataclass(frozen=True)

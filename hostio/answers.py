@@ -23,8 +23,13 @@ READ_BYTES = 65536
 # A cap of parsed values from a cap of bytes, for callers without their own: a JSON value per 16 bytes (a
 # value parses into at most ~72 bytes of Python objects: an empty dict or list and its slot).
 BYTES_PER_VALUE = 16
-DEADLINE_EVERY_CHUNKS = 4096  # the deadline is looked at this often while chunks are decoded
 STATUS_LINE = re.compile(rb"^HTTP/1\.[01] ([0-9]{3})(?: |$)")
+CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")  # no sign, no 0x: int(, 16) takes both
+MAX_CHUNK_LINE_BYTES = 1024  # a chunk's size and its extensions
+# Chunks past the first FREE_CHUNKS must average this many bytes: real servers send kilobytes a chunk
+# (Go's net/http 2-4 KB), and each chunk costs the decoder a step whatever its size.
+FREE_CHUNKS = 1024
+MIN_MEAN_CHUNK_BYTES = 64
 
 
 class AnswerError(Exception):
@@ -97,39 +102,37 @@ def request(method: str, host: str, port: int, path: str, deadline: float, max_b
 
 
 def _answer(sock, deadline: float, max_bytes: int) -> Answer:
+    """The answer on `sock`: its head read whole, its body decoded as it arrives (a chunked one without
+    keeping its framing or an object per chunk), at most `max_bytes` of body bytes on the wire."""
     raw = bytearray()
-    head_end = length = None
-    status, fields = 0, {}
     while True:
-        sock.settimeout(left(deadline))
-        chunk = sock.recv(READ_BYTES)
+        chunk = _recv(sock, deadline)
         if not chunk:
-            break
+            raise AnswerError("the connection closed before the headers ended", "cut")
         raw += chunk
-        if head_end is None:
-            found = raw.find(b"\r\n\r\n", max(0, len(raw) - len(chunk) - 3))
-            if found < 0:
-                if len(raw) > MAX_HEAD_BYTES:
-                    raise AnswerError(f"headers over {MAX_HEAD_BYTES} bytes", "large")
-                continue
-            head_end = found + 4
-            status, fields = _head(bytes(raw[:found]))
-            if "chunked" not in fields.get("transfer-encoding", "").lower() and "content-length" in fields:
-                length = _length(fields["content-length"], max_bytes)
-        if len(raw) - head_end > max_bytes:
-            raise AnswerError(f"answer over {max_bytes} bytes", "large")
-        if length is not None and len(raw) - head_end >= length:
+        found = raw.find(b"\r\n\r\n", max(0, len(raw) - len(chunk) - 3))
+        if (len(raw) if found < 0 else found) > MAX_HEAD_BYTES:
+            raise AnswerError(f"headers over {MAX_HEAD_BYTES} bytes", "large")
+        if found >= 0:
             break
-    if head_end is None:
-        raise AnswerError("the connection closed before the headers ended", "cut")
-    del raw[:head_end]  # in place: the body is never copied whole
+    status, fields = _head(bytes(raw[:found]))
+    del raw[:found + 4]  # in place: what came of the body
     if "chunked" in fields.get("transfer-encoding", "").lower():
-        return Answer(status, fields, _unchunk(raw, deadline))
-    if length is not None:
-        if len(raw) < length:
-            raise AnswerError(f"the connection closed {length - len(raw)} bytes short of the answer", "cut")
-        del raw[length:]
-    return Answer(status, fields, raw)
+        body = Unchunked(max_bytes)
+    else:
+        body = Plain(max_bytes, _length(fields["content-length"], max_bytes) if "content-length" in fields else None)
+    chunk = raw
+    while not body.feed(chunk):
+        chunk = _recv(sock, deadline)
+        if not chunk:
+            body.ended()
+            break
+    return Answer(status, fields, body.body)
+
+
+def _recv(sock, deadline: float) -> bytes:
+    sock.settimeout(left(deadline))
+    return sock.recv(READ_BYTES)
 
 
 def _head(head: bytes) -> tuple[int, dict[str, str]]:
@@ -153,25 +156,105 @@ def _length(text: str, max_bytes: int) -> int:
     return int(text)
 
 
-def _unchunk(raw: bytearray, deadline: float) -> bytes:
-    """The body of a chunked answer; the deadline still holds while many tiny chunks are decoded."""
-    pieces, at = [], 0
-    for count in range(len(raw) + 1):
-        if count % DEADLINE_EVERY_CHUNKS == 0:
-            left(deadline)
-        line_end = raw.find(b"\r\n", at)
-        if line_end < 0:
-            break
-        size_text = raw[at:line_end].split(b";", 1)[0].strip()
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise AnswerError(f"chunk size {size_text[:20]!r} is no number", "http") from None
+class Plain:
+    """A body of `length` bytes (None: up to the connection's end), kept as it arrives."""
+
+    def __init__(self, max_bytes: int, length: int | None):
+        self.max_bytes, self.length = max_bytes, length
+        self.body = bytearray()
+
+    def feed(self, data) -> bool:
+        """Takes the next bytes; true once the body is whole (bytes past its length are dropped)."""
+        self.body += data
+        if self.length is not None and len(self.body) >= self.length:
+            del self.body[self.length:]
+            return True
+        if len(self.body) > self.max_bytes:
+            raise AnswerError(f"answer over {self.max_bytes} bytes", "large")
+        return False
+
+    def ended(self) -> None:
+        if self.length is not None:
+            raise AnswerError(f"the connection closed {self.length - len(self.body)} bytes short of the answer", "cut")
+
+
+class Unchunked:
+    """A chunked body decoded as its bytes arrive: the body and at most one unfinished size line are
+    kept, never the framing or an object per chunk. `max_bytes` caps the bytes on the wire, framing
+    included; past the first FREE_CHUNKS chunks, chunks that average less than MIN_MEAN_CHUNK_BYTES are
+    refused, so the work per byte is bounded whatever the chunking (a Prometheus answering 60 MiB in
+    1-byte chunks took `gpu-spatial report` to 1.8 GB)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.body = bytearray()
+        self.line = bytearray()  # an unfinished size line, or the end of a chunk's data (its CRLF)
+        self.left = 0  # data bytes of the current chunk still to come
+        self.after_data = False  # the next line is the empty one closing a chunk's data
+        self.done = False  # the last chunk came
+        self.chunks = self.declared = self.wire = 0
+
+    def feed(self, data) -> bool:
+        """Takes the next bytes; true once the last chunk came (trailers are not read)."""
+        self.wire += len(data)
+        if self.wire > self.max_bytes:
+            raise AnswerError(f"answer over {self.max_bytes} bytes", "large")
+        view, at = memoryview(data), 0
+        while at < len(data) and not self.done:
+            if self.left:
+                taken = min(self.left, len(data) - at)
+                self.body += view[at:at + taken]
+                at += taken
+                self.left -= taken
+                self.after_data = not self.left
+                continue
+            end = data.find(b"\r\n", at) if not self.line else -1
+            if end < 0:  # the line goes on past these bytes, or started in the last ones
+                at = self._line_across(data, at)
+                continue
+            self._line(view[at:end])
+            at = end + 2
+        return self.done
+
+    def _line_across(self, data, at: int) -> int:
+        """Adds bytes to an unfinished line; where it ends, acts on it. Returns where the line's bytes end."""
+        start = len(self.line)
+        self.line += data[at:at + MAX_CHUNK_LINE_BYTES + 2]
+        end = self.line.find(b"\r\n", max(0, start - 1))
+        if end < 0:
+            if len(self.line) > MAX_CHUNK_LINE_BYTES:
+                raise AnswerError(f"a chunk size line over {MAX_CHUNK_LINE_BYTES} bytes", "http")
+            return at + len(self.line) - start
+        line, used = bytes(self.line[:end]), end + 2 - start
+        self.line.clear()
+        self._line(line)
+        return at + used
+
+    def _line(self, line) -> None:
+        """Acts on one line of framing: the end of a chunk's data, or the size of the next."""
+        if self.after_data:
+            if len(line):
+                raise AnswerError("a chunk longer than its size", "http")
+            self.after_data = False
+            return
+        size_text = bytes(line).split(b";", 1)[0].strip()
+        if not CHUNK_SIZE.fullmatch(size_text):
+            raise AnswerError(f"chunk size {size_text[:20]!r} is no number", "http")
+        size = int(size_text, 16)
         if size == 0:
-            return b"".join(pieces)
-        pieces.append(raw[line_end + 2:line_end + 2 + size])
-        at = line_end + 2 + size + 2
-    raise AnswerError("the connection closed inside a chunked answer", "cut")
+            self.done = True
+            return
+        self.chunks += 1
+        self.declared += size
+        if len(self.body) + size > self.max_bytes:
+            raise AnswerError(f"answer over {self.max_bytes} bytes (a chunk of {size})", "large")
+        if self.chunks > FREE_CHUNKS and self.declared < self.chunks * MIN_MEAN_CHUNK_BYTES:
+            raise AnswerError(f"{self.chunks} chunks of {self.declared} bytes: chunked finer than "
+                              f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk", "large")
+        self.left = size
+
+    def ended(self) -> None:
+        raise AnswerError("the connection closed inside a chunked answer", "cut")
 
 
 def values_at_most(body: bytes | bytearray) -> int:

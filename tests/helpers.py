@@ -70,7 +70,9 @@ class Exporter:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = ["--listen-address", "127.0.0.1", "--port", str(self.port), *args]
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # NVML read every --interval, as the tests' waits assume (an exporter nobody watches reads it every 10 s:
+        # tests/test_cadence.py holds that); a test may pass its own.
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "GPU_EXPORTER_UNWATCHED_INTERVAL": "0", **(env or {})}
         self.proc = None
         self.log_path = None
         self.cwd = ROOT  # the source tree run (bench/hostile_cases.py --code measures another one)

@@ -61,15 +61,14 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
     def __init__(self):
         self.pods: list[pb.PodResources] = []
         # [(resource name, device IDs)]; None: answer UNIMPLEMENTED, like old kubelets; an answer built
-        # once (a hostile one of 16 MiB is not built again each call); or bytes that protobuf reads
-        # as an answer (unknown fields kept, in wire types the exporter's reader refuses)
+        # once (a hostile one of 16 MiB is not built again each call); or bytes, sent as they are
         self.allocatable: list[tuple[str, list[str]]] | pb.AllocatableResourcesResponse | bytes | None = None
         self.delay = 0.0
         self.answering = threading.Event()  # cleared: every List waits until it is set again (at most 60 s)
         self.answering.set()
         self.calls = 0
-        # answered instead of `pods` when set: bytes protobuf reads as a List answer, its unknown fields
-        # (which gRPC passes on as they are) in the wire types the exporter's own reader refuses
+        # answered instead of `pods` when set, as they are: fields in any order, given twice, in wire
+        # types the exporter's own reader refuses (protobuf would put its fields in order again)
         self.raw: bytes | None = None
 
     def List(self, request, context):
@@ -77,7 +76,7 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         self.answering.wait(60)
         time.sleep(self.delay)
         if self.raw is not None:
-            return pb.ListPodResourcesResponse.FromString(self.raw)
+            return self.raw
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 
     def GetAllocatableResources(self, request, context):
@@ -86,9 +85,13 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         if isinstance(self.allocatable, pb.AllocatableResourcesResponse):
             return self.allocatable
         if isinstance(self.allocatable, bytes):
-            return pb.AllocatableResourcesResponse.FromString(self.allocatable)
+            return self.allocatable
         return pb.AllocatableResourcesResponse(devices=[
             pb.ContainerDevices(resource_name=r, device_ids=ids) for r, ids in self.allocatable])
+
+
+def serialized(answer) -> bytes:
+    return answer if isinstance(answer, bytes) else answer.SerializeToString()
 
 
 class KubeletServer:
@@ -99,7 +102,11 @@ class KubeletServer:
 
     def start(self) -> "KubeletServer":
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        pb_grpc.add_PodResourcesListerServicer_to_server(self.service, self._server)
+        # the kubelet's two calls, answering messages or bytes as they are
+        handlers = {name: grpc.unary_unary_rpc_method_handler(getattr(self.service, name), request.FromString, serialized)
+                    for name, request in (("List", pb.ListPodResourcesRequest),
+                                          ("GetAllocatableResources", pb.AllocatableResourcesRequest))}
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),))
         self._server.add_insecure_port(f"unix://{self.path}")
         self._server.start()
         return self

@@ -11,7 +11,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 GROUP = "/apis/resource.k8s.io/v1"
-DRIPS = ("body", "chunks", "headers")  # what FakeApiServer.drip sends one byte at a time
+DRIPS = ("body", "chunks", "headers", "unframed")  # what FakeApiServer.drip sends one byte at a time
+# ("unframed": the body without Content-Length or chunks, ended by closing the connection)
 
 
 def nested(depth: int) -> bytes:
@@ -73,7 +74,9 @@ class FakeApiServer:
         self.status = 200
         self.body: bytes | None = None  # answered instead of the objects when set
         self.slice_pages: list[bytes] | None = None  # the slice list's pages, answered by continue token "<n>"
-        self.drip: tuple[str, float] | None = None  # (one of DRIPS, seconds between two bytes)
+        self.drip: tuple[str, float] | None = None  # (one of DRIPS, seconds between two bytes or chunks)
+        self.chunk_sizes: list[int] | None = None  # what "chunks" cuts the body in (default: 1 byte each)
+        self.raw_chunks: bytes | None = None  # or the chunked body as it is sent, framing and all
         self.requests: list[str] = []
         self.authorizations: list[str | None] = []
         server = self
@@ -102,10 +105,17 @@ class FakeApiServer:
             def _drip(self, body: bytes, status: int, what: str, every: float):
                 chunked = what == "chunks"
                 head = (f"HTTP/1.1 {status} OK\r\nContent-Type: application/json\r\n"
-                        + ("Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {len(body)}\r\n")
+                        + ("Transfer-Encoding: chunked\r\n" if chunked else
+                           "" if what == "unframed" else f"Content-Length: {len(body)}\r\n")
                         + "X-Padding: " + "x" * 4096 + "\r\n\r\n").encode()
-                if chunked:
-                    pieces = [b"1\r\n" + body[i:i + 1] + b"\r\n" for i in range(len(body))] + [b"0\r\n\r\n"]
+                if chunked and server.raw_chunks is not None:
+                    pieces = [server.raw_chunks]
+                elif chunked:
+                    pieces, at = [], 0
+                    for size in server.chunk_sizes or [1] * len(body):
+                        pieces.append(b"%x\r\n" % size + body[at:at + size] + b"\r\n")
+                        at += size
+                    pieces.append(b"0\r\n\r\n")
                 elif what == "headers":
                     pieces = [head[i:i + 1] for i in range(len(head))] + [body]
                 else:
@@ -113,6 +123,8 @@ class FakeApiServer:
                 try:
                     if what != "headers":
                         self.wfile.write(head)
+                    if not every:  # at once: the framing is what is tested, not the pace
+                        pieces = [b"".join(pieces)]
                     for piece in pieces:
                         self.wfile.write(piece)
                         time.sleep(every)

@@ -1,9 +1,11 @@
 """The mutation engine of bench/mutations.py: where a mutant applies, and the mutants of a function made from its
 operators, so that a mutation table survives refactors.
 
-A hand mutant names a change (`old` -> `new`) and, optionally, the function it lives in. `old` is matched by its
-tokens, not its text: whitespace, line breaks, comments and the quotes of a string do not count, so a file
-reformatted or rewrapped keeps its mutants. With `function` (a qualified name: `gpu_shares`,
+A hand mutant names a change (`old` -> `new`) and, optionally, the function it lives in. `old` is matched as
+written, else by its syntax tree (a whole expression, statements, or a block's header such as `if x > 1:`: the
+parentheses, line breaks, comments and quotes a formatter changes do not count), else by its tokens (for a
+fragment: whitespace, comments, quotes and trailing commas do not count), so a file reformatted or rewrapped
+keeps its mutants. With `function` (a qualified name: `gpu_shares`,
 `WorkloadView.gpu_shares`), only that function is searched, wherever it now stands in the file, and in the other
 modules of its package when it moved out of the file. A change that no longer matches exactly once is refused,
 never counted as survived.
@@ -138,6 +140,98 @@ def enclosing(path: str, old: str) -> str | None:
     return min(inside)[1] if inside else None
 
 
+# -- matched by its syntax tree: parentheses, wrapping, quotes and comments do not count ---------------------
+def _as_source(fragment: str) -> tuple[str, int]:
+    """The fragment as parseable source: its later lines dedented to sit under its first (a block under a
+    header ending in ":" one level in); the dedent applied."""
+    first, *rest = fragment.strip("\n").split("\n")
+    rest = [line for line in rest]
+    indents = [len(line) - len(line.lstrip()) for line in rest if line.strip()]
+    header = re.sub(r"#.*", "", first).rstrip().endswith(":")
+    cut = max(min(indents) - (4 if header else 0), 0) if indents else 0
+    return "\n".join([first.strip()] + [line[cut:] for line in rest]), cut
+
+
+def _dump(node) -> str:
+    return ast.dump(node, annotate_fields=False, include_attributes=False)
+
+
+def _header_dump(node) -> str:
+    twin = copy.copy(node)
+    for field in ("body", "orelse", "finalbody", "handlers"):
+        if hasattr(twin, field):
+            setattr(twin, field, [])
+    return _dump(twin)
+
+
+def _in(node, low: int, high: int, text: str) -> bool:
+    start, end = _span(text, node)
+    return low <= start and end <= high
+
+
+def _ast_locate(old: str, text: str, low: int, high: int) -> tuple[int, int, int] | None:
+    """(start, end, column of the match) of the one place `old` is, compared as syntax trees; None when `old`
+    is no whole expression, statements or a block's header, or is not found exactly once."""
+    source, _cut = _as_source(old)
+    header = False
+    try:
+        parsed = ast.parse(source)
+    except SyntaxError:
+        line = source.rstrip()
+        if "\n" in line or not line.endswith(":"):
+            return None
+        line = line[2:] if line.startswith("elif ") else line
+        try:
+            parsed = ast.parse(line + "\n    pass")
+        except SyntaxError:
+            return None
+        header = True
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return None
+    stmts = parsed.body
+    hits = []
+    if header and len(stmts) == 1:
+        want = _header_dump(stmts[0])
+        for node in ast.walk(tree):
+            if type(node) is type(stmts[0]) and _in(node, low, high, text) and _header_dump(node) == want:
+                body = node.body[0]
+                head = text[_span(text, node)[0]:_span(text, body)[0]]
+                colons = [t for t in tokens(head) if t[0] == ":"]
+                hits.append((_span(text, node)[0], _span(text, node)[0] + colons[-1][2], node.col_offset))
+    elif len(stmts) == 1 and isinstance(stmts[0], ast.Expr):
+        want = _dump(stmts[0].value)
+        hits = [(*_span(text, n), n.col_offset) for n in ast.walk(tree)
+                if isinstance(n, ast.expr) and _in(n, low, high, text) and _dump(n) == want]
+    elif stmts:
+        want = [_dump(n) for n in stmts]
+        for node in ast.walk(tree):
+            for field in ("body", "orelse", "finalbody"):
+                block = getattr(node, field, None)
+                if not isinstance(block, list):
+                    continue
+                for i in range(len(block) - len(want) + 1):
+                    run = block[i:i + len(want)]
+                    if [_dump(n) for n in run] == want and _in(run[0], low, high, text) and _in(run[-1], low, high, text):
+                        hits.append((_span(text, run[0])[0], _span(text, run[-1])[1], run[0].col_offset))
+    return hits[0] if len(hits) == 1 else None
+
+
+def _placed(new: str, old: str, column: int) -> str:
+    """`new` with its later lines dedented as `old`'s were and indented to where the match stands."""
+    if "\n" not in new:
+        return new
+    _source, cut = _as_source(old)
+    if "\n" not in old.strip("\n"):  # one line: its own indentation says where it stood
+        lead = old[:len(old) - len(old.lstrip(" "))]
+        if not lead:
+            return new
+        cut = len(lead)
+    first, *rest = new.split("\n")
+    return "\n".join([first] + [(" " * column + line[cut:]) if line.strip() else line for line in rest])
+
+
 # -- where a hand mutant applies ----------------------------------------------------------------------------
 def _matches(haystack: list[tuple[str, int, int]], needle: list[str]) -> list[int]:
     n = len(needle)
@@ -185,6 +279,16 @@ def locate(mutant: Mutant) -> tuple[str, int, int, str]:
     if text.count(mutant.old, low, high) == 1:  # as written: exactly as written
         start = text.index(mutant.old, low, high)
         return path, start, start + len(mutant.old), mutant.new
+    found = _ast_locate(mutant.old, text, low, high) if path.endswith(".py") else None
+    if found is not None:
+        start, end, column = found
+        lead, trail = mutant.old[:len(mutant.old) - len(mutant.old.lstrip())], mutant.old[len(mutant.old.rstrip()):]
+        new = mutant.new[len(lead):] if lead and mutant.new.startswith(lead) else mutant.new
+        new = new[:len(new) - len(trail)] if trail and new.endswith(trail) else new
+        if trail.endswith("\n") and not new.endswith("\n") and not new.strip():  # a line deleted: its end too
+            end = text.find("\n", end) + 1 if "\n" in text[end:high] else high
+            start = text.rfind("\n", 0, start) + 1
+        return path, start, end, _placed(new, mutant.old, column)
     old_tokens = tokens(mutant.old) if path.endswith(".py") else []
     hits: list[int] = []
     if old_tokens and _whole(mutant.old, old_tokens):

@@ -27,6 +27,7 @@ import pynvml as _real
 
 GPM_SUPPORTED = 1
 SAMPLE_PERIOD_US = 200_000  # H100 and H200 sample utilization every 0.2 s (recordings in tests/fixtures)
+BUFFERED_SAMPLES = 71  # what NVML keeps of each kind on the H200 (bench/RESULTS.md, issue 47): 14 s
 
 
 class Handle:
@@ -58,6 +59,7 @@ class NvmlLibrary:
         self.lost = set(lost)
         self.processes = dict(processes or {})  # GPU index -> how many time-sliced compute processes
         self.busy = busy  # percent, every sample
+        self.samples_at = None  # or: wall seconds -> percent of the buffered utilization sample taken then
         self.clock = clock  # an object with time() (wall seconds); the real clock when None
         self.calls: list[tuple[str, int | None]] = []
 
@@ -127,14 +129,15 @@ class NvmlLibrary:
         except _real.NVMLError as exc:  # a C function: its error is its return code
             return exc.value
         now, since = self._now_us(), since_us.value
-        stamps = [t for t in range(now - now % SAMPLE_PERIOD_US - 20 * SAMPLE_PERIOD_US, now + 1, SAMPLE_PERIOD_US)
+        newest = now - now % SAMPLE_PERIOD_US
+        stamps = [t for t in range(newest - (BUFFERED_SAMPLES - 1) * SAMPLE_PERIOD_US, now + 1, SAMPLE_PERIOD_US)
                   if t > since]
         if not stamps:
             return _real.NVML_ERROR_NOT_FOUND
         stamps = stamps[-len(buffer):]
         for slot, stamp in enumerate(stamps):
             buffer[slot].timeStamp = stamp
-            buffer[slot].sampleValue.uiVal = int(self.busy)
+            buffer[slot].sampleValue.uiVal = int(self.busy if self.samples_at is None else self.samples_at(stamp / 1e6))
         count._obj.value = len(stamps)
         return _real.NVML_SUCCESS
 

@@ -1,6 +1,7 @@
 """hostio/answers.py against a real HTTP server on 127.0.0.1 (tests/kubernetes_api_server.py):
 the byte caps at their boundaries, chunked answers, answers cut short, and the JSON value bound's exact
 count. The deadline against dripping servers: tests/test_dra.py."""
+import re
 import time
 
 import pytest
@@ -22,10 +23,10 @@ def get(server, max_bytes: int, seconds: float = 30.0):
     return answers.get(host, port, "/x", time.monotonic() + seconds, max_bytes, {"Accept": "application/json"})
 
 
-@pytest.mark.parametrize("drip", [None, ("chunks", 0.0)])  # Content-Length, then 1-byte chunks
+@pytest.mark.parametrize("drip", [None, ("chunks", 0.0), ("unframed", 0.0)])  # Content-Length, 1-byte chunks, neither
 def test_an_answer_of_exactly_the_cap_is_read_one_byte_more_is_refused(server, drip):
     server.body, server.drip = b"x" * 100, drip
-    framing = 0 if drip is None else 100 * 5 + 5  # "1\r\n" + byte + "\r\n" per chunk, "0\r\n\r\n"
+    framing = 100 * 5 + 5 if drip and drip[0] == "chunks" else 0  # "1\r\n" + byte + "\r\n" per chunk, "0\r\n\r\n"
     answer = get(server, 100 + framing)
     assert (answer.status, bytes(answer.body)) == (200, b"x" * 100)
     with pytest.raises(AnswerError, match=f"answer over {99 + framing} bytes"):
@@ -52,3 +53,57 @@ def test_json_values_are_counted_exactly_on_small_texts():
         parse_json(b"[" * 50_000 + b"]" * 50_000, 10**6)
     with pytest.raises(AnswerError, match="not JSON"):
         parse_json(b"\xff{", 10)
+
+
+def test_chunks_finer_than_their_floor_are_refused_past_the_free_ones(server):
+    """Each chunk costs the decoder a step whatever its size: past the first FREE_CHUNKS, chunks must
+    average MIN_MEAN_CHUNK_BYTES (a Prometheus answering 60 MiB in 1-byte chunks took `gpu-spatial
+    report` to 1.8 GB). Exact at both bounds, over a real HTTP server."""
+    from hostio.answers import FREE_CHUNKS, MIN_MEAN_CHUNK_BYTES
+
+    server.drip = ("chunks", 0.0)
+    server.body = b"x" * FREE_CHUNKS
+    assert bytes(get(server, 10**6).body) == server.body  # the free ones, 1 byte each
+    server.body = b"x" * (FREE_CHUNKS + 1)
+    with pytest.raises(AnswerError, match=f"^{FREE_CHUNKS + 1} chunks of {FREE_CHUNKS + 1} bytes: chunked finer than "
+                                          f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk$"):
+        get(server, 10**6)
+    last = (FREE_CHUNKS + 1) * MIN_MEAN_CHUNK_BYTES - FREE_CHUNKS  # the mean exactly at the floor
+    for size, refused in ((last, False), (last - 1, True)):
+        server.body, server.chunk_sizes = b"y" * (FREE_CHUNKS + size), [1] * FREE_CHUNKS + [size]
+        if refused:
+            with pytest.raises(AnswerError, match="chunked finer than"):
+                get(server, 10**6)
+        else:
+            assert bytes(get(server, 10**6).body) == server.body
+
+
+@pytest.mark.parametrize("chunks, why", [
+    (b"-5\r\nabc", "chunk size b'-5' is no number"), (b"0x5\r\nabcde\r\n0\r\n\r\n", "chunk size b'0x5' is no number"),
+    (b"3\r\nabcdef\r\n0\r\n\r\n", "a chunk longer than its size"), (b"3\r\nabc\r\n" + b"1" * 2000, "a chunk size line over"),
+    (b"fffffff\r\nab", "answer over 100000 bytes (a chunk of 268435455)"), (b"3\r\nab", "the connection closed inside"),
+], ids=["signed", "0x", "longer", "endless-line", "over-the-cap", "cut"])
+def test_chunk_framing_that_is_no_chunk_is_refused(server, chunks, why):
+    """A sign or 0x that int(, 16) takes, a chunk longer than its size, an endless size line, a chunk
+    larger than the cap, a cut: each an AnswerError, before the body it claims is read."""
+    server.body, server.drip, server.raw_chunks = b"", ("chunks", 0.0), chunks
+    with pytest.raises(AnswerError, match=re.escape(why)):
+        get(server, 100_000)
+
+
+def test_a_chunked_answer_costs_its_body_not_an_object_per_chunk(server):
+    """4 MiB in chunks of 64 bytes (at the floor): the old decoder kept the framed answer, an object per
+    chunk and their join (traced 3x the body and more); now the body and one read (traced Python memory)."""
+    import tracemalloc
+
+    body = bytes(range(256)) * (4 * 2**20 // 256)
+    framed = b"".join(b"40\r\n" + body[at:at + 64] + b"\r\n" for at in range(0, len(body), 64)) + b"0\r\n\r\n"
+    server.body, server.drip, server.raw_chunks = b"", ("chunks", 0.0), framed  # built before it is traced
+    tracemalloc.start()
+    try:
+        answer = get(server, len(framed))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert bytes(answer.body) == body
+    assert peak < len(body) * 1.3 + 2**20, peak

@@ -237,6 +237,10 @@ s.sendall(body.encode()); s.recv(1)
 """
 
 
+def logged(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+
+
 def run_attack(source, script_body: str, caplog) -> list[str]:
     return run_attacker(source, caplog, ANSWER_AS, script_body)
 
@@ -252,7 +256,7 @@ def run_attacker(source, caplog, script: str, *args) -> list[str]:
     finally:
         proc.kill()
         proc.wait()
-    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+    return logged(caplog)
 
 
 def test_another_process_claiming_our_pid_is_refused_with_one_line(source, caplog):
@@ -291,7 +295,7 @@ for _ in range(1000):
     finally:
         proc.kill()
         proc.wait()
-    lines = [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
+    lines = logged(caplog)
     assert len(lines) == 1 and "did not answer within the window" in lines[0] and source._clients == {}
 
 
@@ -338,10 +342,6 @@ def processes(path: str, script: str, *args, count: int = 1, **popen):
         for proc in procs:
             proc.kill()
             proc.wait()
-
-
-def logged(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == source_module.__name__]
 
 
 def test_a_number_too_large_for_a_float_is_that_clients_refusal_once_and_the_others_keep_theirs(source, caplog):
@@ -501,17 +501,22 @@ def test_refusals_already_said_are_remembered_up_to_a_bound(monkeypatch, caplog)
 
 FORKED = r"""
 import json, os, socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-child = os.fork()
-if child == 0:  # the child connects (the socket's peer is its pid), then exits when told
-    s.connect(sys.argv[1]); print("connected", flush=True); sys.stdin.readline(); os._exit(0)
-if sys.argv[2] == "reaped":
-    os.waitpid(child, 0)
-else:  # left a zombie: its /proc/PID/stat stays, with state Z
-    while open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
-        time.sleep(0.01)
+held = {}
+for _ in range(int(sys.argv[3])):
+    s = socket.socket(socket.AF_UNIX)
+    child = os.fork()
+    if child == 0:  # each child connects (the socket's peer is its pid), then exits at a byte on stdin
+        s.connect(sys.argv[1]); os.write(1, b"connected\n"); os.read(0, 1); os._exit(0)  # one write: no interleaving
+    held[child] = s
+for child in held:
+    if sys.argv[2] == "reaped":
+        os.waitpid(child, 0)
+    else:  # left a zombie: its /proc/PID/stat stays, with state Z
+        while open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+            time.sleep(0.01)
 print("exited", flush=True)
-for line in s.makefile("rb"):  # the parent answers for its child's pid, which SO_PEERCRED gave the socket
+child, s = next(iter(held.items()))
+for line in s.makefile("rb"):  # the parent answers for its first child's pid, which SO_PEERCRED gave the socket
     now = time.time()
     s.sendall(json.dumps({"window": json.loads(line)["window"], "pid": child, "start": now, "end": now + 0.01,
                           "devices": []}).encode() + b"\n")
@@ -522,16 +527,38 @@ for line in s.makefile("rb"):  # the parent answers for its child's pid, which S
 def test_a_socket_kept_after_its_process_exited_speaks_for_no_one(source, caplog, child):
     """Issue 42: a child connects and exits, its parent keeps the socket and answers for the child's pid."""
     caplog.set_level(logging.WARNING, logger=source_module.__name__)
-    with processes(source.path, FORKED, child) as [parent]:
+    with processes(source.path, FORKED, child, 1) as [parent]:
         connected(source)
         [peer] = [c.pid for c in source._clients.values()]
-        parent.stdin.write("go\n")
-        parent.stdin.flush()
+        os.write(parent.stdin.fileno(), b"g")
         assert parent.stdout.readline() == "exited\n"
         source.tick()
     assert peer != parent.pid and source._clients == {} and source.readings == {}
     assert logged(caplog) == [f"cupti refused (not its process): pid {peer} (uid {os.getuid()}): the process that "
                               "connected has exited (its pid may name another process now): report refused, disconnected"]
+
+
+def test_the_slots_of_processes_that_exited_are_freed_before_anyone_is_refused(tmp_path, caplog):
+    """One process fills its user's slots through children that connect and exit, keeping their sockets: a
+    new process of that user is still let in, the exited children's connections closed, a live one kept."""
+    s = CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, max_clients=8, max_per_user=3)
+    s.open()
+    caplog.set_level(logging.WARNING, logger=source_module.__name__)
+    try:
+        with processes(s.path, CONNECT) as [live], processes(s.path, FORKED, "reaped", 2) as [parent]:
+            assert parent.stdout.readline() == "connected\n"
+            s._accept()
+            children = sorted(c.pid for c in s._clients.values() if c.pid != live.pid)
+            assert len(children) == 2 and parent.pid not in children
+            os.write(parent.stdin.fileno(), b"gg")
+            assert parent.stdout.readline() == "exited\n"
+            with processes(s.path, CONNECT) as [newcomer]:
+                s._accept()
+                assert [c.pid for c in s._clients.values()] == [live.pid, newcomer.pid]
+    finally:
+        s.close()
+    assert sorted(logged(caplog)) == [f"cupti refused (not its process): pid {pid} (uid {os.getuid()}): the process "
+                                      "that connected has exited: its slot freed, disconnected" for pid in children]
 
 
 def fake_proc(root: Path, pid: int, start_shift: int = 0) -> None:

@@ -466,6 +466,27 @@ def test_top_help_replays_the_readmes_recording():
     assert f"--replay {replayed} " in done.stdout and "--replay tests/fixtures/" not in done.stdout.replace(replayed, "")
 
 
+def test_operations_names_every_provisioned_dashboard():
+    """docs/operations.md counts and names the dashboards the compose stack provisions: every generated file."""
+    import json
+
+    titles = sorted(json.loads(path.read_text())["title"] for path in (ROOT / "dashboards" / "generated").glob("*.json"))
+    compose = (ROOT / "docs" / "operations.md").read_text().split("## The compose stack", 1)[1].split("\n## ", 1)[0]
+    said = re.search(r"Prometheus datasource and (\w+) dashboards provisioned", compose).group(1)
+    listed = compose.split("dashboards provisioned", 1)[1].split("\n\n")[0]
+    named = sorted(" ".join(title.split()) for title in re.findall(r"\*\*([^*]+)\*\*", listed))
+    assert (said, named) == ({2: "two", 3: "three", 4: "four", 5: "five"}[len(titles)], titles)
+
+
+def test_the_readmes_kubectl_apply_says_the_image_comes_first():
+    """The image is in no registry: the README says to build and push it before `kubectl apply -k`."""
+    readme = (ROOT / "README.md").read_text()
+    before = readme.split("### Kubernetes", 1)[1].split("kubectl apply -k", 1)[0]
+    assert "build the image and push it" in before and "docs/kubernetes.md" in before
+    guide = (ROOT / "docs" / "kubernetes.md").read_text().split("kubectl apply -k deploy/kubernetes", 1)[0]
+    assert "docker build -t REGISTRY/" in guide and "docker push REGISTRY/" in guide and "kustomize edit set image" in guide
+
+
 # -- 1: a rule that holds whatever the job is called (last: it stops the exporter) -------------------------------
 @needs("prometheus")
 def test_trap1_exporter_down_holds_for_a_job_name_we_did_not_choose(users_stack):

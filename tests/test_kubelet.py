@@ -12,7 +12,7 @@ from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, DeviceMap,
                                        cgroup_container_id, read_allocatable, read_pods)
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, ids_of_size, kubernetes_node, pod
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, claim_pod, ids_of_size, kubernetes_node, pod
 
 
 # -- device IDs -> GPUs ----------------------------------------------------------------------------
@@ -108,20 +108,43 @@ def test_a_list_answer_is_parsed_a_pod_at_a_time_up_to_the_bound():
         assert caught.type.__name__ in ("ValueError", "IndexError", "DecodeError"), caught
 
 
+def test_a_varint_that_starts_inside_a_sub_message_and_ends_past_it_is_no_answer():
+    """A container whose last byte starts a varint field (field 4, `\\x20`), its value the pod's next
+    byte (`\\x0a`, which also starts the pod's name): read either way, the bytes make sense, and
+    protobuf refuses them. So does the walk, at any depth; the same container with its varint inside is
+    read."""
+    from google.protobuf.message import DecodeError
+
+    name = wire(1, b"x")
+    for inside in (False, True):
+        container = wire(1, b"c") + (b"\x20\x0a" if inside else b"\x20")
+        answer = wire(1, wire(2, b"ns") + wire(3, container) + name)
+        if inside:
+            assert [(p.namespace, p.name, p.containers[0].name) for p in read_pods(answer)[0]] == [("ns", "x", "c")]
+            assert pb.ListPodResourcesResponse.FromString(answer).pod_resources[0].name == "x"
+            continue
+        with pytest.raises(DecodeError):
+            pb.ListPodResourcesResponse.FromString(answer)
+        with pytest.raises(ValueError, match="runs past the end"):
+            read_pods(answer)
+        with pytest.raises(ValueError, match="runs past the end"):  # the same one level up, and at the top
+            read_pods(wire(1, wire(2, b"ns") + b"\x20") + b"\x0a\x00")
+
+
 def test_a_list_answer_walked_on_the_wire_reads_as_protobuf_parses_it():
     """read_pods builds only what the samplers read, from the bytes: attribution, claims and problems
     are those of the answer parsed by protobuf, with fields nothing reads (cpu_ids, memory, topology,
     CDI devices, unknown fields), a resource name after its IDs, another resource's IDs (never counted)
     and the bounds at their boundaries (MAX_DEVICES IDs over two pods, N read, N + 1 counted)."""
     from exporter.samplers.dra import attribute_claims
-    from tests.kubelet_server import claim_pod
     from tests.test_dra import node_gpus
 
     late = pb.ContainerDevices(resource_name="rdma/hca", device_ids=["GPU-aaaa::7"])  # the last name counts
     late_name = late.SerializeToString() + pb.ContainerDevices(resource_name=GPU).SerializeToString()
-    late_container = b"\x0a\x01c\x12" + bytes([len(late_name)]) + late_name  # as sent: protobuf would merge the names
-    late_pod = pb.PodResources(namespace="ns", name="late").SerializeToString() + b"\x1a" + bytes([len(late_container)]) \
-        + late_container
+    # as sent: protobuf would merge the names; pod and container named twice: protobuf keeps the last
+    late_container = wire(1, b"first") + b"\x0a\x01c\x12" + bytes([len(late_name)]) + late_name
+    late_pod = wire(1, b"first") + pb.PodResources(namespace="ns", name="late").SerializeToString() + b"\x1a" \
+        + bytes([len(late_container)]) + late_container
     extra = pb.ContainerResources(name="extra", cpu_ids=[1, 2], memory=[pb.ContainerMemory(memory_type="memory", size=4)],
                                   devices=[pb.ContainerDevices(resource_name=GPU, device_ids=["GPU-aaaa::8"],
                                                                topology=pb.TopologyInfo(nodes=[pb.NUMANode(ID=1)]))])
@@ -163,21 +186,23 @@ def test_a_list_answer_walked_on_the_wire_reads_as_protobuf_parses_it():
     assert len(last.containers) == 1 and list(last.containers) == []  # the container past the bound: counted, not kept
 
 
-def test_the_list_walk_stops_at_its_fields_budget_keeping_what_it_read():
+def test_the_list_walk_stops_at_its_fields_budget_keeping_the_pods_it_read_whole():
     """Every field walked counts, at any depth: an answer of exactly `fields` fields is read whole, one
-    more and the walk stops there, with the pod, container and entry it was in as far as they were read."""
+    more and the walk stops there, with the pods it read whole: the one it stopped in is unknown (its
+    name may come after the cut, or come again there: protobuf keeps the last)."""
     from exporter.samplers.kubelet import Unread
 
     one = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, ["GPU-aaaa::0", "GPU-aaaa::1"])]})])
     answer = one.SerializeToString()  # pod, name, namespace, container, its name, entry, resource name, 2 IDs
     pods, more = read_pods(answer, fields=9)
     assert more == Unread.NOTHING and list(pods[0].containers[0].devices[0].device_ids) == ["GPU-aaaa::0", "GPU-aaaa::1"]
-    pods, more = read_pods(answer, fields=8)
-    ids = pods[0].containers[0].devices[0].device_ids
-    assert more == Unread.FIELDS and list(ids) == ["GPU-aaaa::0"] and len(ids) == 1
-    pods, more = read_pods(b"\x20\x01" + answer, fields=5)  # the unknown field counts too: the container's name is the 6th
-    assert more == Unread.FIELDS and (pods[0].name, pods[0].namespace, len(pods[0].containers)) == ("p", "ns", 1)
-    assert pods[0].containers[0].name == "" and pods[0].containers[0].devices == []
+    assert read_pods(answer, fields=8) == ([], Unread.FIELDS)
+    pods, more = read_pods(answer * 2, fields=17)  # the second pod's last ID is past the budget
+    assert more == Unread.FIELDS and [p.name for p in pods] == ["p"]
+    pods, more = read_pods(answer * 2, fields=18)
+    assert more == Unread.NOTHING and [p.name for p in pods] == ["p", "p"]
+    pods, more = read_pods(b"\x20\x01" + answer + answer, fields=10)  # the unknown field counts too
+    assert more == Unread.FIELDS and [p.name for p in pods] == ["p"]
     assert read_pods(answer, fields=0) == ([], Unread.FIELDS)
 
 
@@ -305,40 +330,64 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
         server.stop()
 
 
+def wire(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field, as a kubelet may send it: in any order, any number of times."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    return _VarintBytes(number << 3 | 2) + _VarintBytes(len(payload)) + payload
+
+
 def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog):
     """List over the real gRPC server: one pod of 16 MiB of device IDs (1.5 million) was parsed whole by
-    protobuf (+72 MB). Now its first LIST_FIELDS fields are walked: the pod is still attributed (its
-    first MAX_DEVICES IDs), the IDs walked counted exactly, the cut said first, in one line over two
-    ticks; an answer of exactly LIST_FIELDS fields is read whole. The reader keeps MAX_DEVICES strings
-    and spans, never one per ID listed (traced Python memory, the reader alone)."""
+    protobuf (+72 MB). Now its first LIST_FIELDS fields are walked: the pods read whole before the cut
+    are attributed, the IDs walked counted exactly, the cut said first, in one line over two ticks; an
+    answer of exactly LIST_FIELDS fields is read whole. The pod the walk stopped in is unknown: its name
+    may come after the cut (it was attributed as "//trainer"), or come again there (protobuf keeps the
+    last). The reader keeps MAX_DEVICES strings and spans, never one per ID listed (traced Python memory,
+    the reader alone)."""
     import logging
 
     from exporter.samplers.kubelet import LIST_FIELDS, MAX_MESSAGE_BYTES
 
-    walked = LIST_FIELDS - 7  # the IDs among the first LIST_FIELDS fields (pod, its name and namespace,
-    # container, its name, device entry, resource name come first)
-    counted = f"the kubelet lists {walked} device IDs: only the first {MAX_DEVICES} are read"
-    cut = f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} fields (1 pods): " \
-          "what it lists after them is neither read nor counted"
-    server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(walked)])]})])
+    ok = pod("ns", "ok", {"c": [(GPU, [f"{UUID}::0"])]})  # 8 fields: pod, name, namespace, container, its
+    # name, device entry, resource name, ID; the big pod's IDs come after 7 fields of its own
+    walked = LIST_FIELDS - 15
+    counted = f"the kubelet lists {walked + 1} device IDs: only the first {MAX_DEVICES} are read"
+    cut = f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} fields (1 pods read whole): " \
+          "the pod it stopped in and what it lists after it are neither read nor counted"
+    big = lambda count: pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(1, count + 1)])]})  # noqa: E731
+    server, sampler = kubelet_sampler(tmp_path, [ok, big(walked)])
+    only_ok = (PodRef("ns", "ok", "c", GPU),)
     try:
+        sampler.tick()  # exactly the budget: no cut
+        assert sampler.health.error == counted and sampler.snapshot.pods[UUID] == (*only_ok, PodRef("ns", "p", "c", GPU))
+        server.service.pods = [ok, big(walked), pod("ns", "tail", {"c": [(GPU, [f"{UUID}::99999999"])]})]
+        sampler.tick()  # cut in the third pod: the cut said first, then the counts of what was read
+        assert sampler.health.error == f"{cut.replace('(1 pods', '(2 pods')}; {counted}"
+        assert sampler.snapshot.pods[UUID] == (*only_ok, PodRef("ns", "p", "c", GPU))
+        server.service.pods = [ok, big(walked + 1)]
         sampler.tick()
-        assert sampler.health.error == counted and sampler.snapshot.pods[UUID]  # exactly the budget: no cut
-        server.service.pods = [pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(walked + 1)])]})]
-        sampler.tick()
-        assert sampler.health.error == f"{cut}; {counted}" and sampler.snapshot.pods[UUID]
+        assert sampler.health.error == cut and sampler.snapshot.pods[UUID] == only_ok
+        trainer = pb.ContainerResources(name="trainer", devices=[pb.ContainerDevices(
+            resource_name=GPU, device_ids=[f"{UUID}::{i}" for i in range(1, walked + 2)])]).SerializeToString()
+        ok_bytes = pb.ListPodResourcesResponse(pod_resources=[ok]).SerializeToString()
+        for late in (wire(3, trainer) + wire(1, b"late") + wire(2, b"team"),  # named after its containers
+                     wire(1, b"first") + wire(2, b"team") + wire(3, trainer) + wire(1, b"last")):  # named again
+            server.service.raw = ok_bytes + wire(1, late)
+            sampler.tick()
+            assert sampler.health.error == cut and sampler.snapshot.pods[UUID] == only_ok
         hostile = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [
             (GPU, [f"{UUID}::{i}" for i in range(8)] + ids_of_size(MAX_MESSAGE_BYTES - 5000))]})])
         server.service.raw = answer = hostile.SerializeToString()
+        caplog.clear()
         with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
             sampler.tick()
             sampler.tick()
-        assert sampler.health.error == f"{cut}; {counted}" and not sampler.health.success
-        assert sampler.snapshot.pods[UUID] == (PodRef("ns", "p", "c", GPU),)  # its first IDs name this GPU
-        assert sum(cut in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+        assert sampler.health.error == cut.replace("(1 pods", "(0 pods") and not sampler.health.success
+        assert sampler.snapshot.pods[UUID] == ()
+        assert sum("walked no further" in r.getMessage() for r in caplog.records) == 1  # once, not per tick
         (pods, more), peak = traced_peak(read_pods, answer)
-        ids = pods[0].containers[0].devices[0].device_ids
-        assert more and len(ids) == walked and len(list(ids)) == MAX_DEVICES
+        assert more and pods == []
         # MAX_DEVICES strings and spans (0.8 MB); a span or a string per ID walked would be 5 MB or more
         assert peak < 2 * 1024 * 1024, peak
     finally:
@@ -355,8 +404,8 @@ def test_the_parsed_pods_are_let_go_before_allocatable_is_asked(tmp_path):
     server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})])
     seen, list_pods = {}, sampler.list_pods
 
-    def listed():
-        seen["pods"], more = list_pods()
+    def listed(refused):
+        seen["pods"], more = list_pods(refused)
         return seen["pods"], more
 
     def allocatable(problems):
@@ -538,3 +587,71 @@ def test_pid_series_are_opt_in_and_the_limit_folds_the_rest(node):
         groups = {(l["pod"], l["command"]): v for l, v in samples}
         # team-a and team-b tie at 0.4: the first by name stays, notebook and the host process fold.
         assert groups == pytest.approx({("train-0", "python3"): 0.4, ("", "other"): 0.6})
+
+
+@pytest.mark.parametrize("what, bound, build", [
+    ("pod name", 253, lambda n: pod("ns", n, {"c": [(GPU, ["GPU-aaaa"])]})),
+    ("namespace", 63, lambda n: pod(n, "p", {"c": [(GPU, ["GPU-aaaa"])]})),
+    ("container name", 63, lambda n: pod("ns", "p", {n: [(GPU, ["GPU-aaaa"])]})),
+    ("resource name", 317, lambda n: pod("ns", "p", {"c": [(("nvidia.com/" + n)[:len(n)], ["GPU-aaaa"])]})),
+    ("claim name", 253, lambda n: claim_pod("ns", "p", {"c": [(n, [("gpu-0", None)])]})),
+    ("claim namespace", 63, lambda n: pb.PodResources(namespace="ns", name="p", containers=[pb.ContainerResources(
+        name="c", dynamic_resources=[pb.DynamicResource(claim_name="x", claim_namespace=n)])])),
+])
+def test_a_name_longer_than_kubernetes_allows_refuses_its_pod(what, bound, build):
+    """Kubernetes bounds a pod or claim name at 253 bytes, a namespace or container name at 63, a
+    resource name at 253 + 1 + 63: at the bound the pod is read, one byte more and it is refused (counted
+    with why), never a label; the pods around it are read."""
+    around = [pod("ns", "before", {"c": [(GPU, ["GPU-bbbb"])]}), None, pod("ns", "after", {"c": [(GPU, ["0"])]})]
+    for size in (bound, bound + 1):
+        around[1] = build("n" * size)
+        refused: list[str] = []
+        pods, _ = read_pods(pb.ListPodResourcesResponse(pod_resources=around).SerializeToString(), refused=refused)
+        if size == bound:
+            assert [p.name for p in pods] == ["before", "p" if what != "pod name" else "n" * size, "after"] and not refused
+        else:
+            assert [p.name for p in pods] == ["before", "after"] and refused == [f"a {what} of {size} bytes"]
+
+
+def test_huge_names_and_device_ids_from_the_kubelet_are_refused_or_shown_short(tmp_path):
+    """Over the real gRPC kubelet: one pod named with 16 MiB (every /metrics was 268 MB), then three of 4 MiB,
+    are refused in one counted problem, the other pod still attributed; eleven unknown device IDs of 1.4 MB
+    (a 14 MB health text served to every /api/v1/gpus) are each shown by their first bytes and size, and the
+    whole text stays within MAX_HEALTH_CHARS."""
+    from exporter.samplers.kubelet import MAX_HEALTH_CHARS, MAX_MESSAGE_BYTES
+
+    ok = pod("ns", "ok", {"c": [(GPU, [UUID])]})
+    server, sampler = kubelet_sampler(tmp_path, [ok, pod("ns", "n" * (MAX_MESSAGE_BYTES - 4096), {"c": [(GPU, [f"{UUID}::1"])]})])
+    attributed = (PodRef("ns", "ok", "c", GPU),)
+    try:
+        sampler.tick()
+        assert sampler.snapshot.pods[UUID] == attributed and not sampler.health.success
+        assert sampler.health.error == f"the kubelet lists 1 pods with a name longer than Kubernetes allows (first: a " \
+                                       f"pod name of {MAX_MESSAGE_BYTES - 4096} bytes): refused, what they hold is unattributed"
+        # a namespace, and a container name one byte too long: the first says why
+        server.service.pods = [ok, *(pod("n" * 4 * 2**20, f"p{i}", {"c" * 64: [(GPU, [f"{UUID}::1"])]}) for i in range(3))]
+        sampler.tick()
+        assert sampler.snapshot.pods[UUID] == attributed and sampler.health.error.startswith(
+            f"the kubelet lists 3 pods with a name longer than Kubernetes allows (first: a namespace of {4 * 2**20} bytes)")
+        huge = 1468006
+        server.service.pods = [ok, *(pod("ns", f"g{i}", {"c": [(GPU, [f"GPU-{i}" + "x" * (huge - 5)])]}) for i in range(11))]
+        sampler.tick()
+        assert sampler.snapshot.pods[UUID] == attributed and len(sampler.health.error) <= MAX_HEALTH_CHARS
+        assert sampler.health.error.count(f"...({huge} bytes)' of {GPU} held by ns/g") == 10
+        assert sampler.health.error.endswith("and 1 more device IDs that are no GPU here")
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def test_device_ids_are_shown_whole_up_to_their_bound_and_the_health_text_is_cut_at_its_own():
+    from exporter.samplers.kubelet import MAX_DEVICE_ID_BYTES, MAX_HEALTH_CHARS, SHOWN_BYTES, health_text
+
+    ids = ["G" * MAX_DEVICE_ID_BYTES, "H" * (MAX_DEVICE_ID_BYTES + 1)]
+    pods, _ = read_pods(pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, ids)]})]).SerializeToString())
+    assert list(pods[0].containers[0].devices[0].device_ids) == [
+        ids[0], "H" * SHOWN_BYTES + f"...({MAX_DEVICE_ID_BYTES + 1} bytes)"]
+    exact = ["x" * (MAX_HEALTH_CHARS - 12), "y" * 10]  # joined by "; ": exactly the bound
+    assert health_text(exact) == "; ".join(exact)
+    longer = health_text(["x" * (MAX_HEALTH_CHARS - 12), "y" * 11])
+    assert len(longer) == MAX_HEALTH_CHARS and longer.endswith(f"x... ({MAX_HEALTH_CHARS + 1} characters in all)")

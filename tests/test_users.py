@@ -35,6 +35,40 @@ def test_uid_and_names():
                         "alice2:x:1001:1::/:/bin/sh\n") == {0: "root", 1001: "alice"}
 
 
+def users_on_the_replayed_h100(proc):
+    """A users sampler of one replayed frame (pids 417-420 with contexts) reading the proc tree `proc`."""
+    from exporter.nvml_replay import ReplayNvml, cut
+    from exporter.samplers.nvml import NvmlSampler
+    from exporter.samplers.users import UsersSampler
+
+    cut(FIXTURES / "nvml_h100_time_sliced.json", proc.parent / "nvml.json", frame=0)
+    nvml = NvmlSampler(ReplayNvml(proc.parent / "nvml.json"))
+    nvml.tick()
+    return UsersSampler(nvml, proc_root=proc, passwd=str(proc / "1" / "root" / "etc" / "passwd"))
+
+
+@pytest.mark.parametrize("uid, holds", [
+    pytest.param("9" * 5000, False, id="5000-digits"),  # int() refuses 4,300 digits and more: it stopped the users source for every user
+    ("4294967295", False), ("4294967294", True),  # (uid_t)-1 is no uid, the one below it is
+    ("99999999999", False), ("²", False), ("٣", False),  # 11 digits; digits, but not ASCII ones
+])
+def test_a_uid_no_process_can_have_is_that_process_problem_alone(tmp_path, uid, holds):
+    """Pid 420's /proc/PID/status names `uid`: the others still hold their GPU, 420 holds as that uid or
+    not at all; a passwd line with such a uid is skipped, not the file."""
+    from exporter.holders import Holder
+
+    proc = tmp_path / "proc"
+    shutil.copytree(PROC, proc)
+    (proc / "420" / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+    passwd = proc / "1" / "root" / "etc" / "passwd"
+    passwd.write_text(f"huge:x:{uid}:0::/:/bin/sh\n" + passwd.read_text())
+    sampler = users_on_the_replayed_h100(proc)
+    sampler.tick()
+    held = set(next(iter(sampler.holdings.gpus.values())))
+    assert sampler.health.success and {Holder(user="alice"), Holder(user="bob")} <= held
+    assert held - {Holder(user="alice"), Holder(user="bob")} == ({Holder(user="huge")} if holds else set())
+
+
 def test_reads_are_capped_and_never_block_on_a_fifo(tmp_path):
     fifo = tmp_path / "status"
     os.mkfifo(fifo)
@@ -82,7 +116,7 @@ def test_users_hold_the_gpu_they_have_contexts_on_over_http(tmp_path, frame):
         with exporter_restart as again:
             found = wait_for(lambda: len(workloads(again)) == 2 and workloads(again), 15, 0.2, "two users")
             assert set(found) == {"alice", "bob"} and found["alice"]["held_share"] == 0.5
-            wait_for(lambda: "1 GPU process(es) not found" in again.log(), 10, 0.2, "one line")
+            wait_for(lambda: "1 GPU process(es) not found under" in again.log(), 10, 0.2, "one line")
             assert "Traceback" not in again.log()
 
 

@@ -15,7 +15,8 @@ namespace): a report naming another pid is refused. A connection is bound to its
 number: the process's start time (/proc/PID/stat, under --proc-root) is read at connect and checked at
 every report, so a socket kept by a parent after its child exited, or passed on, cannot speak for the
 process that later gets the pid. Bounded: one connection per process (a newer one replaces the older),
---cupti-max-clients-per-user per user and --cupti-max-clients in all (more are closed at once), 16 KiB
+--cupti-max-clients-per-user per user and --cupti-max-clients in all (more are closed at once, once the
+slots of processes that exited are freed), 16 KiB
 per report (gpu_trace.protocol), read until the window's end plus a grace (a client that drips, stays
 silent or sends garbage is disconnected; it may connect again), every number checked against the window
 (one too large for a float is refused like any other). A refusal is one log line per client and kind of
@@ -234,6 +235,7 @@ class CuptiSource(LatestWindows):
         self._by_process: dict[tuple, _Client] = {}  # (pid, start time) -> its one connection
         self._per_user: Counter[int] = Counter()  # uid -> connections
         self._said: OrderedDict[tuple[str, str], None] = OrderedDict()  # refusals logged, oldest first
+        self._purged = False  # in this accept pass, the slots of processes that exited were freed
         self._listener: socket.socket | None = None
         self._window = 0
         self._log = LogOnce(log)
@@ -284,6 +286,7 @@ class CuptiSource(LatestWindows):
     def _accept(self) -> None:
         """The pending connections, each bound to its process; at most a full table and a full backlog
         per tick, so that a process reconnecting in a loop cannot hold the tick."""
+        self._purged = False
         for _ in range(self.max_clients + LISTEN_BACKLOG):
             try:
                 sock, _ = self._listener.accept()
@@ -311,12 +314,33 @@ class CuptiSource(LatestWindows):
         if older is not None:
             self._drop(older)
             self._refuse("per process", "connected again: its older connection is closed (one per process)", client)
-        if self._per_user[client.uid] >= self.max_per_user:
-            return "per user", (f"uid {client.uid} already holds --cupti-max-clients-per-user {self.max_per_user} "
+        refusal = self._over_limit(client.uid)
+        if refusal is not None and not self._purged:  # once per pass: it reads every client's /proc/PID/stat
+            self._purged = True
+            self._drop_exited()
+            refusal = self._over_limit(client.uid)
+        return refusal
+
+    def _over_limit(self, uid: int) -> tuple[str, str] | None:
+        if self._per_user[uid] >= self.max_per_user:
+            return "per user", (f"uid {uid} already holds --cupti-max-clients-per-user {self.max_per_user} "
                                 "connections: closed")
         if len(self._clients) >= self.max_clients:
             return "connections", f"--cupti-max-clients {self.max_clients} connections are held: closed"
         return None
+
+    def _exited(self, client: _Client) -> bool:
+        """Whether the process that opened the connection is gone (its pid free, a zombie's, or another's)."""
+        return process_start(self.proc_root, client.pid) != client.start
+
+    def _drop_exited(self) -> None:
+        """Frees the slots of processes that have exited: a parent keeping the sockets its children opened
+        holds no slot (else one process could fill the table through short-lived children)."""
+        for client in list(self._clients.values()):
+            if self._exited(client):
+                self._refuse("not its process", "the process that connected has exited: its slot freed, "
+                             "disconnected", client)
+                self._drop(client)
 
     def _drop(self, client: _Client) -> None:
         if self._clients.pop(client.sock.fileno(), None) is not None:
@@ -394,7 +418,7 @@ class CuptiSource(LatestWindows):
             return self._refused(client, "oversized", f"a report over {protocol.MAX_REPORT_BYTES} bytes")
         line = bytes(client.pending[:end])
         client.pending.clear()
-        if process_start(self.proc_root, client.pid) != client.start:
+        if self._exited(client):
             return self._refused(client, "not its process", "the process that connected has exited (its pid may "
                                  "name another process now)")
         try:

@@ -243,6 +243,18 @@ def attribute(pod_resources, devices: DeviceMap, claimed: list | None = None
 # item; past this budget the rest of the answer is neither read nor counted, so 16 MiB of tiny fields
 # costs what the bounds cost (73,728 fields: 27 ms of CPU for one pod of 16 MiB of IDs).
 LIST_FIELDS = 8 * (MAX_CONTAINERS + 2 * MAX_DEVICES)
+# Kubernetes' bounds on the names a List answer gives (a pod or claim name is a DNS subdomain, a
+# namespace or container name a DNS label, an extended resource name prefix/name): a longer one is no
+# Kubernetes object's, and its pod is refused, never a label (one pod named with 16 MiB made every
+# /metrics 268 MB).
+MAX_NAME_BYTES = 253
+MAX_LABEL_BYTES = 63
+MAX_RESOURCE_NAME_BYTES = MAX_NAME_BYTES + 1 + MAX_LABEL_BYTES
+# A device ID longer than this is no GPU's (a UUID with a replica suffix is ~50 bytes): it is kept
+# shortened, as it is shown in a problem, never whole (eleven IDs of 1.4 MB made a 14 MB health text).
+MAX_DEVICE_ID_BYTES = 128
+SHOWN_BYTES = 64  # of a too-long device ID, what is shown
+MAX_HEALTH_CHARS = 8192  # the tick's problems as one text: 22 named problems of short names fit
 
 
 class Unread(IntEnum):
@@ -330,26 +342,43 @@ class WireWalk:
     def text(self, span) -> str:
         return self.answer[span[0]:span[1]].decode()
 
+    def shown(self, span) -> str:
+        """The text of a field of any length, shortened past MAX_DEVICE_ID_BYTES to what a problem shows of it."""
+        if span[1] - span[0] <= MAX_DEVICE_ID_BYTES:
+            return self.text(span)
+        head = self.answer[span[0]:span[0] + SHOWN_BYTES].decode("utf-8", "replace")
+        return f"{head}...({span[1] - span[0]} bytes)"
+
 
 class ListReader(WireWalk):
     """Builds what the samplers read of a ListPodResourcesResponse from its bytes, walked on the wire
     (never parsed whole: one pod of 16 MiB of device IDs was 72 MB of protobuf): the first MAX_CONTAINERS
     containers, of their NVIDIA device entries the first MAX_DEVICES IDs, of their claims the first
-    MAX_DEVICES devices, each listed field counted; at most `fields` fields walked."""
+    MAX_DEVICES devices, each listed field counted; at most `fields` fields walked. A name longer
+    than Kubernetes allows refuses its pod (`too_long` says which, once the pod is walked)."""
 
     def __init__(self, answer: bytes, fields: int):
         super().__init__(answer, fields)
         self.containers = self.device_ids = self.claim_devices = 0  # listed so far, as attribute counts them
+        self.too_long = ""  # of the pod being walked: which name is too long
 
-    # Each item joins its parent before its fields are walked: a walk cut inside it keeps what it read.
+    def name(self, span, bound: int, what: str) -> str:
+        if span[1] - span[0] > bound:
+            self.too_long = self.too_long or f"a {what} of {span[1] - span[0]} bytes"
+            return ""
+        return self.text(span)
+
+    # Each item joins its parent before its fields are walked; a pod is read whole or not at all (a cut
+    # pod's name may be unread, or named again after the cut: protobuf keeps the last).
     def pod(self, span, pod: Pod) -> None:
+        self.too_long = ""
         for number, inner in self.walk(span):
             if inner is NO_SPAN:
                 continue
             if number == 1:
-                pod.name = self.text(inner)
+                pod.name = self.name(inner, MAX_NAME_BYTES, "pod name")
             elif number == 2:
-                pod.namespace = self.text(inner)
+                pod.namespace = self.name(inner, MAX_LABEL_BYTES, "namespace")
             elif number == 3:
                 pod.containers.listed += 1
                 self.containers += 1
@@ -362,7 +391,7 @@ class ListReader(WireWalk):
             if inner is NO_SPAN:
                 continue
             if number == 1:
-                container.name = self.text(inner)
+                container.name = self.name(inner, MAX_LABEL_BYTES, "container name")
             elif number == 2:
                 self.devices(inner, container)
             elif number == 5:
@@ -374,30 +403,28 @@ class ListReader(WireWalk):
         first MAX_DEVICES last. The resource name may come after the IDs: spans are kept until it is known."""
         devices, kept = Devices(), []
         room = max(0, MAX_DEVICES - self.device_ids)
-        try:
-            for number, inner in self.walk(span):
-                if inner is NO_SPAN:
-                    continue
-                if number == 1:  # the last one counts, as in protobuf
-                    devices.resource_name = self.text(inner)
-                elif number == 2:
-                    devices.device_ids.listed += 1
-                    if len(kept) < room:
-                        kept.append(inner)
-        finally:
-            if devices.resource_name.startswith(RESOURCE_PREFIX):
-                self.device_ids += devices.device_ids.listed
-                devices.device_ids.items = [self.text(ids) for ids in kept]
-                container.devices.append(devices)
+        for number, inner in self.walk(span):
+            if inner is NO_SPAN:
+                continue
+            if number == 1:  # the last one counts, as in protobuf
+                devices.resource_name = self.name(inner, MAX_RESOURCE_NAME_BYTES, "resource name")
+            elif number == 2:
+                devices.device_ids.listed += 1
+                if len(kept) < room:
+                    kept.append(inner)
+        if devices.resource_name.startswith(RESOURCE_PREFIX):
+            self.device_ids += devices.device_ids.listed
+            devices.device_ids.items = [self.shown(ids) for ids in kept]
+            container.devices.append(devices)
 
     def claim(self, span, claim: Claim) -> None:
         for number, inner in self.walk(span):
             if inner is NO_SPAN:
                 continue
             if number == 2:
-                claim.claim_name = self.text(inner)
+                claim.claim_name = self.name(inner, MAX_NAME_BYTES, "claim name")
             elif number == 3:
-                claim.claim_namespace = self.text(inner)
+                claim.claim_namespace = self.name(inner, MAX_LABEL_BYTES, "claim namespace")
             elif number == 4:
                 claim.claim_resources.listed += 1
                 self.claim_devices += 1
@@ -414,11 +441,14 @@ class ListReader(WireWalk):
 CLAIM_DEVICE_FIELDS = {2: "driver_name", 3: "pool_name", 4: "device_name", 5: "share_id"}  # 1: CDI devices, unread
 
 
-def read_pods(answer: bytes, limit: int = MAX_CONTAINERS, fields: int = LIST_FIELDS) -> tuple[list[Pod], Unread]:
+def read_pods(answer: bytes, limit: int = MAX_CONTAINERS, fields: int = LIST_FIELDS,
+              refused: list[str] | None = None) -> tuple[list[Pod], Unread]:
     """The first `limit` pods of a ListPodResourcesResponse's bytes, walked on the wire (ListReader),
     and what it left unread (a pod holds a container at least: no more pods are read past `limit`).
     More than `limit` fields that are no pod (the answer has no other field) is no List answer; past
-    `fields` fields of any kind walked, the walk stops with what it read."""
+    `fields` fields of any kind walked, the walk stops with the pods it read whole (the one it was in
+    is unknown). A pod with a name longer than Kubernetes allows is left out; `refused`, when given,
+    receives why, one entry per pod."""
     reader = ListReader(answer, fields)
     pods, others = [], 0
     try:
@@ -430,8 +460,12 @@ def read_pods(answer: bytes, limit: int = MAX_CONTAINERS, fields: int = LIST_FIE
                 continue
             if len(pods) == limit:
                 return pods, Unread.PODS
-            pods.append(Pod())
-            reader.pod(span, pods[-1])
+            pod = Pod()
+            reader.pod(span, pod)
+            if not reader.too_long:
+                pods.append(pod)
+            elif refused is not None:
+                refused.append(reader.too_long)
     except _WalkSpent:
         return pods, Unread.FIELDS
     return pods, Unread.NOTHING
@@ -473,22 +507,22 @@ NO_SPAN = (None, None)
 def wire_fields(data: bytes, at: int, end: int):
     """(field number, (start, end) of its bytes) of each field of the protobuf message in data[at:end]:
     NO_SPAN for a varint field (an unknown one, or an unpacked integer). Any other wire type, a field
-    running past the end or an over-long varint is a ValueError (IndexError at the data's end)."""
+    running past the end (a varint too: one that starts inside a sub-message and ends in its parent's
+    bytes is no field of either) or an over-long varint is a ValueError (IndexError at the data's end),
+    raised before the field is handed on."""
     while at < end:
         tag, at = _varint(data, at)
         if tag & 7 == 0:
             _, at = _varint(data, at)
-            yield tag >> 3, NO_SPAN
+            span = NO_SPAN
         elif tag & 7 == 2:
             size, at = _varint(data, at)
-            if at + size > end:
-                raise ValueError("a field runs past the end")
-            yield tag >> 3, (at, at + size)
-            at += size
+            span, at = (at, at + size), at + size
         else:
             raise ValueError(f"wire type {tag & 7} at byte {at}")
-    if at > end:
-        raise ValueError("a field runs past the end")
+        if at > end:
+            raise ValueError("a field runs past the end")
+        yield tag >> 3, span
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
@@ -521,6 +555,16 @@ def cgroup_container_id(text: str) -> str | None:
     or cgroupfs's .../<id>); None for a process outside any container."""
     found = CONTAINER_ID.findall(text)
     return found[-1] if found else None
+
+
+def health_text(problems: list[str]) -> str:
+    """The tick's problems in one text of at most MAX_HEALTH_CHARS, served to every reader of /api/v1/gpus:
+    each item is named short already, but their number times their names is not."""
+    text = "; ".join(problems)
+    if len(text) <= MAX_HEALTH_CHARS:
+        return text
+    said = f"... ({len(text)} characters in all)"
+    return text[:MAX_HEALTH_CHARS - len(said)] + said
 
 
 class KubeletSampler(HolderSampler):
@@ -591,8 +635,8 @@ class KubeletSampler(HolderSampler):
         problems.extend(found.problems)
         return found
 
-    def list_pods(self) -> tuple[list[Pod], Unread]:
-        """The pods of a List answer that are read, and whether it lists more (read_pods)."""
+    def list_pods(self, refused: list[str] | None = None) -> tuple[list[Pod], Unread]:
+        """The pods of a List answer that are read, and whether it lists more (read_pods, `refused` too)."""
         grpc = import_grpc()
         try:
             answer = self._connect()(self._request, timeout=self.timeout)
@@ -605,7 +649,7 @@ class KubeletSampler(HolderSampler):
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
         try:
-            return read_pods(answer)
+            return read_pods(answer, refused=refused)
         except (ValueError, IndexError) as exc:  # UnicodeDecodeError is a ValueError
             raise KubeletError(f"PodResources List on {self.socket_path}: not a List answer ({exc})", "garbled") from None
 
@@ -660,8 +704,9 @@ class KubeletSampler(HolderSampler):
     # -- one tick -------------------------------------------------------------------------------
     def tick(self) -> None:
         started = time.perf_counter()
+        refused: list[str] = []
         try:
-            pod_resources, more = self.list_pods()
+            pod_resources, more = self.list_pods(refused)
         except KubeletError as exc:
             self._log.problem("kubelet", str(exc), kind=exc.kind)  # details vary from call to call
             # Gone, not frozen: pods that may have left are never shown as still there.
@@ -685,7 +730,11 @@ class KubeletSampler(HolderSampler):
             problems.append(f"the kubelet lists more than {len(pod_resources)} pods: only those are read")
         elif more == Unread.FIELDS:  # first: the counts of the lines after it are of what was walked
             problems.insert(0, f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} "
-                               f"fields ({len(pod_resources)} pods): what it lists after them is neither read nor counted")
+                               f"fields ({len(pod_resources)} pods read whole): the pod it stopped in and what it lists "
+                               "after it are neither read nor counted")
+        if refused:
+            problems.append(f"the kubelet lists {len(refused)} pods with a name longer than Kubernetes allows (first: "
+                            f"{refused[0]}): refused, what they hold is unattributed")
         found = self._claims(pod_resources, problems)
         read = len(pod_resources)
         # The pods read (a few MB at most: ListReader) go before the Allocatable answer comes: both
@@ -702,14 +751,15 @@ class KubeletSampler(HolderSampler):
             self._log.clear("kubelet pods", "containers holding NVIDIA devices or claims listed again")
         listed = {(r.namespace, r.pod, r.container) for refs in pods.values() for r in refs}
         owners = self._owners(listed, problems)
+        said = health_text(problems)
         if problems:  # one line whenever the set of problems changes, not one per tick
-            self._log.problem("kubelet attribution", "; ".join(problems))
+            self._log.problem("kubelet attribution", said)
         else:
             self._log.clear("kubelet attribution")
         self.snapshot = KubeletSnapshot(pods=pods, owners=owners)
         self.holdings = Holdings(gpus=held, owners={pid: Holder(r.namespace, r.pod, r.container)
                                                     for pid, r in owners.items()})
-        self.health = CollectorHealth(not problems, time.perf_counter() - started, "; ".join(problems))
+        self.health = CollectorHealth(not problems, time.perf_counter() - started, said)
 
 
 SCHEDULER = True  # exporter/holders.py KINDS

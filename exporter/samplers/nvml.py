@@ -36,6 +36,9 @@ PROCESS_SAMPLE_MAX_AGE_S = 5.0
 MIG_EVERY_S = 30.0  # MIG layouts change only when an administrator repartitions the GPU
 MPS_SERVER = "nvidia-cuda-mps-server"
 STALE_SAMPLE_S = 5.0  # NVML samples every 1/6 to 1 s: an older one says nothing about the window
+# NVML keeps about 14 s of utilization samples (71 on the H200, 0.2 s apart; ~100 on the H100, 1/6 s apart): a
+# tick reads every sample since the previous one as long as they are at most this far apart.
+NVML_BUFFER_S = 14.0
 LOST_RETRY_S = 10.0  # a lost GPU is asked who it is this often: after a reset it answers again
 # Off the per-tick path: energy, throttle time, encoder/decoder and memory temperature (and NVML's
 # PCIe/NVLink throughput where GPM does not measure them) every HEALTH_EVERY_S; ECC counts, remapped
@@ -255,7 +258,11 @@ class NvmlSampler(SamplerDefaults):
                 errors.append(error)
 
         taken_at = time.time()
-        window = max(2 * self.interval, 1.0)
+        previous = self.telemetry.get(gpu.uuid)
+        # The tick's samples describe the time since the GPU's previous tick, whatever the loop's cadence;
+        # never more than NVML keeps.
+        window_start = max(previous.taken_at, taken_at - NVML_BUFFER_S) if previous else taken_at - self.interval
+        window = max(2 * self.interval, 1.0, taken_at - window_start + 1.0)
         slow = self._due(gpu, "slow", self.slow_every_s)
         gpu_samples = not self._engine_busy_measured(gpu)
         if gpu_samples or slow:
@@ -268,7 +275,6 @@ class NvmlSampler(SamplerDefaults):
         read("reasons", b.clock_event_reasons)
         health = self._health(gpu, values["reasons"])
         errors.extend(e for slow_errors in self._slow[gpu.uuid].errors.values() for e in slow_errors)
-        previous = self.telemetry.get(gpu.uuid)
         processes = previous.processes if previous else ()
         compute = previous.compute_processes if previous else None
         if slow:
@@ -341,6 +347,7 @@ class NvmlSampler(SamplerDefaults):
             health=health,
             **self._xid(gpu),
             errors=tuple(errors),
+            window_start=window_start,
         )
 
     # -- the slow reads: off the per-tick path -----------------------------------------------------

@@ -29,7 +29,17 @@ log = logging.getLogger(__name__)
 MAX_STATUS_BYTES = 16384  # /proc/PID/status is ~1.5 KB
 MAX_PASSWD_BYTES = 4 * 1024 * 1024
 MAX_USERS = 100_000
+MAX_UID = 2**32 - 2  # uid_t is 32 bits and (uid_t)-1 means "no uid": anything larger is no uid
 PASSWD_EVERY_S = 60.0  # the user database is read again at most once a minute
+
+
+def uid_number(text: str) -> int | None:
+    """The uid a field spells in ASCII digits, or None: no number, or one no uid can be (a 5,000-digit
+    field made int() raise and stopped the users source for everyone)."""
+    if not (text.isascii() and text.isdigit()) or len(text) > len(str(MAX_UID)):
+        return None
+    uid = int(text)
+    return uid if uid <= MAX_UID else None
 
 
 def status_uid(text: str) -> int | None:
@@ -37,7 +47,7 @@ def status_uid(text: str) -> int | None:
     for line in text.splitlines():
         if line.startswith("Uid:"):
             fields = line.split()
-            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+            return uid_number(fields[1]) if len(fields) > 1 else None
     return None
 
 
@@ -46,8 +56,9 @@ def parse_passwd(text: str) -> dict[int, str]:
     names: dict[int, str] = {}
     for line in text.splitlines()[:MAX_USERS]:
         fields = line.split(":")
-        if len(fields) >= 3 and fields[0] and fields[2].isdigit() and not line.startswith(("#", "+", "-")):
-            names.setdefault(int(fields[2]), fields[0][:64])
+        uid = uid_number(fields[2]) if len(fields) >= 3 and fields[0] and not line.startswith(("#", "+", "-")) else None
+        if uid is not None:
+            names.setdefault(uid, fields[0][:64])
     return names
 
 
@@ -123,9 +134,10 @@ class UsersSampler(HolderSampler):
             if users:
                 gpus[uuid] = {user: Held(round(1.0 / len(users), 9), EVEN_SPLIT) for user in users}
         unknown = len(everyone) - len(owners)
-        if unknown:  # processes of another PID namespace, or already gone
-            self._log.problem("users", f"{unknown} GPU process(es) not found under {self.proc_root}: they hold "
-                              "nothing (pass the host's /proc as --proc-root)", logging.INFO, kind="unknown")
+        if unknown:  # processes of another PID namespace, already gone, or whose status names no uid
+            self._log.problem("users", f"{unknown} GPU process(es) not found under {self.proc_root}, or without a "
+                              "uid there: they hold nothing (pass the host's /proc as --proc-root)", logging.INFO,
+                              kind="unknown")
         else:
             self._log.clear("users")
         self.holdings = Holdings(gpus=gpus, owners=owners)

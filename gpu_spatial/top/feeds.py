@@ -25,6 +25,7 @@ class InProcessFeed:
         from exporter.__main__ import build_engine
 
         self.engine, _upload = build_engine(exporter_args)
+        self.engine.unwatched_interval = None  # top watches as long as it runs: every --interval
         self.interval = exporter_args.interval
         self.replayed = bool(exporter_args.replay or exporter_args.nvml_replay)
         # A replayed pid is not this host's: never name a local process's user for it.
