@@ -32,8 +32,9 @@ def main(argv) -> int:
     import pynvml as nv
 
     from exporter.nvml import Nvml
+    from exporter.nvml_answers import to_json
     from exporter.samplers.dra import ApiView, DraDevices, NvidiaDeviceNames
-    from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
+    from exporter.snapshot import DeviceTelemetry, GpuIdentity
 
     live = Nvml()
     minors = driver_minors()
@@ -45,16 +46,13 @@ def main(argv) -> int:
         bus = (bus.decode() if isinstance(bus, bytes) else bus).lower()
         truth = minors.get(bus[-12:])  # NVML: 00000000:18:00.0, the driver's folder: 0000:18:00.0
         mig = live.mig_devices(index)
-        gpu = GpuIdentity(index, ident["uuid"], ident["model"], ident.get("minor"))
+        gpu = GpuIdentity(index, ident.uuid, ident.model, ident.minor)
         gpus.append(gpu)
-        telemetry[gpu.uuid] = DeviceTelemetry(gpu, 0.0, mig_enabled=mig["enabled"], mig_sm_count=mig.get("sm_count"),
-                                              mig_devices=tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"],
-                                                                          d.get("sm_count"), d.get("profile_id"),
-                                                                          d.get("placement_start"), d.get("placement_size"))
-                                                                for d in mig["devices"]))
-        rows.append({"index": index, "uuid": ident["uuid"], "bus_id": bus, "nvml_minor": ident.get("minor"),
-                     "driver_minor": truth, "mig": mig})
-        bad += ident.get("minor") != truth
+        telemetry[gpu.uuid] = DeviceTelemetry(gpu, 0.0, mig_enabled=mig.enabled, mig_sm_count=mig.sm_count,
+                                              mig_devices=mig.devices)
+        rows.append({"index": index, "uuid": ident.uuid, "bus_id": bus, "nvml_minor": ident.minor,
+                     "driver_minor": truth, "mig": to_json(mig)})
+        bad += ident.minor != truth
     devices = DraDevices(gpus, telemetry, ApiView())
     for row in rows:
         name = f"gpu-{row['nvml_minor']}"

@@ -4,7 +4,7 @@ by namespace and by pod (issue 28's fleet target).
     python3 bench/fleet_vm.py --nodes 100 --days 7 --step 300 --out /tmp/fleetvm
 
 The fleet of bench/fleet_sim.py (N nodes x 8 GPUs, the same holder mix, counters wandering +-20% per
-sample), written as Prometheus text with millisecond timestamps and pushed through VictoriaMetrics'
+sample; each GPU's ledger counters, gpu_lost and each node's up beside them), written as Prometheus text with millisecond timestamps and pushed through VictoriaMetrics'
 import API (`/api/v1/import/prometheus`), then Debian's vmalert replays the project's gpu-workload-recording
 group over the whole range (`-replay.timeFrom/-replay.timeTo`) at --rule-interval, writing the rollups
 back. Each report runs in its own process (`gpu-spatial report ... --format json --output FILE`) under GNU
@@ -38,16 +38,43 @@ ROOT = Path(__file__).resolve().parent.parent
 def push(url: str, holders, t0: float, seconds: float, step: float, seed: int = 2) -> int:
     """Every counter of the fleet, a series at a time, in bodies of ~8 MB; returns the samples sent."""
     rng = np.random.default_rng(seed)
-    times = t0 + np.arange(0, seconds + step / 2, step)
+    elapsed = np.arange(0, seconds + step / 2, step)
+
+    def counters():
+        for family, labels, holder in series(holders):
+            rate = holder.rates()[family]
+            increments = rate * step * rng.uniform(0.8, 1.2, len(elapsed) - 1) if rate else np.zeros(len(elapsed) - 1)
+            yield f"gpu_workload_{family}_gpu_seconds_total{{{labels}}} ", np.concatenate(([0.0], np.cumsum(increments)))
+    return send(url, counters(), t0 + elapsed)
+
+
+# Every GPU's ledger as an exporter publishes it (docs/ledger.md): its cells (sum 1 per second), the observed
+# clock and gpu_lost; a node's `up`. The per-GPU series the report's GPU ledger reads from the raw counters.
+GPU_CELLS = {"sm_active_work": 0.3, "hidden_idle": 0.2, "time_idle": 0.3, "unheld": 0.2}
+
+
+def push_gpu_ledgers(url: str, holders, t0: float, seconds: float, step: float) -> int:
+    """Each GPU's ledger counters, gpu_lost (0) and each node's up (1) at every step; returns the samples."""
+    elapsed = np.arange(0, seconds + step / 2, step)
+
+    def gauges_and_counters():
+        for instance, gpu, model in sorted({(h.instance, h.gpu, h.model) for h in holders}):
+            labels = f'gpu="{gpu}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{gpu}"'
+            for cell, rate in GPU_CELLS.items():
+                yield f'gpu_ledger_gpu_seconds_total{{cell="{cell}",{labels}}} ', elapsed * rate
+            yield f"gpu_ledger_observed_seconds_total{{{labels}}} ", elapsed
+            yield f"gpu_lost{{{labels}}} ", elapsed * 0
+            if gpu == "0":
+                yield f'up{{instance="{instance}",job="gpu-spatial-exporter"}} ', elapsed * 0 + 1
+    return send(url, gauges_and_counters(), t0 + elapsed)
+
+
+def send(url: str, series, times) -> int:
+    """(line prefix, values at `times`) of each series, as Prometheus text in bodies of ~8 MB; the samples sent."""
     stamps = [f" {int(t * 1000)}\n" for t in times]
-    body, count = [], 0
-    size = 0
-    for family, labels, holder in series(holders):
-        rate = holder.rates()[family]
-        increments = rate * step * rng.uniform(0.8, 1.2, len(times) - 1) if rate else np.zeros(len(times) - 1)
-        values = np.concatenate(([0.0], np.cumsum(increments)))
-        prefix = f"gpu_workload_{family}_gpu_seconds_total{{{labels}}} "
-        text = "".join(prefix + f"{v:.3f}" + s for v, s in zip(values, stamps))
+    body, size, count = [], 0, 0
+    for prefix, values in series:
+        text = "".join(prefix + f"{v:.3f}" + stamp for v, stamp in zip(values, stamps))
         body.append(text)
         size += len(text)
         count += len(times)
@@ -127,6 +154,7 @@ def main(argv=None) -> int:
         result["series"] = sum(1 for _ in series(holders))
         began = time.perf_counter()
         result["samples"] = push(url, holders, t0, seconds, args.step)
+        result["gpu_ledger_samples"] = push_gpu_ledgers(url, holders, t0, seconds, args.step)
         http_get(url + "/internal/force_flush", timeout=600)
         result["import_s"] = round(time.perf_counter() - began, 1)
         group = [dict(g, interval=args.rule_interval) for g in yaml.safe_load(RULES.read_text())["groups"]
@@ -155,6 +183,8 @@ def main(argv=None) -> int:
             result[f"report_{by}_{source}_queries"] = document["source"]["queries"]
             result[f"report_{by}_{source}_held_gpu_hours"] = document["total"]["held"]["gpu_hours"]
             result[f"report_{by}_{source}_sources"] = document["source"]["hours"]
+            result[f"report_{by}_{source}_gpu_ledger"] = {k: document["gpu_ledger"][k] for k in (
+                "gpus", "existed_gpu_hours", "observed_gpu_hours", "unobserved_gpu_hours", "cells_sum_gpu_hours")}
         result["held_gpu_hours_by_construction"] = round(sum(h.held for h in holders) * (end - start) / 3600, 3)
     finally:
         stop_victoria_metrics(vm, args.out)

@@ -79,6 +79,10 @@ CASES = {  # name -> (kubelet pods, API server on)
     "allocatable_16mib": ("allocatable16", False),
     "list_16mib": ("list16", False),
     "both_16mib": ("both16", False),
+    # issue 42, items 6 and 8: names past Kubernetes' bounds, device IDs of 1.4 MB
+    "pod_name_16mib": ("name16", False),
+    "pod_names_3x4mib": ("names3x4", False),
+    "device_ids_11x1_4mb": ("ids11", False),
 }
 
 
@@ -101,6 +105,12 @@ def kubelet_pods(kind) -> list:
         return [leaver, pod("team", "hoarder", {"c": [(GPU, ids_of_size(HOSTILE_BYTES - 4096))]})]
     if kind == "allocatable16":
         return [leaver]
+    if kind == "name16":
+        return [leaver, pod("team", "n" * (HOSTILE_BYTES - 4096), {"c": [(GPU, [f"{UUID}::3"])]})]
+    if kind == "names3x4":
+        return [leaver, *(pod("team", f"{i}" + "n" * (4 * 2**20 - 1), {"c": [(GPU, [f"{UUID}::{i + 3}"])]}) for i in range(3))]
+    if kind == "ids11":  # eleven pods holding an unknown device ID of 1.4 MB each
+        return [leaver, *(pod("team", f"g{i}", {"c": [(GPU, [f"GPU-{i}" + "x" * 1_468_000])]}) for i in range(11))]
     if kind == "dp10k":
         return [leaver, *(pod("team", f"d{i}", {"c": [(GPU, [f"{UUID}::{i + 10}"])]}) for i in range(10_000))]
     return [leaver, *shared_claims(kind)]
@@ -116,7 +126,7 @@ class Presence(Scraper):
 
     def __init__(self, port: int, since: float):
         super().__init__(port, every=0.1, timeout=30)
-        self.since, self.stale, self.longest = since, 0, {}
+        self.since, self.stale, self.longest, self.largest = since, 0, {}, 0
 
     def step(self):
         started = time.perf_counter()
@@ -127,6 +137,7 @@ class Presence(Scraper):
         self.latencies.append(time.perf_counter() - started)
         if status != 200:
             self.failures.append(f"status {status}")
+        self.largest = max(self.largest, len(body))
         if time.monotonic() > self.since:
             self.stale += b'pod="leaver"' in body
         for name, value in DURATION.findall(body):
@@ -136,11 +147,11 @@ class Presence(Scraper):
 class ApiGets(Every):
     def __init__(self, url: str):
         super().__init__(1.0)
-        self.url, self.latencies = url, []
+        self.url, self.latencies, self.largest = url, [], 0
 
     def step(self):
         started = time.perf_counter()
-        http_get(self.url + "/api/v1/gpus", 60)
+        self.largest = max(self.largest, len(http_get(self.url + "/api/v1/gpus", 60)[1]))
         self.latencies.append(time.perf_counter() - started)
 
 
@@ -151,6 +162,7 @@ def measure(port: int, seconds: float, since: float, results) -> None:
     with scraper, gets:
         time.sleep(seconds)
     results.put({**scraper.figures(), "api_gpus_max_ms": round(max(gets.latencies, default=float("nan")) * 1000, 1),
+                 "metrics_max_bytes": scraper.largest, "api_gpus_max_bytes": gets.largest,
                  "longest_tick_s": {k: round(v, 2) for k, v in scraper.longest.items()},
                  "leaver_scrapes_after_it_left": scraper.stale})
 

@@ -4,7 +4,7 @@ restored (always, also on Ctrl-C); a mutant is caught when the tests fail. Resul
 "Mutation review".
 
     python3 bench/mutations.py [--only ID ...] [--module PATH ...] [--out results.json] [--list] [--check]
-    python3 bench/mutations.py --module exporter/holders.py --without tests/test_edge_guards.py  # "before"
+    python3 bench/mutations.py --module exporter/holders.py --without tests/test_ledger.py  # "before"
     python3 bench/mutations.py --rerun results.json   # only the mutants that survived that run
     python3 bench/mutations.py --function exporter/workloads.py:gpu_shares --tests tests/test_workloads.py
 
@@ -37,8 +37,32 @@ from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants
 TIMEOUT_S = 600
 
 
-GUARDS = "tests/test_guards.py"
-REPORT_GUARDS = "tests/test_report_guards.py"
+# the review rounds' guards (issues 27, 39), each beside its unit now
+GUARDS = (
+    "tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",
+    "tests/test_workloads.py::test_a_holders_time_share_never_exceeds_the_whole_gpu",
+    "tests/test_workloads.py::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",
+    "tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",
+    "tests/test_workloads.py::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",
+    "tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",
+    "tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries",
+    "tests/test_exposure.py::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",
+    "tests/test_exposure.py::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",
+    "tests/test_nsys_ingest.py::test_busy_but_idle_counts_gr_active_of_exactly_80_percent",
+    "tests/test_workloads.py::test_a_holders_hidden_idle_is_never_negative",
+    "tests/test_dcgm_chain.py::test_dcgm_values_are_frozen_after_exactly_the_frozen_time",
+)
+REPORT_GUARDS = (
+    "tests/test_report.py::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",
+    "tests/test_report.py::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",
+    "tests/test_report.py::test_credentials_against_prometheus_with_basic_auth",
+)
+SOURCE_GUARDS = (
+    "tests/test_dcgm_chain.py::test_an_idle_gpus_all_zero_dcgm_values_are_not_frozen",
+    "tests/test_sampler_contract.py::test_unknown_hidden_idle_is_left_out_of_the_metrics",
+    "tests/test_sampler_contract.py::test_a_sampler_that_raises_every_tick_keeps_being_called",
+    "tests/test_sampler_contract.py::test_a_sampler_that_worked_then_raises_reads_success_0",
+)
 PHASES = "tests/test_diagnose_phases.py"
 LEDGER = "tests/test_ledger.py"
 DRA, HTTP = "tests/test_dra.py", "tests/test_bounded_http.py"
@@ -50,63 +74,63 @@ CLAIMS = DRA + "::test_a_kubelet_listing_too_many_containers_or_devices_costs_a_
 MUTANTS = (
     # -- the survivors listed in issue 27 ----------------------------------------------------------------
     Mutant("idle-threshold-value", "exporter/workloads.py", "IDLE_TIME_SHARE = 0.01", "IDLE_TIME_SHARE = 0.1",
-           (GUARDS + "::test_idle_below_one_percent_of_the_time_not_at_it",), "idle under 1 % of the time", True),
+           ("tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",), "idle under 1 % of the time", True),
     Mutant("idle-threshold-boundary", "exporter/workloads.py", "time_share < IDLE_TIME_SHARE",
-           "time_share <= IDLE_TIME_SHARE", (GUARDS + "::test_idle_below_one_percent_of_the_time_not_at_it",),
+           "time_share <= IDLE_TIME_SHARE", ("tests/test_workloads.py::test_idle_below_one_percent_of_the_time_not_at_it",),
            "exactly 1 % is not idle", True, function="WorkloadAccountant._view"),
     Mutant("time-share-clamp", "exporter/workloads.py",
            'entry["time_share"] = round(min(own * (scale if scale is not None else 1.0), 1.0), 6)',
            'entry["time_share"] = round(own * (scale if scale is not None else 1.0), 6)',
-           (GUARDS + "::test_a_holders_time_share_never_exceeds_the_whole_gpu",), "a time share is at most 1", True,
+           ("tests/test_workloads.py::test_a_holders_time_share_never_exceeds_the_whole_gpu",), "a time share is at most 1", True,
            function="gpu_shares"),
     Mutant("slurm-byte-cap-boundary", "exporter/samplers/slurm.py", "data = read_capped(folder / name, MAX_FILE_BYTES)",
-           "data = read_capped(folder / name, MAX_FILE_BYTES - 1)", (GUARDS + "::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
+           "data = read_capped(folder / name, MAX_FILE_BYTES - 1)", ("tests/test_workloads.py::test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not",),
            "a 4096-byte mapping file is read", True, function="read_mapping"),
     Mutant("slurm-file-count-listing", "exporter/samplers/slurm.py", "zip(entries, range(MAX_FILES + 1))",
-           "zip(entries, range(MAX_FILES))", (GUARDS + "::test_more_than_1024_files_is_said_exactly_then",),
+           "zip(entries, range(MAX_FILES))", ("tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",),
            "more than 1024 files is noticed", True, function="read_mapping"),
     Mutant("slurm-file-count-boundary", "exporter/samplers/slurm.py", "if len(names) > MAX_FILES:",
-           "if len(names) >= MAX_FILES:", (GUARDS + "::test_more_than_1024_files_is_said_exactly_then",),
+           "if len(names) >= MAX_FILES:", ("tests/test_workloads.py::test_more_than_1024_files_is_said_exactly_then",),
            "exactly 1024 files is fine", True, function="read_mapping"),
     Mutant("cgroup-cache-never-forgets", "exporter/samplers/cgroups.py",
            "self._known = {pid: owner for pid, owner in self._known.items() if pid in pids}",
            "self._known = dict(self._known)",
-           (GUARDS + "::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",),
+           ("tests/test_workloads.py::test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner",),
            "a reused pid gets its new owner", True, function="ProcFileOwners.lookup"),
     Mutant("mig-replicas-held-whole", "exporter/samplers/kubelet.py",
            "if base in devices.mig_share and replicas_of(device_id, offered) == 1:",
-           "if base in devices.mig_share:", (GUARDS + "::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
+           "if base in devices.mig_share:", ("tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
            "a MIG replica's instance SMs are not its holder's alone", True, function="mig_holdings"),
     Mutant("mig-replica-share-whole", "exporter/samplers/kubelet.py", "total += share / replicas",
            "total += share if replica_base(device_id) in devices.mig_share else share / replicas",
-           (GUARDS + "::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
+           ("tests/test_kubelet.py::test_a_mig_device_offered_as_replicas_is_not_held_whole",),
            "a MIG replica holds its device's share over the replicas", True, function="held_shares"),
     Mutant("report-rollups-fixed-60s", "gpu_spatial/report/account.py",
            "for q, unknown, expr in plan.rule_queries(window, span.step * span.weight))",
            "for q, unknown, expr in plan.rule_queries(window, 60.0 * span.weight))",
-           (REPORT_GUARDS + "::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
+           ("tests/test_report.py::test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours",),
            "rollups integrate over the rule group's interval", True, function="_rules_span"),
     Mutant("report-waste-without-hidden-idle", "gpu_spatial/report/summary.py",
-           'row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]',
-           'row["waste_gpu_hours"] = row[f"ledger_{TIME_IDLE}_gpu_hours"]',
-           (REPORT_GUARDS + "::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
+           '(0.0 if math.isnan(row[f"ledger_{HIDDEN_IDLE}_gpu_hours"]) else row[f"ledger_{HIDDEN_IDLE}_gpu_hours"])',
+           '0.0',
+           ("tests/test_report.py::test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views",),
            "waste = hidden idle + time idle (the ledger's, issue 35)", True, function="figures"),
     Mutant("report-basic-auth-not-sent", "gpu_spatial/report/promapi.py",
            'return "Basic " + base64.b64encode(basic.encode()).decode()', "return None",
-           (REPORT_GUARDS + "::test_credentials_against_prometheus_with_basic_auth",),
+           ("tests/test_report.py::test_credentials_against_prometheus_with_basic_auth",),
            "basic auth reaches the server (guard runs without VictoriaMetrics)", True, function="auth_header"),
     Mutant("server-idle-deadline-header-timeout", "exporter/server.py",
            "return max(self.idle_since, self.since) + limits.idle_timeout",
            "return max(self.idle_since, self.since) + limits.header_timeout",
-           (GUARDS + "::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",),
+           ("tests/test_exposure.py::test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout",),
            "a silent connection closes at --http-idle-timeout", True, function="GuardedProtocol.deadline"),
     Mutant("server-keepalive-not-from-idle-timeout", "exporter/server.py",
            "timeout_keep_alive=limits.idle_timeout, ", "",
-           (GUARDS + "::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",),
+           ("tests/test_exposure.py::test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default",),
            "keep-alive lasts --http-idle-timeout", True, function="serve"),
     Mutant("rule-hidden-idle-time-boundary", "rules/gpu-utilization.rules.yaml",
            "(gpu_time_utilization_ratio >= 0.8)", "(gpu_time_utilization_ratio > 0.8)",
-           (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries",), "HiddenIdleSMs fires at time 0.8", True),
+           ("tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries",), "HiddenIdleSMs fires at time 0.8", True),
     # -- this round's code ------------------------------------------------------------------------------
     Mutant("phases-min-length", "nsys_ingest/phases.py", "MIN_PHASE_S = 2.0", "MIN_PHASE_S = 1.5", (PHASES,),
            "a phase lasts 2 s or more"),
@@ -191,14 +215,15 @@ MUTANTS = (
          "the window's idle edges are not switch overhead"),
         ("report-lower-bound-ignores-unsplit", "gpu_spatial/report/summary.py",
          'row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or',
-         'row["waste_is_lower_bound"] = bool(False or', (REPORT_GUARDS,), "unsplit busy time makes waste a lower bound"),
+         'row["waste_is_lower_bound"] = bool(False or', (*REPORT_GUARDS,), "unsplit busy time makes waste a lower bound"),
         ("report-ledger-rollups-lose-the-cell", "gpu_spatial/report/account.py",
          'queries.append((LEDGER, False, summed(rollup(label, LEDGER), f"{label}, cell")))',
          'queries.append((LEDGER, False, summed(rollup(label, LEDGER), label)))',
          ("tests/test_account_history.py::test_rollups_equal_the_counters_in_every_column",),
          "the rollups keep each ledger cell apart"),
-        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py", "                    out.observed += value",
-         "                    out.observed += 2 * value", ("tests/test_account_history.py",),
+        ("report-gpu-ledger-observed-twice", "gpu_spatial/report/account.py",
+         "out.book(_metric(sample)).observed += _value(sample)", "out.book(_metric(sample)).observed += 2 * _value(sample)",
+         ("tests/test_account_history.py",),
          "the GPU-hours that existed are the observed counters"),
     )),
     # -- older rules --------------------------------------------------------------------------------------
@@ -218,18 +243,19 @@ MUTANTS = (
     Mutant("trace-mps-overlap-boundary", "nsys_ingest/diagnose.py",
            'return MPS if summary["short_kernel_overlap"] >= CONCURRENT_KERNELS else TIME_SLICED',
            'return MPS if summary["short_kernel_overlap"] > CONCURRENT_KERNELS else TIME_SLICED',
-           ("tests/test_verdicts.py", "tests/test_diagnose.py"), "short kernels overlapping 1.2x read MPS"),
+           ("tests/test_verdicts.py", "tests/test_diagnose.py"), "short kernels overlapping 1.2x read MPS",
+           function="_sharing"),
     Mutant("summary-busy-idle-boundary", "nsys_ingest/analysis.py",
            "((gr[both] >= BUSY_GR) & (sm[both] <= IDLE_SM))", "((gr[both] > BUSY_GR) & (sm[both] <= IDLE_SM))",
-           ("tests/test_nsys_ingest.py", GUARDS + "::test_busy_but_idle_counts_gr_active_of_exactly_80_percent"),
+           ("tests/test_nsys_ingest.py", "tests/test_nsys_ingest.py::test_busy_but_idle_counts_gr_active_of_exactly_80_percent"),
            "busy-but-idle counts GR active exactly 0.8", function="summarise"),
     Mutant("live-hidden-idle-negative", "exporter/chain.py", "hidden = round(max(0.0, busy - spatial.sm_active), 6)",
-           "hidden = round(busy - spatial.sm_active, 6)", ("tests/test_source_guards.py", "tests/test_sampling.py"),
+           "hidden = round(busy - spatial.sm_active, 6)", (*SOURCE_GUARDS, "tests/test_sampling.py"),
            "hidden idle is never negative", function="build_view"),
-    Mutant("workload-hidden-idle-negative", "exporter/workloads.py", 'HIDDEN_IDLE: {basis: max(0.0, time_share - sm)}',
-           'HIDDEN_IDLE: {basis: time_share - sm}',
-           ("tests/test_workloads.py", GUARDS + "::test_a_holders_hidden_idle_is_never_negative"),
-           "a holder's hidden idle is never negative"),
+    Mutant("workload-hidden-idle-negative", "exporter/workloads.py", "HIDDEN_IDLE: {basis: max(0.0, time_share - sm)}",
+           "HIDDEN_IDLE: {basis: time_share - sm}",
+           ("tests/test_workloads.py", "tests/test_workloads.py::test_a_holders_hidden_idle_is_never_negative"),
+           "a holder's hidden idle is never negative", function="WorkloadAccountant._view"),
     Mutant("workload-stalled-gap-integrated", "exporter/workloads.py",
            "min(max(now - self._last, 0.0), MAX_STEP_S)", "max(now - self._last, 0.0)", ("tests/test_workloads.py",),
            "a stalled engine's gap is not integrated", function="WorkloadAccountant.update"),
@@ -238,11 +264,11 @@ MUTANTS = (
            function="SlurmSampler.tick"),
     Mutant("dcgm-frozen-boundary", "exporter/samplers/dcgm.py", "now - seen[1] >= self.frozen_after_s",
            "now - seen[1] > self.frozen_after_s",
-           ("tests/test_dcgm_chain.py", "tests/test_source_guards.py",
-            GUARDS + "::test_dcgm_values_are_frozen_after_exactly_the_frozen_time"),
+           ("tests/test_dcgm_chain.py", *SOURCE_GUARDS,
+            "tests/test_dcgm_chain.py::test_dcgm_values_are_frozen_after_exactly_the_frozen_time"),
            "frozen after exactly --dcgm-frozen-after", function="_DcgmSource._frozen"),
     Mutant("log-once-per-problem", "exporter/snapshot.py", "if self._current.get(key) == (kind or message):\n                return",
-           "if False:\n                return", ("tests/test_source_guards.py", "tests/test_faults.py"),
+           "if False:\n                return", (*SOURCE_GUARDS, "tests/test_faults.py"),
            "one log line per problem, not per tick", function="LogOnce.problem"),
     Mutant("spool-keeps-newest", "exporter/spool.py", "keep.add(uploads[-1][2].resolve())", "pass",
            ("tests/test_spool.py",), "the newest upload is never removed", function="SpoolRetention._doomed"),
@@ -252,7 +278,7 @@ MUTANTS = (
            ("tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests",), "SpatialSourceStuck after 60 s of age"),
     Mutant("rule-hidden-idle-sm-boundary", "rules/gpu-utilization.rules.yaml",
            "(max by (instance, uuid) (gpu_sm_active_ratio) <= 0.5)", "(max by (instance, uuid) (gpu_sm_active_ratio) < 0.5)",
-           (GUARDS + "::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
+           ("tests/test_alerting.py::test_alert_thresholds_hold_at_their_boundaries", "tests/test_stack.py::test_promtool_checks_config_rules_and_rule_unit_tests"),
            "HiddenIdleSMs fires at SM active 0.5"),
     # -- issue 39, attacks 4-7: answers of the API server and the kubelet -------------------------------
     Mutant("http-read-deadline-per-call", "hostio/answers.py",
@@ -370,12 +396,18 @@ MUTANTS = (
     Mutant('top-prometheus-probe', 'gpu_spatial/endpoints.py', 'return status == 200 and isinstance(data, dict) and data.get("status") == "success"', 'return True',
            ('tests/test_first_hour.py::test_trap4_a_json_404_of_another_server_is_not_called_an_exporter_or_a_prometheus',), 'only a query answered makes a URL a Prometheus',
            function="serves_prometheus_api"),
-    Mutant('top-prometheus-said', 'gpu_spatial/top/feeds.py', 'if answer.status == 404 and serves_prometheus_api(self.url, self.timeout):', 'if False:',
+    Mutant('top-prometheus-said', 'gpu_spatial/top/feeds.py', 'if answer.status in (400, 404) and serves_prometheus_api(self.url, self.timeout):', 'if False:',
            ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one',), 'top says a URL is a Prometheus',
+           function="HttpFeed._get"),
+    Mutant('top-victoria-400', 'gpu_spatial/top/feeds.py', 'answer.status in (400, 404) and serves_prometheus_api', 'answer.status == 404 and serves_prometheus_api',
+           ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one',), "VictoriaMetrics' 400 is a Prometheus API too",
            function="HttpFeed._get"),
     Mutant('top-refused-stderr', 'gpu_spatial/top/__init__.py', '    if state.refused:\n        print(', '    if False:\n        print(',
            ('tests/test_first_hour.py::test_top_pointed_at_a_prometheus_says_it_is_one', 'tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off'), 'a URL no retry helps: one line on stderr, exit 2',
            function="once"),
+    Mutant('top-tui-refused', 'gpu_spatial/top/tui.py', '                if state.refused:', '                if False:',
+           ('tests/test_first_hour.py::test_top_in_a_terminal_pointed_at_a_prometheus_says_it_and_exits',), 'top in a terminal exits on a URL no retry helps',
+           function="run"),
     Mutant('top-url-scheme', 'gpu_spatial/top/__init__.py', 'url = with_scheme(args.url)', 'url = args.url',
            ('tests/test_first_hour.py::test_trap3_top_accepts_the_metrics_url_and_says_the_api_is_off',), 'top --url takes host:port',
            function="make_feed"),
@@ -393,6 +425,15 @@ MUTANTS = (
            function="scraped_once"),
     Mutant('report-never-scraped', 'gpu_spatial/report/empty.py', '    if waiting:', '    if False:',
            ('tests/test_first_hour.py::test_report_before_the_first_scrape_says_so',), 'a target not scraped yet is said',
+           function="diagnose_empty"),
+    Mutant('report-just-started', 'gpu_spatial/report/empty.py', '    if not targets and age is not None and age < JUST_STARTED and scrapes_something(api):', '    if False:',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'a Prometheus too young to list targets is said so',
+           function="diagnose_empty"),
+    Mutant('report-just-started-bound', 'gpu_spatial/report/empty.py', 'age is not None and age < JUST_STARTED', 'age is not None',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'an old Prometheus without targets is not called young',
+           function="diagnose_empty"),
+    Mutant('report-just-started-scrapes', 'gpu_spatial/report/empty.py', 'age < JUST_STARTED and scrapes_something(api)', 'age < JUST_STARTED',
+           ('tests/test_first_hour.py::test_report_on_a_prometheus_that_lists_no_target_yet',), 'a young Prometheus that scrapes nothing is not told to wait',
            function="diagnose_empty"),
     Mutant('report-never-scraped-health', 'gpu_spatial/report/empty.py', 't.get("health") == NEVER_SCRAPED', 'True',
            ('tests/test_first_hour.py::test_the_targets_named_are_few_and_printable',), 'only targets never scraped are named',
@@ -474,7 +515,8 @@ MUTANTS = (
            ('tests/test_first_hour.py::test_trap8_top_keeps_the_sm_bar_at_30_columns',), 'narrowest top keeps both bars',
            function="gpu_line"),
     Mutant('nsys-reason-token-file', 'exporter/samplers/nsys.py', '--nsys-live or --nsys-upload-token-file"', '--nsys-live or --nsys-upload-token"',
-           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the nsys reason names the token file'),
+           ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the nsys reason names the token file',
+           function="build"),
     Mutant('upload-off-token-file', 'exporter/app.py', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token-file"', 'UPLOADS_OFF = "uploads are off: start the exporter with --nsys-upload-token"',
            ('tests/test_first_hour.py::test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag',), 'the upload refusal names the token file'),
     Mutant('report-only-none', 'gpu_spatial/report/__init__.py', '        collected.notes.append(account.other_groupings(api, plan, start, end))', '        pass',
@@ -504,18 +546,54 @@ MUTANTS = (
 
 
 # -- issue 39, "Rules no test guards": the modules the last round and this one touched ------------------
-EDGE = "tests/test_edge_guards.py"
+EDGE = (
+    "tests/test_ctxsw.py::test_at_gives_a_sample_stamped_at_a_slices_end_to_what_follows_and_one_at_its_start_to_the_slice",
+    "tests/test_ctxsw.py::test_a_restore_start_without_a_pid_takes_its_save_ends_pid",
+    "tests/test_ctxsw.py::test_the_default_window_ends_one_sampling_period_after_the_last_sample",
+    "tests/test_ctxsw.py::test_a_process_with_two_contexts_is_one_process_with_both_slices",
+    "tests/test_ctxsw_live.py::test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_says_stalled",
+    "tests/test_ctxsw_live.py::test_a_window_lists_the_pids_nvml_saw_at_its_start_or_its_end_and_a_gpu_that_left_is_forgotten",
+    "tests/test_ctxsw_live.py::test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw_sm",
+    "tests/test_ctxsw_live.py::test_a_holders_ctxsw_time_share_is_at_most_the_whole_gpu",
+    "tests/test_holder_registry.py::test_where_two_kinds_claim_one_pid_the_first_kind_keeps_it_and_a_failed_kind_says_nothing",
+    "tests/test_holder_registry.py::test_holder_kinds_are_built_in_their_order_users_only_without_a_scheduler_or_when_named",
+    "tests/test_holder_registry.py::test_the_weakest_basis_of_several_is_said_from_whole_to_even_split",
+    "tests/test_users.py::test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads",
+    "tests/test_workloads.py::test_device_plugin_shares_at_their_edges",
+    "tests/test_workloads.py::test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu",
+    "tests/test_dra.py::test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device",
+    "tests/test_dra.py::test_a_container_holding_two_allocations_of_one_gpu_holds_at_most_the_gpu",
+    "tests/test_dra.py::test_shares_decide_before_memory_where_a_device_offers_both",
+    "tests/test_dra.py::test_a_container_holding_one_gpu_both_ways_holds_the_sum_of_both_parts",
+    "tests/test_dra.py::test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_answering",
+    "tests/test_dra.py::test_a_claim_deleted_meanwhile_is_no_failure_and_is_asked_again_after_the_back_off",
+    "tests/test_dra.py::test_a_device_the_slices_did_not_name_lists_them_again_after_a_sixth_of_the_period",
+    "tests/test_dra.py::test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out",
+    "tests/test_dra.py::test_slices_keep_at_most_max_slice_devices_and_say_so_once",
+    "tests/test_dra.py::test_only_the_capacities_a_share_is_split_by_and_the_allocations_listed_are_kept",
+    "tests/test_account_history.py::test_rule_runs_and_spans_at_their_edges",
+    "tests/test_account_history.py::test_an_evaluation_on_the_edge_of_two_days_is_read_once",
+    "tests/test_account_history.py::test_report_pieces_that_keep_unknown_and_odd_values_apart",
+    "tests/test_verdicts.py::test_a_hardware_slowdown_asks_for_both_cooling_and_power",
+    "tests/test_verdicts.py::test_copies_as_long_as_kernels_are_the_work",
+    "tests/test_sampler_contract.py::test_a_samplers_own_max_tick_seconds_keeps_a_long_tick_published_and_a_failure_clears_when_it_ticks_again",
+    "tests/test_sampler_contract.py::test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_none",
+    "tests/test_sampler_contract.py::test_a_stuck_nvml_loop_publishes_no_telemetry",
+    "tests/test_cupti.py::test_cupti_windows_at_their_edges",
+    "tests/test_cupti.py::test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends",
+    "tests/test_ledger.py::test_ledger_cells_at_their_edges",
+)
 NOT_SLOW = ("-k", "not ten_million")  # the 10 M-row switch table: 26 s, and chunking has its own test
-CTXSW_INGEST = (EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
-CTXSW_LIVE = (EDGE, "tests/test_ctxsw_live.py")
-WORKLOADS = (EDGE, GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
-HOLDERS = (EDGE, GUARDS, "tests/test_users.py", "tests/test_workloads.py", "tests/test_dra.py")
-DRA = (EDGE, "tests/test_dra.py")
-KUBE_API = (EDGE, "tests/test_dra.py")
-VERDICTS = (EDGE, "tests/test_verdicts.py")
-USERS = (EDGE, "tests/test_users.py")
-KUBELET = (EDGE, GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
-ACCOUNT = (EDGE, REPORT_GUARDS, "tests/test_account_history.py")
+CTXSW_INGEST = (*EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
+CTXSW_LIVE = (*EDGE, "tests/test_ctxsw_live.py")
+WORKLOADS = (*EDGE, *GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
+HOLDERS = (*EDGE, *GUARDS, "tests/test_users.py", "tests/test_workloads.py", "tests/test_dra.py")
+DRA = (*EDGE, "tests/test_dra.py")
+KUBE_API = (*EDGE, "tests/test_dra.py")
+VERDICTS = (*EDGE, "tests/test_verdicts.py")
+USERS = (*EDGE, "tests/test_users.py")
+KUBELET = (*EDGE, *GUARDS, "tests/test_kubelet.py", "tests/test_workloads.py", "tests/test_dra.py")
+ACCOUNT = (*EDGE, *REPORT_GUARDS, "tests/test_account_history.py")
 
 
 def _m(id, path, old, new, tests, why, listed=False, function=None):
@@ -579,8 +657,9 @@ ROUND_39 = (
        "SourceState(STANDBY, ALONE) if many <= 2 else", CTXSW_LIVE, "two processes without switches: unsupported",
        function="CtxswSampler._tick"),
     _m("live-ctxsw-mps-client-not-refused", "exporter/samplers/ctxsw.py",
-       'any(p.kind in (MPS_CLIENT, MPS_SERVER) for p in tel.compute_processes or ())',
-       'any(p.kind in (MPS_SERVER,) for p in tel.compute_processes or ())', CTXSW_LIVE, "MPS clients: no capture"),
+       "any(p.kind in (MPS_CLIENT, MPS_SERVER) for p in tel.compute_processes or ())",
+       "any(p.kind in (MPS_SERVER,) for p in tel.compute_processes or ())", CTXSW_LIVE, "MPS clients: no capture",
+       function="CtxswSampler._refused"),
     _m("live-ctxsw-mig-not-refused", "exporter/samplers/ctxsw.py", "if tel is not None and tel.mig_enabled:",
        "if False:", CTXSW_LIVE, "MIG: no capture", function="CtxswSampler._refused"),
     _m("live-ctxsw-listed-after-only", "exporter/samplers/ctxsw.py",
@@ -602,8 +681,8 @@ ROUND_39 = (
        'entry["time_share"] = round(sum(share.time for share in own), 6)\n                entry["time_share_basis"], entry["window"] = CTXSW', WORKLOADS, "a ctxsw time share is at most 1",
        function="gpu_shares"),
     _m("workloads-mps-server-counted", "exporter/workloads.py",
-       '[p for p in tel.compute_processes if p.kind != MPS_SERVER]', "list(tel.compute_processes)", WORKLOADS,
-       "the MPS server is no workload process"),
+       "[p for p in tel.compute_processes if p.kind != MPS_SERVER]", "list(tel.compute_processes)", WORKLOADS,
+       "the MPS server is no workload process", function="gpu_shares"),
     _m("workloads-exact-despite-strangers", "exporter/workloads.py", "elif len(running) == 1 and not strangers:",
        "elif len(running) == 1:", WORKLOADS, "exact SM only when nobody else runs on the GPU", function="gpu_shares"),
     _m("workloads-fold-least-busy-kept", "exporter/workloads.py", "return (-(view.time_share or 0.0), -(view.held_share",
@@ -617,8 +696,9 @@ ROUND_39 = (
     _m("workloads-weakest-time-basis", "exporter/workloads.py", "return None if not found else next(iter(found)) if len(found) == 1 else NVML",
        "return None if not found else next(iter(found))", WORKLOADS, "OTHER's time basis is ctxsw only if every part's is",
        function="_weakest_time_basis"),
-    _m("workloads-lost-gpu-kept", "exporter/workloads.py", "if tel is None or tel.lost:", "if tel is None:", WORKLOADS,
-       "a GPU NVML lost has no holders", function="WorkloadAccountant.update"),
+    _m("workloads-lost-gpu-holders-dropped", "exporter/workloads.py", "entries = {holder: LOST_SHARE for holder in holders}",
+       "entries = {}", ("tests/test_ledger.py",), "a lost GPU's holders keep holding it (allocation view)",
+       function="WorkloadAccountant.update"),
     _m("workloads-left-holders-kept", "exporter/workloads.py", "del self._accounts[key]", "pass", WORKLOADS,
        "holders that left take their series with them", function="WorkloadAccountant.update"),
     _m("workloads-mig-sm-not-weighted", "exporter/workloads.py",
@@ -637,7 +717,7 @@ ROUND_39 = (
        function="weakest_basis"),
     _m("holders-claim-owner-keeps-claim", "exporter/holders.py",
        'self if not through & self._map.keys() else', 'self if True else', HOLDERS,
-       "a claim's processes are its container's"),
+       "a claim's processes are its container's", function="Holder._made_for_registry"),
     # issue 44: the registries and the vocabulary refuse at construction
     _m("holders-unknown-label-accepted", "exporter/holders.py", "        if unknown:\n", "        if False:\n",
        ("tests/test_holder_registry.py",), "a label no kind declares is refused"),
@@ -755,14 +835,15 @@ ROUND_39 = (
        "if e.copy_busy_share and e.copy_busy_share > (e.kernel_busy_share or 0.0):", VERDICTS,
        "copies as long as kernels are the work", function="_memory_bound"),
     _m("verdict-one-context-time-sliced", "nsys_ingest/verdicts.py", "if contexts > 1:\n        return TIME_SLICED",
-       "if contexts >= 1:\n        return TIME_SLICED", VERDICTS, "one context is exclusive"),
+       "if contexts >= 1:\n        return TIME_SLICED", VERDICTS, "one context is exclusive", function="sharing_mode"),
     _m("verdict-mps-clients-are-contexts", "nsys_ingest/verdicts.py",
        "contexts = time_sliced + (1 if mps_clients else 0)", "contexts = time_sliced + mps_clients", VERDICTS,
        "MPS clients share one context", function="sharing_mode"),
     # -- exporter/samplers/users.py ------------------------------------------------------------------------
     _m("users-mps-server-holds", "exporter/samplers/users.py",
        'return {uuid: {p.pid for p in tel.compute_processes or () if p.kind != MPS_SERVER}',
-       "return {uuid: {p.pid for p in tel.compute_processes or ()}", USERS, "the MPS server holds nothing"),
+       "return {uuid: {p.pid for p in tel.compute_processes or ()}", USERS, "the MPS server holds nothing",
+       function="context_pids"),
     _m("users-lost-gpu-held", "exporter/samplers/users.py", "for uuid, tel in telemetry.items() if not tel.lost}",
        "for uuid, tel in telemetry.items()}", USERS, "a lost GPU has no holders", function="context_pids"),
     _m("users-no-even-split", "exporter/samplers/users.py", "Held(round(1.0 / len(users), 9), EVEN_SPLIT)",
@@ -833,8 +914,8 @@ ROUND_39 = (
        'basis = _label(metric, "basis") or UNLABELLED_BASIS.get(plan_quantity, "unknown")',
        'basis = _label(metric, "basis") or "unknown"', ACCOUNT, "busy without a basis label is nvml",
        function="Totals.add"),
-    _m("account-unknown-held-in-span", "gpu_spatial/report/account.py", 'if plan_quantity == HELD and not unknown:',
-       'if plan_quantity == HELD:', ACCOUNT, "a span's held total excludes the unknown"),
+    _m("account-unknown-held-in-span", "gpu_spatial/report/account.py", "if plan_quantity == HELD and not unknown:",
+       "if plan_quantity == HELD:", ACCOUNT, "a span's held total excludes the unknown", function="Totals.add"),
     _m("account-jitter-is-gap", "gpu_spatial/report/account.py", "if span.start > t + 1.0:", "if span.start > t:",
        ACCOUNT, "a second of jitter is no gap", function="plan_spans"),
     _m("account-heartbeat-edge", "gpu_spatial/report/account.py", "if chunk_start < t <= chunk_end and",
@@ -844,7 +925,7 @@ ROUND_39 = (
        "if len(evaluators) > 2:  # two evaluators", ACCOUNT, "two evaluators: counters", function="heartbeat"),
     _m("account-other-matchers-ignored", "gpu_spatial/report/account.py",
        "other = sorted({label for label, _op, _value in self.matchers} - {rule_label(self.by)})", "other = []",
-       ACCOUNT, "a matcher the rollups do not keep: counters"),
+       ACCOUNT, "a matcher the rollups do not keep: counters", function="Plan.rules_unusable"),
     _m("account-last-day-overlong", "gpu_spatial/report/account.py", "out.append((t, min(t + size, end)))",
        "out.append((t, t + size))", ACCOUNT, "the last day ends at the range's end", function="chunks"),
     _m("account-non-finite-kept", "gpu_spatial/report/account.py", "return value if math.isfinite(value) else 0.0",
@@ -852,9 +933,9 @@ ROUND_39 = (
 )
 
 # -- this round's new modules (the sampler contract, the engine as one loop over samplers) ---------------
-ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", EDGE, "tests/test_host_files.py::"
+ENGINE = ("tests/test_engine_order.py", "tests/test_sampler_contract.py", *EDGE, "tests/test_host_files.py::"
           "test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back", "tests/test_sampling.py", "tests/test_health.py")
-SAMPLER = ("tests/test_sampler_contract.py", EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
+SAMPLER = ("tests/test_sampler_contract.py", *EDGE, "tests/test_ctxsw_live.py", "tests/test_nsys_source.py")
 ROUND_39_NEW = (
     _m("engine-duplicate-names", "exporter/engine.py", "if len(set(names)) != len(names):", "if False:", ENGINE,
        "two samplers never share a collector name", function="Engine.__init__"),
@@ -894,7 +975,7 @@ ROUND_39_NEW = (
        '"window": [self.window_start, self.window_end]}', SAMPLER, "a state without a window says none",
        function="SourceState.to_json"),
 )
-CUPTI = (EDGE, "tests/test_cupti.py")
+CUPTI = (*EDGE, "tests/test_cupti.py")
 ROUND_39_CUPTI = (
     _m("cupti-pid-spoofed", "exporter/samplers/cupti.py", 'if data.get("pid") != peer_pid:', "if False:", CUPTI,
        "a client speaks only for its own pid", function="parse_report"),
@@ -999,7 +1080,7 @@ ISSUE_42_CUPTI = (  # the tracing socket's hostile numbers, slots and reused pid
     _m("cupti-refusals-lru", "exporter/samplers/cupti.py", "            self._said.move_to_end(said)\n", "", CUPTI_ONLY,
        "the refusal said last is kept longest", function="CuptiSource._refuse"),
 )
-LEDGER = (EDGE, "tests/test_ledger.py")
+LEDGER = (*EDGE, "tests/test_ledger.py")
 ROUND_39_LEDGER = (
     _m("ledger-no-scale", "exporter/ledger.py", "scale = cap / attributed if attributed > cap + EPSILON else 1.0",
        "scale = 1.0", LEDGER, "shares summing past the GPU's time are scaled to it", function="cells"),
@@ -1036,6 +1117,61 @@ ROUND_39_LEDGER = (
        "if False:\n                    continue", LEDGER, "time before a GPU's first rates is not observed",
        function="Ledger.integrate"),
 )
+# -- issue 45: every GPU-hour that existed, unknown where unknown; issue 46: a table that fits -------------------
+EXISTENCE = ("tests/test_report.py::test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end",)
+FITS = ("tests/test_report.py::test_the_unit_keeps_digits_and_the_table_fits",)
+UNKNOWN = ("tests/test_report.py::test_a_groups_work_is_unknown_only_without_any_sm_series",)
+COME_AND_GO = ("tests/test_report.py", "-k", "come_and_go")
+ROUND_45 = (
+    _m("ledger-lost-gpu-leaves", "exporter/workloads.py",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)",
+       "self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)",
+       LEDGER, "a lost GPU stays in the ledger: it still exists"),
+    _m("ledger-lost-second-elsewhere", "exporter/workloads.py", "mine, gpu_cells = {holder: {} for holder in holders}, ledger.LOST_RATES",
+       "mine, gpu_cells = {holder: {} for holder in holders}, {}", LEDGER, "a lost GPU's second is lost"),
+    _m("existence-edge-boundary", "gpu_spatial/report/account.py", "if end - last <= EDGE or", "if end - last < EDGE or",
+       EXISTENCE, "a GPU seen EDGE before the end was there at it"),
+    _m("existence-before-ignored", "gpu_spatial/report/account.py", "first = start if book.before else book.first",
+       "first = book.first", EXISTENCE, "a GPU seen before the range existed at its start"),
+    _m("existence-lost-not-to-end", "gpu_spatial/report/account.py", "or book.listed_lost or", "or", EXISTENCE,
+       "a GPU listed lost exists to the end"),
+    _m("existence-node-ignored", "gpu_spatial/report/account.py",
+       "or end - node_seen.get(book.instance, -math.inf) <= EDGE:", ":", EXISTENCE,
+       "a GPU of a node up at the end exists to it"),
+    _m("sightings-first-skipped", "gpu_spatial/report/account.py", 'wanted = {"min": [b for b in out.books.values() if not b.before],',
+       'wanted = {"min": [],', COME_AND_GO, "a GPU that appears in the range exists from its first sighting"),
+    _m("sightings-last-skipped", "gpu_spatial/report/account.py",
+       '"max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}',
+       '"max": []}', COME_AND_GO, "a GPU whose node left exists to its last sighting"),
+    _m("sightings-metricsql-first-as-last", "gpu_spatial/report/account.py",
+       'metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]',
+       'metricsql = {"min": "tlast_over_time", "max": "tlast_over_time"}[which]', COME_AND_GO,
+       "VictoriaMetrics' first sighting is its first sample"),
+    _m("existed-below-observed", "gpu_spatial/report/account.py",
+       "book.existed = min(max(last - max(first, start), book.observed), end - start)",
+       "book.existed = min(last - max(first, start), end - start)", EXISTENCE,
+       "what its exporters observed existed"),
+    _m("unobserved-negative", "gpu_spatial/report/account.py", "return max(self.existed - self.observed, 0.0)",
+       "return self.existed - self.observed", EXISTENCE, "unobserved is never negative"),
+    _m("unit-boundary", "gpu_spatial/report/terminal.py", "if top * factor >= 1.0:", "if top * factor > 1.0:", FITS,
+       "1 GPU-h reads in GPU-h"),
+    _m("fit-drops-highest-first", "gpu_spatial/report/terminal.py", "drop = min(shown[1:], key=lambda c: c.keep)",
+       "drop = max(shown[1:], key=lambda c: c.keep)", FITS, "the least needed column goes first"),
+    _m("fit-name-uncut", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = name.width", FITS, "the name is cut to the room"),
+    _m("fit-short-name-padded", "gpu_spatial/report/terminal.py",
+       "name_width = max(min(MIN_NAME, name.width), min(name.width, room - others))",
+       "name_width = max(MIN_NAME, min(name.width, room - others))", FITS, "a short name is not padded past the room"),
+    _m("unknown-work-zero", "gpu_spatial/report/summary.py", 'row[f"ledger_{cell}_gpu_hours"] = math.nan',
+       'row[f"ledger_{cell}_gpu_hours"] = 0.0', UNKNOWN, "a group without SM series has its work unknown, never 0"),
+    _m("unknown-cause-mps-as-mig", "gpu_spatial/report/render.py", '("busy",): unknown["busy"] - both',
+       '("busy",): unknown["busy"]', UNKNOWN, "held time without busy and SM series is an MPS client's, not MIG"),
+    _m("node-share-of-fleet", "gpu_spatial/report/render.py",
+       'if row is not None and row[report.labels[0]] != TOTAL and report.by in ("node", "gpu"):', "if False:",
+       ("tests/test_account_history.py::test_each_gpu_and_node_ledger_sums_to_its_wall_clock",),
+       "a node's share of what existed is of that node"),
+)
 # -- issue 37, cost2: what a default exporter imports, and the NVML cadences --------------------------------
 DEFAULT_IMPORTS = ("tests/test_cost.py::test_an_exporter_with_the_default_flags_loads_nothing_only_other_flags_use",)
 VERSIONS = ("tests/test_http.py::test_every_command_tells_its_version_under_the_name_typed",)
@@ -1053,8 +1189,10 @@ ROUND_37_COST = (
     _m("sqlite-at-import", "exporter/nsys_exports.py", "import os\nimport selectors\n",
        "import os\nimport selectors\nimport sqlite3  # noqa: F401\n", DEFAULT_IMPORTS,
        "SQLite is loaded where an export is read"),
-    _m("uploads-always", "exporter/samplers/nsys.py", '    watch_dir, upload = args.nsys_watch_dir, None\n',
-       '    from exporter.uploads import UploadSpool  # noqa: F401\n    watch_dir, upload = args.nsys_watch_dir, None\n',
+    # (nsys-source-always went with the source registry (issue 44): exporter/samplers/nsys.py is imported for its
+    # flags by design; what it must not load at defaults is sqlite-at-import's and uploads-always's)
+    _m("uploads-always", "exporter/samplers/nsys.py", "from pathlib import Path\n",
+       "from pathlib import Path\n\nfrom exporter.uploads import UploadSpool  # noqa: F401\n",
        DEFAULT_IMPORTS, "the upload spool is loaded with its flag"),
     _m("nsys-reader-always", "exporter/samplers/nsys.py", "from exporter.sources import profiled_by\n",
        "from exporter.sources import profiled_by\nfrom nsys_ingest.reader import Export  # noqa: F401\n", DEFAULT_IMPORTS,
@@ -1090,8 +1228,8 @@ ROUND_37_COST = (
        ("tests/test_cost.py",), "the health reads every 30 s (dcgm-exporter's default collection interval)"),
     _m("health-every-29-s", "exporter/samplers/nvml.py", "HEALTH_EVERY_S = 30.0", "HEALTH_EVERY_S = 29.0",
        ("tests/test_cost.py",), "exactly every 30 s"),
-    _m("heap-give-back-other-loops", "exporter/engine.py", "            if name == self.nvml.name:\n                self._give_back_heap()",
-       "            if name != self.nvml.name:\n                self._give_back_heap()", HEAP_CADENCE,
+    _m("heap-give-back-other-loops", "exporter/engine.py", "            if devices:\n                self._give_back_heap()",
+       "            if not devices:\n                self._give_back_heap()", HEAP_CADENCE,
        "NVML's loop gives the heap back", function="Engine._run"),
     _m("heap-give-back-boundary", "exporter/engine.py", "if now - self._heap_given_back >= HEAP_GIVE_BACK_S:",
        "if now - self._heap_given_back > HEAP_GIVE_BACK_S:", HEAP_CADENCE, "exactly every 60 s",
@@ -1106,7 +1244,7 @@ ROUND_37_COST = (
 )
 # -- issue 39, attacks 6-7 left over: GetAllocatableResources walked, the API reader's tallies capped ------
 WALKS = ("tests/test_kubelet.py", "-k", "allocatable or parsed_a_pod or list_answer or garbled")
-API_TALLIES = (EDGE, "-k", "slices_keep or capacities_a_share or other_drivers or forgotten")
+API_TALLIES = (*EDGE, "-k", "slices_keep or capacities_a_share or other_drivers or forgotten")
 ROUND_39_KUBECAPS = (
     _m("alloc-ids-boundary", "exporter/samplers/kubelet.py", "if device_id not in ids and len(ids) == limit:",
        "if device_id not in ids and len(ids) > limit:", WALKS, "the first `limit` distinct IDs, no more",
@@ -1220,72 +1358,86 @@ NAMES = ("tests/test_kubelet.py", "-k", "longer_than or huge_names or shown_whol
 UNSENT = ("tests/test_http.py", "-k", "never_read_the_docs or unsent_budget")
 ROUND_42_HOSTILE = (
     _m("uid-digits-unbounded", "exporter/samplers/users.py", " or len(text) > len(str(MAX_UID)):", ":", UIDS,
-       "a uid field of thousands of digits is never given to int()"),
+       "a uid field of thousands of digits is never given to int()", function="uid_number"),
     _m("uid-past-uid-t", "exporter/samplers/users.py", "return uid if uid <= MAX_UID else None", "return uid", UIDS,
-       "(uid_t)-1 and above are no uids"),
+       "(uid_t)-1 and above are no uids", function="uid_number"),
     _m("uid-bound-boundary", "exporter/samplers/users.py", "return uid if uid <= MAX_UID else None",
-       "return uid if uid < MAX_UID else None", UIDS, "the largest uid is one"),
+       "return uid if uid < MAX_UID else None", UIDS, "the largest uid is one", function="uid_number"),
     _m("uid-non-ascii-digits", "exporter/samplers/users.py", "if not (text.isascii() and text.isdigit())",
-       "if not text.isdigit()", UIDS, "only ASCII digits spell a uid"),
+       "if not text.isdigit()", UIDS, "only ASCII digits spell a uid", function="uid_number"),
     _m("name-bound-boundary", "exporter/samplers/kubelet.py", "if span[1] - span[0] > bound:", "if span[1] - span[0] >= bound:",
-       NAMES, "a name of exactly its bound is read"),
+       NAMES, "a name of exactly its bound is read", function="ListReader.name"),
     _m("name-unbounded", "exporter/samplers/kubelet.py", "if span[1] - span[0] > bound:", "if False:", NAMES,
-       "a name past its bound refuses its pod"),
+       "a name past its bound refuses its pod", function="ListReader.name"),
     _m("label-bound-value", "exporter/samplers/kubelet.py", "MAX_LABEL_BYTES = 63", "MAX_LABEL_BYTES = 64", NAMES,
        "namespaces and container names: 63 bytes"),
     _m("name-bound-value", "exporter/samplers/kubelet.py", "MAX_NAME_BYTES = 253", "MAX_NAME_BYTES = 254", NAMES,
        "pod and claim names: 253 bytes"),
     _m("refused-pod-kept", "exporter/samplers/kubelet.py", "            if not reader.too_long:\n", "            if True:\n",
-       NAMES, "a pod with a too-long name is never a holder"),
+       NAMES, "a pod with a too-long name is never a holder", function="read_pods"),
     _m("refusal-carried-over", "exporter/samplers/kubelet.py", "        self.too_long = \"\"\n        for number, inner",
-       "        for number, inner", NAMES, "a refused pod does not refuse the next"),
+       "        for number, inner", NAMES, "a refused pod does not refuse the next", function="ListReader.pod"),
     _m("refusal-last-why", "exporter/samplers/kubelet.py", "self.too_long = self.too_long or f\"a {what}",
-       "self.too_long = f\"a {what}", NAMES, "the first too-long name says why"),
+       "self.too_long = f\"a {what}", NAMES, "the first too-long name says why", function="ListReader.name"),
     _m("refused-silent", "exporter/samplers/kubelet.py", "        if refused:\n            problems.append",
-       "        if False:\n            problems.append", NAMES, "refused pods are one counted problem"),
+       "        if False:\n            problems.append", NAMES, "refused pods are one counted problem",
+       function="KubeletSampler.tick"),
     _m("cut-pod-kept", "exporter/samplers/kubelet.py", "            pod = Pod()\n            reader.pod(span, pod)\n",
        "            pod = Pod()\n            pods.append(pod)\n            reader.pod(span, pod)\n", NAMES,
-       "the pod a walk stops in is unknown, never a holder with the names read so far"),
+       "the pod a walk stops in is unknown, never a holder with the names read so far", function="read_pods"),
     _m("pod-first-name-counts", "exporter/samplers/kubelet.py", "pod.name = self.name(", "pod.name = pod.name or self.name(",
-       NAMES, "a pod named twice: the last counts"),
+       NAMES, "a pod named twice: the last counts", function="ListReader.pod"),
     _m("container-first-name-counts", "exporter/samplers/kubelet.py", "container.name = self.name(",
-       "container.name = container.name or self.name(", NAMES, "a container named twice: the last counts"),
+       "container.name = container.name or self.name(", NAMES, "a container named twice: the last counts",
+       function="ListReader.container"),
     _m("device-id-shown-boundary", "exporter/samplers/kubelet.py", "if span[1] - span[0] <= MAX_DEVICE_ID_BYTES:",
-       "if span[1] - span[0] < MAX_DEVICE_ID_BYTES:", NAMES, "an ID of exactly MAX_DEVICE_ID_BYTES is shown whole"),
+       "if span[1] - span[0] < MAX_DEVICE_ID_BYTES:", NAMES, "an ID of exactly MAX_DEVICE_ID_BYTES is shown whole",
+       function="WireWalk.shown"),
     _m("device-id-shown-whole", "exporter/samplers/kubelet.py", "if span[1] - span[0] <= MAX_DEVICE_ID_BYTES:", "if True:",
-       NAMES, "a 1.4 MB device ID is shown by its first bytes"),
+       NAMES, "a 1.4 MB device ID is shown by its first bytes", function="WireWalk.shown"),
     _m("health-text-boundary", "exporter/samplers/kubelet.py", "if len(text) <= MAX_HEALTH_CHARS:",
-       "if len(text) < MAX_HEALTH_CHARS:", NAMES, "a text of exactly MAX_HEALTH_CHARS is whole"),
+       "if len(text) < MAX_HEALTH_CHARS:", NAMES, "a text of exactly MAX_HEALTH_CHARS is whole",
+       function="health_text"),
     _m("health-text-uncut", "exporter/samplers/kubelet.py", "if len(text) <= MAX_HEALTH_CHARS:", "if True:", NAMES,
-       "the whole health text is bounded"),
+       "the whole health text is bounded", function="health_text"),
     _m("chunk-wire-cap-boundary", "hostio/answers.py", "if self.wire > self.max_bytes:", "if self.wire >= self.max_bytes:",
-       (HTTP,), "a chunked answer of exactly the cap, framing included, is read"),
+       (HTTP,), "a chunked answer of exactly the cap, framing included, is read", function="Unchunked.feed"),
     _m("chunk-free-boundary", "hostio/answers.py", "if self.chunks > FREE_CHUNKS and", "if self.chunks >= FREE_CHUNKS and",
-       (HTTP,), "FREE_CHUNKS chunks of any size are read"),
+       (HTTP,), "FREE_CHUNKS chunks of any size are read", function="Unchunked._line"),
     _m("chunk-mean-boundary", "hostio/answers.py", "self.declared < self.chunks * MIN_MEAN_CHUNK_BYTES",
-       "self.declared <= self.chunks * MIN_MEAN_CHUNK_BYTES", (HTTP,), "chunks averaging exactly the floor are read"),
+       "self.declared <= self.chunks * MIN_MEAN_CHUNK_BYTES", (HTTP,), "chunks averaging exactly the floor are read",
+       function="Unchunked._line"),
     _m("chunk-floor-dropped", "hostio/answers.py", "if self.chunks > FREE_CHUNKS and", "if False and", (HTTP,),
-       "chunks finer than the floor are refused"),
+       "chunks finer than the floor are refused", function="Unchunked._line"),
     _m("chunk-size-signed", "hostio/answers.py", "if not CHUNK_SIZE.fullmatch(size_text):", "if not size_text:", (HTTP,),
-       "a chunk size is hex digits only (int(, 16) takes a sign and 0x)"),
+       "a chunk size is hex digits only (int(, 16) takes a sign and 0x)", function="Unchunked._line"),
     _m("chunk-overlong-data", "hostio/answers.py", "            if len(line):\n", "            if False:\n", (HTTP,),
-       "a chunk's data ends where its size says"),
-    _m("chunk-line-uncapped", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES:", "if False:", (HTTP,),
-       "a size line is capped"),
+       "a chunk's data ends where its size says", function="Unchunked._line"),
+    _m("chunk-line-uncapped", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES + 1:", "if False:", (HTTP,),
+       "a size line across reads is capped", function="Unchunked._line_across"),
+    _m("chunk-line-cr-refused", "hostio/answers.py", "if len(self.line) > MAX_CHUNK_LINE_BYTES + 1:",
+       "if len(self.line) > MAX_CHUNK_LINE_BYTES:", (HTTP,), "a line of exactly the cap may wait for its LF",
+       function="Unchunked._line_across"),
+    _m("chunk-line-in-one-read-uncapped", "hostio/answers.py", "        if len(line) > MAX_CHUNK_LINE_BYTES:\n",
+       "        if False:\n", (HTTP,), "a size line in one read is capped too", function="Unchunked._line"),
     _m("chunk-size-uncapped", "hostio/answers.py", "if len(self.body) + size > self.max_bytes:", "if False:", (HTTP,),
-       "a chunk larger than the cap is refused by its size line"),
+       "a chunk larger than the cap is refused by its size line", function="Unchunked._line"),
     _m("plain-length-boundary", "hostio/answers.py", "len(self.body) >= self.length:", "len(self.body) > self.length:",
-       (HTTP,), "an answer of exactly its Content-Length is whole"),
+       (HTTP,), "an answer of exactly its Content-Length is whole", function="Plain.feed"),
     _m("unsent-budget-dropped", "exporter/server.py", "        self.guard.not_reading(self)\n", "", UNSENT,
-       "answers waiting on clients that do not read are bounded in all"),
+       "answers waiting on clients that do not read are bounded in all", function="GuardedProtocol"),
     _m("unsent-budget-newest-first", "exporter/server.py", "for victim, held in unsent.items():",
-       "for victim, held in reversed(unsent.items()):", UNSENT, "those waiting longest are closed first"),
+       "for victim, held in reversed(unsent.items()):", UNSENT, "those waiting longest are closed first",
+       function="Guard.not_reading"),
     _m("unsent-reader-kept-blocked", "exporter/server.py", "        self.guard.reading(self)\n", "", UNSENT,
-       "a client reading again is no longer counted as waiting (it would be closed for others)"),
+       "a client reading again is no longer counted as waiting (it would be closed for others)",
+       function="GuardedProtocol.resume_writing"),
     _m("docs-asset-per-answer", "exporter/app.py", "return Response(asset(static / name),",
-       "return Response((static / name).read_bytes(),", UNSENT, "one copy of an asset for every reader"),
+       "return Response((static / name).read_bytes(),", UNSENT, "one copy of an asset for every reader",
+       function="serve_docs.docs_asset"),
     _m("wire-varint-end-boundary", "exporter/samplers/kubelet.py", "        if at > end:\n            raise ValueError",
-       "        if at >= end:\n            raise ValueError", NAMES, "a field ending exactly at its message's end is read"),
+       "        if at >= end:\n            raise ValueError", NAMES, "a field ending exactly at its message's end is read",
+       function="wire_fields"),
 )
 # Issue 42 item 1: a lost GPU is that GPU's problem (tests/test_nvml_lost.py; the alert's boundaries: promtool).
 LOST = ("tests/test_nvml_lost.py",)
@@ -1302,7 +1454,7 @@ LOST_GPU = (
     _m("lost-retry-boundary", "exporter/samplers/nvml.py", "self._lost[gpu.index] < LOST_RETRY_S:",
        "self._lost[gpu.index] <= LOST_RETRY_S:", LOST, "asked again exactly LOST_RETRY_S after",
        function="NvmlSampler._still_lost"),
-    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer[\"uuid\"] != gpu.uuid:\n            return True\n",
+    _m("lost-another-uuid-back", "exporter/samplers/nvml.py", "        elif answer.uuid != gpu.uuid:\n            return True\n",
        "", LOST, "another GPU answering at a lost one's index is not that GPU back",
        function="NvmlSampler._still_lost"),
     _m("lost-placeholder-read-under-its-name", "exporter/samplers/nvml.py", "        return is_unnamed(gpu)\n",
@@ -1348,7 +1500,7 @@ CADENCE_47 = (
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
 
 
 def _is_test_path(arg: str) -> bool:

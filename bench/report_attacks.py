@@ -34,6 +34,12 @@ CASES = {
     "100001_distinct_groups": (REPORT, "groups=100001", []),  # within the values cap: the groups cap
     "300000_label_less_series": (REPORT, "labelless=300000", []),  # within the values cap: a series twice
     "top_url_nested_json": (["-m", "gpu_spatial", "top", "--once", "--url"], "nested", []),
+    # issue 42, item 9: 60 MiB on the wire in 1-byte chunks (10 MiB of body: 280,000 label-less series of 39 bytes), the
+    # same body in 64 KiB chunks; 60 MiB of body in either (past the 64 MiB cap once framed in 1-byte chunks)
+    "60_mib_framed_in_1_byte_chunks": (REPORT, "chunks1=280000", []),
+    "the_same_in_64_kib_chunks": (REPORT, "chunks65536=280000", []),
+    "60_mib_in_1_byte_chunks": (REPORT, "chunks1=1700000", []),
+    "60_mib_in_64_kib_chunks": (REPORT, "chunks65536=1700000", []),
 }
 
 

@@ -6,7 +6,8 @@ holder's busy time whose SM split is unknown (no spatial reading), context-switc
 between time slices: basis ctxsw only), time idle (no kernel ran) split among the holders by held
 share, unheld (the idle time of the share nobody holds), the unattributed cells (busy time a basis
 cannot split among holders: MPS clients without per-client numbers, MIG instances without
-per-process ones, processes of no holder) and unmeasured (the GPU's busy time could not be read).
+per-process ones, processes of no holder), unmeasured (the GPU's busy time could not be read) and lost
+(the GPU answers GPU_IS_LOST: it still exists, and its holders still hold it, but nothing runs on it).
 The rates, held until the next update, are integrated into counters per holder and per GPU; a view
 that shows the ledger (report, top, /api/v1/workloads, the dashboards through the recording rules)
 reads these cells and nothing else.
@@ -30,7 +31,8 @@ from typing import Hashable, Mapping
 
 from exporter.vocabulary import (BUSY_UNSPLIT, GPU_CELLS, HIDDEN_IDLE, HOLDER_CELLS, SM_ACTIVE_WORK, SWITCH_OVERHEAD,
                                  TIME_IDLE, UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE,
-                                 UNATTRIBUTED_SM_ACTIVE_WORK, UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
+                                 UNATTRIBUTED_SM_ACTIVE_WORK, UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED,
+                                 LOST)
 
 EPSILON = 1e-9
 
@@ -152,9 +154,13 @@ class GpuLedger:
                 "observed_seconds": round(self.observed, 6)}
 
 
+LOST_RATES = {LOST: 1.0}  # a lost GPU's whole second
+
+
 class Ledger:
     """Per GPU cells integrated over time: held rates x the seconds to the next update (as the workload
-    counters are). A GPU that is not in an update (lost, gone) leaves the ledger: its series end."""
+    counters are). A lost GPU stays in the ledger, its second in the `lost` cell (it still exists: the
+    report's wall clock counts it); a GPU that is not in an update (gone) leaves it: its series end."""
 
     def __init__(self):
         self._gpus: dict[str, GpuLedger] = {}

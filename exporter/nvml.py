@@ -1,4 +1,4 @@
-"""A thin NVML wrapper: plain Python values in, plain JSON-able values out.
+"""A thin NVML wrapper: plain Python values in, typed records out (exporter/nvml_answers.py).
 
 Everything the exporter asks of NVML goes through `Nvml`, so this is the one boundary that a
 recorded replay (exporter/nvml_replay.py) stands in for on hosts without a GPU. Failures become
@@ -11,7 +11,29 @@ import itertools
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from exporter.nvml_answers import (
+    DeviceIdentity,
+    GpmMetrics,
+    GpmSupport,
+    HealthCounters,
+    LinkCounters,
+    MaxClocks,
+    MemoryErrors,
+    MemoryInfo,
+    MigLayout,
+    ProcessLists,
+    ProcessRef,
+    ProcessSample,
+    RemappedRows,
+    UtilizationRates,
+    UtilizationSamples,
+    XidEvent,
+    from_json,
+    to_json,
+)
+from exporter.snapshot import MigDevice
 
 # GPM metric ids (nvml.h nvmlGpmMetricId_t), mapped onto the metric contract's quantities.
 GPM_METRICS = {
@@ -61,22 +83,25 @@ MAX_DRIVER_GPUS = 64  # more than any host holds: a bound on what is read, not a
 
 @dataclass(frozen=True)
 class PartialAnswer:
-    """Several NVML calls answered together (the health reads): the values that answered, and one line
-    per call that failed otherwise than "not supported on this GPU" (that one is no error)."""
+    """Several NVML calls answered together (the health reads): the values that answered (a record of
+    exporter/nvml_answers.py: MaxClocks, HealthCounters, MemoryErrors, LinkCounters; None: nothing read), and
+    one line per call that failed otherwise than "not supported on this GPU" (that one is no error)."""
 
-    values: dict = field(default_factory=dict)
+    values: object = None
     errors: tuple[str, ...] = ()
 
     RECORDED_ERRORS = "_errors"  # where a recording (exporter/nvml_replay.py) keeps the errors beside the values
 
     def to_json(self) -> dict:
         """Its form in a recording."""
-        return {**self.values, **({self.RECORDED_ERRORS: list(self.errors)} if self.errors else {})}
+        return {**(to_json(self.values) or {}), **({self.RECORDED_ERRORS: list(self.errors)} if self.errors else {})}
 
     @classmethod
-    def from_json(cls, data: dict) -> "PartialAnswer":
+    def from_json(cls, data: dict, method: str | None = None) -> "PartialAnswer":
+        """From its form in a recording; `method` makes its values that method's record again."""
         values = dict(data)
-        return cls(values, tuple(values.pop(cls.RECORDED_ERRORS, ())))
+        errors = tuple(values.pop(cls.RECORDED_ERRORS, ()))
+        return cls(values if method is None else from_json(method, values), errors)
 
 
 def pci_address(text: str) -> tuple[int, int, int, int] | None:
@@ -194,14 +219,11 @@ class Nvml:
     def device_count(self) -> int:
         return int(self._call("nvmlDeviceGetCount", self._nv.nvmlDeviceGetCount))
 
-    def identity(self, index: int) -> dict:
+    def identity(self, index: int) -> DeviceIdentity:
         h = self._handle(index)
         nv = self._nv
-        return {
-            "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
-            "model": self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)),
-            "minor": self._minor(h),
-        }
+        return DeviceIdentity(self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
+                              self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)), self._minor(h))
 
     def pci_bus_ids(self) -> dict[str, str | None]:
         """{index: PCI bus id, as nvidia-smi shows it} of every GPU NVML counts; what names a GPU that was
@@ -239,18 +261,18 @@ class Nvml:
         except Exception:  # noqa: BLE001 - N/A, not a failure: DRA names then resolve through the API server
             return None
 
-    def gpm_support(self, index: int) -> dict:
+    def gpm_support(self, index: int) -> GpmSupport:
         """Whether GPM serves this GPU, with the reason when not (GPM exists from Hopper on)."""
         nv = self._nv
         if not hasattr(nv, "nvmlGpmQueryDeviceSupport"):
-            return {"supported": False, "reason": "nvidia-ml-py too old for GPM: pip install -U nvidia-ml-py"}
+            return GpmSupport(False, "nvidia-ml-py too old for GPM: pip install -U nvidia-ml-py")
         try:
             support = self._call("nvmlGpmQueryDeviceSupport", nv.nvmlGpmQueryDeviceSupport, self._handle(index))
         except NvmlError as exc:
-            return {"supported": False, "reason": f"GPM query failed: {exc.reason} (driver older than R520?)"}
+            return GpmSupport(False, f"GPM query failed: {exc.reason} (driver older than R520?)")
         if not support.isSupportedDevice:
-            return {"supported": False, "reason": "GPM is not supported on this GPU (needs Hopper or newer)"}
-        return {"supported": True, "reason": "GPM supported"}
+            return GpmSupport(False, "GPM is not supported on this GPU (needs Hopper or newer)")
+        return GpmSupport(True, "GPM supported")
 
     def _samples(self, handle, kind: int, since_us: int) -> list:
         """nvmlDeviceGetSamples in one call into a fixed buffer: pynvml's wrapper calls twice (size,
@@ -288,28 +310,29 @@ class Nvml:
             raise self._error("nvmlDeviceGetProcessUtilization", nv.NVMLError(ret))
         return buffer[: count.value]
 
-    def utilization_samples(self, index: int, window_s: float, memory: bool = True, gpu: bool = True) -> dict:
-        """NVML's utilization samples of the last window_s not returned before, as [age_s, percent]
+    def utilization_samples(self, index: int, window_s: float, memory: bool = True,
+                            gpu: bool = True) -> UtilizationSamples:
+        """NVML's utilization samples of the last window_s not returned before, as (age_s, percent)
         (age from this call). memory=False (gpu=False) leaves that kind for a later call: NVML keeps
         the samples, and each kind costs a few milliseconds of driver time on an H100."""
         h = self._handle(index)
         now_us = time.time() * 1e6
         oldest_us = int(now_us - window_s * 1e6)
-        out = {"gpu": [], "memory": []}
+        out = {"gpu": (), "memory": ()}
         kinds = (("gpu", GPU_UTILIZATION_SAMPLES),) * gpu + (("memory", MEMORY_UTILIZATION_SAMPLES),) * memory
         for key, kind in kinds:
             since_us = max(oldest_us, self._last_sample_us.get((index, kind), 0))
             samples = [s for s in self._samples(h, kind, since_us) if s.timeStamp > since_us]
             if samples:
                 self._last_sample_us[(index, kind)] = max(s.timeStamp for s in samples)
-            out[key] = [[round((now_us - s.timeStamp) / 1e6, 6), float(s.sampleValue.uiVal)] for s in samples]
-        return out
+            out[key] = tuple((round((now_us - s.timeStamp) / 1e6, 6), float(s.sampleValue.uiVal)) for s in samples)
+        return UtilizationSamples(**out)
 
-    def utilization_rates(self, index: int) -> dict:
+    def utilization_rates(self, index: int) -> UtilizationRates:
         rates = self._call("nvmlDeviceGetUtilizationRates", self._nv.nvmlDeviceGetUtilizationRates, self._handle(index))
-        return {"gpu": float(rates.gpu), "memory": float(rates.memory)}
+        return UtilizationRates(float(rates.gpu), float(rates.memory))
 
-    def memory(self, index: int) -> dict:
+    def memory(self, index: int) -> MemoryInfo:
         """Device memory in bytes. `used` is total - free as it always was (the driver's reserved memory
         included); `reserved` apart where the driver has nvmlDeviceGetMemoryInfo_v2 (R510 and newer)."""
         nv, h = self._nv, self._handle(index)
@@ -317,13 +340,12 @@ class Nvml:
         if version is not None:
             try:
                 info = self._call("nvmlDeviceGetMemoryInfo_v2", nv.nvmlDeviceGetMemoryInfo, h, version)
-                return {"used": int(info.total - info.free), "total": int(info.total), "free": int(info.free),
-                        "reserved": int(info.reserved)}
+                return MemoryInfo(int(info.total - info.free), int(info.total), int(info.free), int(info.reserved))
             except NvmlError as exc:
                 if not exc.unsupported:
                     raise
         info = self._call("nvmlDeviceGetMemoryInfo", nv.nvmlDeviceGetMemoryInfo, h)
-        return {"used": int(info.used), "total": int(info.total), "free": int(info.free)}
+        return MemoryInfo(int(info.used), int(info.total), int(info.free))
 
     def power_watts(self, index: int) -> float:
         return self._call("nvmlDeviceGetPowerUsage", self._nv.nvmlDeviceGetPowerUsage, self._handle(index)) / 1000.0
@@ -336,7 +358,7 @@ class Nvml:
         fn = self._nv.nvmlDeviceGetTemperature
         return float(self._call("nvmlDeviceGetTemperature", fn, self._handle(index), TEMPERATURE_GPU))
 
-    def process_utilization(self, index: int, window_s: float) -> list[dict]:
+    def process_utilization(self, index: int, window_s: float) -> list[ProcessSample]:
         """Per-process SM and memory time utilization: each process's newest sample, if it is younger
         than window_s. Asked with lastSeenTimeStamp 0, NVML answers each process's latest sample (a
         smoothed value, refreshed every ~200 ms while it runs kernels); asked with a later timestamp it
@@ -355,10 +377,10 @@ class Nvml:
             if now_us - s.timeStamp <= window_s * 1e6 and (s.pid not in newest or s.timeStamp > newest[s.pid].timeStamp):
                 newest[s.pid] = s
         names = self._names.get(index, {})
-        return [{"pid": int(pid), "command": names.get(pid) or self._process_name(pid), "sm": float(s.smUtil),
-                 "memory": float(s.memUtil)} for pid, s in sorted(newest.items())]
+        return [ProcessSample(int(pid), names.get(pid) or self._process_name(pid), float(s.smUtil), float(s.memUtil))
+                for pid, s in sorted(newest.items())]
 
-    def compute_processes(self, index: int) -> dict:
+    def compute_processes(self, index: int) -> ProcessLists:
         """Processes with a compute context on the GPU, {"compute": [...], "mps": [...]} of
         {"pid", "command"}: NVML lists MPS clients apart (nvmlDeviceGetMPSComputeRunningProcesses),
         and the MPS server itself among the compute processes."""
@@ -379,9 +401,9 @@ class Nvml:
         # utilization, read every tick, names its processes from here (a name cannot change under its pid).
         names = {pid: self._process_name(pid) for pid in {*pids["compute"], *pids["mps"]}}
         self._names[index] = names
-        return {key: [{"pid": pid, "command": names[pid]} for pid in listed] for key, listed in pids.items()}
+        return ProcessLists(*(tuple(ProcessRef(pid, names[pid]) for pid in pids[key]) for key in ProcessLists._fields))
 
-    def mig_devices(self, index: int) -> dict:
+    def mig_devices(self, index: int) -> MigLayout:
         """MIG mode and the MIG devices of a GPU: {"enabled", "devices": [{"uuid", "gpu_instance",
         "compute_instance"}]}. The device plugin hands MIG devices out by these UUIDs."""
         nv = self._nv
@@ -390,7 +412,7 @@ class Nvml:
             current, _pending = self._call("nvmlDeviceGetMigMode", nv.nvmlDeviceGetMigMode, h)
         except NvmlError as exc:
             if exc.unsupported:  # no MIG on this GPU
-                return {"enabled": False, "devices": []}
+                return MigLayout(False)
             raise
         enabled = current == getattr(nv, "NVML_DEVICE_MIG_ENABLE", 1)
         devices = []
@@ -402,15 +424,14 @@ class Nvml:
                 except nv.NVMLError:  # an empty slot
                     continue
                 gpu_instance = int(self._call("nvmlDeviceGetGpuInstanceId", nv.nvmlDeviceGetGpuInstanceId, mig))
-                devices.append({
-                    "uuid": self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
-                    "gpu_instance": gpu_instance,
-                    "compute_instance": int(self._call("nvmlDeviceGetComputeInstanceId",
-                                                       nv.nvmlDeviceGetComputeInstanceId, mig)),
-                    "sm_count": self._sm_count(mig),
+                devices.append(MigDevice(
+                    self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, mig)),
+                    gpu_instance,
+                    int(self._call("nvmlDeviceGetComputeInstanceId", nv.nvmlDeviceGetComputeInstanceId, mig)),
+                    self._sm_count(mig),
                     **self._gpu_instance_placement(h, gpu_instance),
-                })
-        return {"enabled": enabled, "devices": devices, "sm_count": self._full_gpu_instance_sms(h) if enabled else None}
+                ))
+        return MigLayout(enabled, tuple(devices), self._full_gpu_instance_sms(h) if enabled else None)
 
     def _gpu_instance_placement(self, handle, gpu_instance: int) -> dict:
         """The GPU instance's profile ID and placement (start, size in memory slices): with the parent's
@@ -450,18 +471,18 @@ class Nvml:
             return ""
         return name.rsplit("/", 1)[-1]
 
-    def gpm_metrics(self, index: int) -> dict | None:
+    def gpm_metrics(self, index: int) -> GpmMetrics | None:
         """GPM metrics (percent) of the whole GPU between the previous call and this one; None on the
         first call."""
         return self._gpm_between(index, index, self._nv.nvmlGpmSampleGet)
 
-    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> dict | None:
+    def gpm_mig_metrics(self, index: int, gpu_instance: int) -> GpmMetrics | None:
         """GPM metrics (percent) of one MIG GPU instance (nvmlGpmMigSampleGet), as gpm_metrics: the
         SM activity of that instance's own SMs."""
         return self._gpm_between((index, gpu_instance), index,
                                  lambda handle, sample: self._nv.nvmlGpmMigSampleGet(handle, gpu_instance, sample))
 
-    def _gpm_between(self, key, index: int, take) -> dict | None:
+    def _gpm_between(self, key, index: int, take) -> GpmMetrics | None:
         nv = self._nv
         h = self._handle(index)
         with self._lock:
@@ -492,11 +513,11 @@ class Nvml:
         finally:
             with self._lock:
                 self._gpm_spare[key] = old
-        values: dict = {"window_s": round(taken - old_taken, 6)}
+        values = {}
         for slot, name in enumerate(names):
             metric = request.metrics[slot]
             values[name] = float(metric.value) if metric.nvmlReturn == nv.NVML_SUCCESS else None
-        return values
+        return GpmMetrics(round(taken - old_taken, 6), **values)
 
     def _gpm_get(self, old, sample, names: tuple):
         nv = self._nv
@@ -534,7 +555,7 @@ class Nvml:
         nv, h = self._nv, self._handle(index)
         mhz = self._parts({"sm_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, SM_CLOCK),
                            "memory_hz": ("nvmlDeviceGetMaxClockInfo", nv.nvmlDeviceGetMaxClockInfo, h, MEM_CLOCK)})
-        return PartialAnswer({k: float(v) * 1e6 for k, v in mhz.values.items()}, mhz.errors)
+        return PartialAnswer(MaxClocks(**{k: float(v) * 1e6 for k, v in mhz.values.items()}), mhz.errors)
 
     def memory_clock_hz(self, index: int) -> float:
         mhz = self._call("nvmlDeviceGetClockInfo", self._nv.nvmlDeviceGetClockInfo, self._handle(index), MEM_CLOCK)
@@ -595,7 +616,7 @@ class Nvml:
         for engine in ("encoder", "decoder"):
             if engine in raw.values:
                 out[f"{engine}_percent"] = float(raw.values[engine][0])
-        return PartialAnswer(out, raw.errors + fields_answer.errors)
+        return PartialAnswer(HealthCounters(**out), raw.errors + fields_answer.errors)
 
     def nvml_throughput(self, index: int) -> PartialAnswer:
         """PCIe throughput (bytes/s, NVML's 20 ms sample) and NVLink data counters (bytes since driver
@@ -613,7 +634,7 @@ class Nvml:
         for key, value in zip(("nvlink_tx_bytes", "nvlink_rx_bytes"), raw.values.get("fields", ())):
             if value.nvmlReturn == nv.NVML_SUCCESS:
                 out[key] = float(self._field_value(value)) * 1024.0  # KiB
-        return PartialAnswer(out, raw.errors)
+        return PartialAnswer(LinkCounters(**out), raw.errors)
 
     def memory_errors(self, index: int) -> PartialAnswer:
         """ECC error counts (corrected/uncorrected, volatile since the driver loaded / aggregate over the
@@ -624,15 +645,13 @@ class Nvml:
                   **{f"rows_{k}": v for k, v in REMAPPED_ROW_FIELDS.items()}}
         answer = self._fields(h, fields)
         values = answer.values
-        out = {}
-        if "pcie_replays" in values:
-            out["pcie_replays"] = int(values["pcie_replays"])
-        out["ecc"] = {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}
+        rows = None
         if all(f"rows_{k}" in values for k in REMAPPED_ROW_FIELDS):
-            rows = {k: values[f"rows_{k}"] for k in REMAPPED_ROW_FIELDS}
-            out["remapped_rows"] = {"correctable": int(rows["correctable"]), "uncorrectable": int(rows["uncorrectable"]),
-                                    "pending": bool(rows["pending"]), "failure": bool(rows["failure"])}
-        return PartialAnswer(out, answer.errors)
+            rows = RemappedRows(int(values["rows_correctable"]), int(values["rows_uncorrectable"]),
+                                bool(values["rows_pending"]), bool(values["rows_failure"]))
+        return PartialAnswer(MemoryErrors(int(values["pcie_replays"]) if "pcie_replays" in values else None,
+                                          {k[4:]: int(v) for k, v in values.items() if k.startswith("ecc_")}, rows),
+                             answer.errors)
 
     # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
     def xid_open(self) -> dict:
@@ -663,8 +682,8 @@ class Nvml:
                 return exc.reason
             return None
 
-    def xid_wait(self, timeout_ms: int) -> dict | None:
-        """The next XID event, {"index", "xid"}, or None when none came within timeout_ms (or the set is closed)."""
+    def xid_wait(self, timeout_ms: int) -> XidEvent | None:
+        """The next XID event, or None when none came within timeout_ms (or the set is closed)."""
         nv = self._nv
         with self._xid_lock:
             if self._xid_set is None:
@@ -678,7 +697,7 @@ class Nvml:
         if not data.eventType & XID_EVENT:
             return None
         index = int(self._call("nvmlDeviceGetIndex", nv.nvmlDeviceGetIndex, data.device))
-        return {"index": index, "xid": int(data.eventData)}
+        return XidEvent(index, int(data.eventData))
 
     def xid_close(self) -> None:
         with self._xid_lock:  # waits for a waiter's timeout at most

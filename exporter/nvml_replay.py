@@ -20,7 +20,9 @@ import threading
 import time
 from pathlib import Path
 
+from exporter import nvml_answers
 from exporter.nvml import NvmlError, PartialAnswer
+from exporter.nvml_answers import XidEvent
 from hostio.files import read_text_capped
 
 # Methods answered once (identity does not change); the others are per-tick streams.
@@ -75,7 +77,7 @@ class RecordingNvml:
         event = self._live.xid_wait(timeout_ms)
         if event is not None:
             with self._lock:
-                self.xid_events.append({"after_s": round(time.monotonic() - self._started, 3), **event})
+                self.xid_events.append({"after_s": round(time.monotonic() - self._started, 3), **event._asdict()})
         return event
 
     def __getattr__(self, method):
@@ -85,7 +87,7 @@ class RecordingNvml:
         def call(*args):
             try:
                 value = getattr(self._live, method)(*args)
-                answer = {"value": value.to_json() if method in PARTIAL_METHODS else value}
+                answer = {"value": value.to_json() if method in PARTIAL_METHODS else nvml_answers.to_json(value)}
             except NvmlError as exc:
                 answer = exc.to_json()
             # gpm_metrics answers None on its first call only (no previous sample): nothing to replay.
@@ -164,7 +166,7 @@ class ReplayNvml:
             if due is None or time.monotonic() < due or self._xid_closed.is_set():
                 return None
             self._xid_next += 1
-        return {"index": int(event["index"]), "xid": int(event["xid"])}
+        return XidEvent(int(event["index"]), int(event["xid"]))
 
     def xid_close(self) -> None:
         self._xid_closed.set()
@@ -189,7 +191,9 @@ class ReplayNvml:
                 raise NvmlError(method, "not in this recording", unsupported=True)
             if "error" in answer:
                 raise NvmlError.from_json(answer)
-            return PartialAnswer.from_json(answer["value"]) if method in PARTIAL_METHODS else answer["value"]
+            if method in PARTIAL_METHODS:
+                return PartialAnswer.from_json(answer["value"], method)
+            return nvml_answers.from_json(method, answer["value"])
 
         return call
 

@@ -79,11 +79,18 @@ def serves(sources: dict, name: str, uuid: str) -> bool:
 class ProcessShare:
     """What one process did on one GPU over a window."""
 
-    time: float  # share of the window its work was resident (ctxsw) or its kernels ran (cupti): union of intervals
+    time: float  # share of the window its work was resident (ctxsw) or its SM work ran (cupti): union of intervals
     sm: float | None = None  # its SM-active share of the whole GPU over the window (cupti: the unscaled estimate)
+    parts: tuple[tuple[str, float], ...] | None = None  # cupti: what its busy time is made of, shares of the window
+    record_path: str | None = None  # cupti: how its tracer read CUPTI's records
 
     def to_json(self) -> dict:
-        return {"time": self.time, "sm": self.sm}
+        out = {"time": self.time, "sm": self.sm}
+        if self.parts is not None:
+            out["parts"] = dict(self.parts)
+        if self.record_path is not None:
+            out["record_path"] = self.record_path
+        return out
 
 
 @dataclass(frozen=True)

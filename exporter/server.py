@@ -437,8 +437,8 @@ class BindError(Exception):
 
 
 def bind(address: str, port: int) -> socket.socket:
-    """The listening socket, bound before anything is logged or started: a port in use is the first
-    and only thing said."""
+    """The listening socket, bound after the inputs are checked and before anything is logged or started
+    (exporter/__main__.py holds the log until then): a port in use is the only thing said."""
     try:
         # an ASCII address as bytes: a str host loads the IDNA codec (~0.4 MB resident) to say the same
         host = address.encode("ascii") if address.isascii() else address

@@ -67,6 +67,10 @@ TIME_IDLE = "time_idle"            # no kernel ran: the holders' time, by held s
 SWITCH_OVERHEAD = "switch_overhead"  # gaps between time slices (basis ctxsw)
 UNHELD = "unheld"                  # no kernel ran on the share nobody held (all of it on a GPU without holders)
 UNMEASURED = "unmeasured"          # the GPU's busy time could not be read: busy or idle, nobody can tell
+LOST = "lost"                      # the GPU answered GPU_IS_LOST (fell off the bus): it exists, nothing runs on it
+# Not an exporter's cell: the report's name for the time a GPU existed while no exporter observed it
+# (exporter down, node restarting): existence less observed seconds (docs/ledger.md)
+UNOBSERVED = "unobserved"
 HOLDER_CELLS = (SM_ACTIVE_WORK, HIDDEN_IDLE, BUSY_UNSPLIT, TIME_IDLE)
 # The same physical cells where a basis cannot split them among holders (MPS clients without per-client
 # numbers, MIG instances without per-process ones, processes of no holder, held shares unknown)
@@ -76,7 +80,7 @@ UNATTRIBUTED_BUSY_UNSPLIT = "unattributed_busy_unsplit"
 UNATTRIBUTED_TIME_IDLE = "unattributed_time_idle"
 UNATTRIBUTED_CELLS = (UNATTRIBUTED_SM_ACTIVE_WORK, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_BUSY_UNSPLIT,
                       UNATTRIBUTED_TIME_IDLE)
-GPU_CELLS = (*HOLDER_CELLS, *UNATTRIBUTED_CELLS, SWITCH_OVERHEAD, UNHELD, UNMEASURED)
+GPU_CELLS = (*HOLDER_CELLS, *UNATTRIBUTED_CELLS, SWITCH_OVERHEAD, UNHELD, UNMEASURED, LOST)
 # Physical waste: hidden idle + time idle + switch overhead (unheld is capacity nobody was given, not waste)
 WASTE_CELLS = (HIDDEN_IDLE, UNATTRIBUTED_HIDDEN_IDLE, TIME_IDLE, UNATTRIBUTED_TIME_IDLE, SWITCH_OVERHEAD)
 # Cells whose split into work and waste is unknown: waste is a lower bound where they are not 0

@@ -210,11 +210,12 @@ class CuptiGpu:
     unattributed: float | None  # gpu_sm_active less the scaled sum: the SM activity of untraced clients (and error)
     traced: int  # clients NVML lists on the GPU whose window was traced
     untraced: int  # clients NVML lists that did not trace (no tracer, no CUPTI)
+    clients: tuple = ()  # (pid, ProcessShare) of every traced client: its time, SM, busy parts, record path
 
     def to_json(self) -> dict:
         return {"window": list(self.window), "gpu_sm_active": self.gpu_sm_active, "estimated": self.estimated,
                 "scale": self.scale, "unattributed": self.unattributed, "traced": self.traced,
-                "untraced": self.untraced}
+                "untraced": self.untraced, "clients": {str(pid): share.to_json() for pid, share in self.clients}}
 
 
 def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
@@ -225,7 +226,8 @@ def cupti_gpu(window, clients: set[int], gpu_sm: float | None) -> CuptiGpu:
     scale = min(1.0, gpu_sm / estimated) if gpu_sm is not None and estimated > 0 else 1.0
     unattributed = None if gpu_sm is None else round(max(0.0, gpu_sm - estimated * scale), 6)
     return CuptiGpu((window.window_start, window.window_end), None if gpu_sm is None else round(gpu_sm, 6),
-                    estimated, round(scale, 6), unattributed, len(traced), len(clients - traced))
+                    estimated, round(scale, 6), unattributed, len(traced), len(clients - traced),
+                    tuple((pid, window.shares[pid]) for pid in sorted(traced)))
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,12 @@ class HolderShare:
     sm_active_basis: str | None  # exporter.vocabulary.SM_ACTIVE_BASES
     window: tuple[float, float] | None = None  # wall time of the per-process window behind the values
     sm_estimate: float | None = None  # cupti: its MPS clients' own SM estimate, unscaled
+
+
+# a holder of a GPU that answers GPU_IS_LOST: it holds it still, it runs nothing NVML can see
+LOST_SHARE = HolderShare(pids=(), processes=None, time_share=None, time_share_basis=None,
+                         reason="the GPU is lost (GPU_IS_LOST: fell off the bus): only its allocation is known",
+                         sm_active=None, sm_active_basis=None)
 
 
 def _holder_share(entry: dict) -> HolderShare:
@@ -292,7 +300,8 @@ def gpu_shares(view, holders, owners: dict[int, Holder],
                 own = [cupti.shares[pid] for pid in pids[holder]]  # every client of the holder traced its window
                 entry["time_share"] = round(min(sum(share.time for share in own), 1.0), 6)
                 entry["time_share_basis"], entry["window"] = CUPTI, (cupti.window_start, cupti.window_end)
-                entry["reason"] = "its MPS clients' own kernels (CUPTI): the union of their kernel intervals"
+                entry["reason"] = ("its MPS clients' own GPU work (CUPTI): the union of their kernels, device-side "
+                                   "copies and queued work")
                 entry["sm_estimate"] = round(min(sum(share.sm or 0.0 for share in own), 1.0), 6)
             elif cupti is not None and pids[holder]:
                 entry["reason"] = (f"{MPS_REASON}; {len(set(pids[holder]) - cupti.shares.keys())} of its clients do "
@@ -396,19 +405,23 @@ class WorkloadAccountant:
             for view in views:
                 tel = view.telemetry
                 self.sm_history.add(view.identity.uuid, view.spatial)
-                if tel is None or tel.lost:
+                if tel is None:
                     continue  # a GPU NVML cannot read has no holders to show: nothing stale
                 holders = join_gpu(view.identity.uuid, holdings)
-                mig_sm = mig_sm_active(view, holders, mig_instances)
-                windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
-                scaling = self._cupti_scaling(view, windows.get(CUPTI))
-                if scaling is not None:
-                    cupti_gpus.append((view.identity, scaling))
+                if tel.lost:  # it still exists and is still held (the allocation view); nothing on it is measured
+                    entries = {holder: LOST_SHARE for holder in holders}
+                    mine, gpu_cells = {holder: {} for holder in holders}, ledger.LOST_RATES
+                else:
+                    mig_sm = mig_sm_active(view, holders, mig_instances)
+                    windows = {source.basis: source.fresh(view.identity.uuid, now) for source in self.sources.values()}
+                    scaling = self._cupti_scaling(view, windows.get(CUPTI))
+                    if scaling is not None:
+                        cupti_gpus.append((view.identity, scaling))
+                    entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
+                                         windows.get(CUPTI) if scaling else None, scaling)
+                    mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
+                        holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 gpu_views = []
-                entries = gpu_shares(view, holders, owners, mig_sm, windows.get(CTXSW),
-                                     windows.get(CUPTI) if scaling else None, scaling)
-                mine, gpu_cells = ledger.cells(ledger_gpu(view, entries, windows.get(CTXSW)), {
-                    holder: ledger_holder(holders[holder], entry) for holder, entry in entries.items()})
                 self.ledger.set(view.identity, gpu_cells, now)
                 for holder, entry in entries.items():
                     key = (view.identity.uuid, holder)
@@ -419,7 +432,7 @@ class WorkloadAccountant:
                 out.extend(self._bounded(view.identity, gpu_views, now, seen))
             for key in self._accounts.keys() - seen:  # holders that left take their series with them
                 del self._accounts[key]
-            self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None and not v.telemetry.lost)
+            self.ledger.keep(v.identity.uuid for v in views if v.telemetry is not None)
             self.gpu_ledgers = self.ledger.books()
             self.sm_history.forget(v.identity.uuid for v in views)
             self.cupti_gpus = tuple(cupti_gpus)

@@ -1,9 +1,11 @@
 """gpu-spatial trace [--socket PATH] -- COMMAND ...: run COMMAND with per-client tracing on.
 
-Sets GPU_SPATIAL_TRACE=1 and puts gpu_trace/autostart first on PYTHONPATH, then replaces itself with
-COMMAND: every Python process it starts (and their children) connects to the exporter's socket and
-traces its own kernels when the exporter asks (docs/mps-clients.md). A program that is not Python is
-not traced (not yet supported: CUPTI's CUDA_INJECTION64_PATH route needs a native library).
+Sets CUDA_INJECTION64_PATH to the native library (gpu_trace/native: any CUDA program, Python or not,
+then traces itself from its own C thread, without slowing down), GPU_SPATIAL_TRACE=1 and
+gpu_trace/autostart first on PYTHONPATH (Python processes: the same library through ctypes, or
+cupti-python where the library is not built, which slows the process inside each window), then replaces
+itself with COMMAND. Every process it starts (and their children) connects to the exporter's socket and
+traces its own kernels when the exporter asks (docs/mps-clients.md).
 """
 from __future__ import annotations
 
@@ -22,14 +24,28 @@ NEEDS = """needs:
 AUTOSTART = os.path.join(os.path.dirname(os.path.abspath(__file__)), "autostart")
 
 
-def environment(env: dict, socket_path: str | None) -> dict:
+def environment(env: dict, socket_path: str | None, library=None) -> dict:
     out = dict(env)
     out[protocol.ENABLE_ENV] = "1"
+    if library is not None:
+        out["CUDA_INJECTION64_PATH"] = str(library)
     out["PYTHONPATH"] = os.pathsep.join([AUTOSTART, os.path.dirname(os.path.dirname(AUTOSTART))]
                                         + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     if socket_path:
         out[protocol.SOCKET_ENV] = socket_path
     return out
+
+
+def native_library(prog: str):
+    """The native library's path, or None (said in one line: the fallback perturbs)."""
+    from gpu_trace import native
+
+    path = native.library_path()
+    if path is None:
+        print(f"{prog}: the native tracer is not built here (pip install . with a C compiler builds it): only "
+              "Python processes are traced, through cupti-python, which slows them inside each window",
+              file=sys.stderr)
+    return path
 
 
 def main(argv=None, prog: str = "gpu-spatial trace") -> int:
@@ -44,7 +60,7 @@ def main(argv=None, prog: str = "gpu-spatial trace") -> int:
         print(f"{prog}: give the command to run after --", file=sys.stderr)
         return 2
     try:
-        os.execvpe(command[0], command, environment(dict(os.environ), args.socket))
+        os.execvpe(command[0], command, environment(dict(os.environ), args.socket, native_library(prog)))
     except OSError as exc:
         print(f"{prog}: cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
         return 127

@@ -18,6 +18,7 @@ from gpu_trace import protocol
 from gpu_trace.tracer import WindowLate
 
 RETRY_S = (1.0, 5.0, 30.0)  # back-off while the exporter's socket is absent
+CUDA_POLL_S = 2.0  # how often a process not yet using CUDA looks again (/proc/self/maps)
 
 
 def say_once(said: set, key: str, text: str) -> None:
@@ -37,7 +38,7 @@ def cuda_loaded(maps: str = "/proc/self/maps") -> bool:
 
 class Client(threading.Thread):
     def __init__(self, path: str | None = None, tracer_factory=None, pid: int | None = None,
-                 cuda_check=cuda_loaded):
+                 cuda_check=cuda_loaded, cuda_poll_s: float = CUDA_POLL_S):
         super().__init__(name="gpu_trace", daemon=True)
         self.path = path or os.environ.get(protocol.SOCKET_ENV) or protocol.DEFAULT_SOCKET
         self._factory = tracer_factory  # () -> Tracer; the real one imports CUPTI
@@ -45,11 +46,16 @@ class Client(threading.Thread):
         self._broken: str | None = None  # CUPTI cannot run here: answered as an error, once said
         self.pid = pid or os.getpid()
         self.cuda_check = cuda_check
+        self.cuda_poll_s = cuda_poll_s
         self.stop = threading.Event()
         self.said: set[str] = set()
         self.windows = 0
 
     def run(self) -> None:
+        # A process that never loads CUDA (a data loader's worker, a tool) takes none of the exporter's
+        # per-user connection slots: the client connects once this process has mapped the driver.
+        while not self.stop.is_set() and not self.cuda_check():
+            self.stop.wait(self.cuda_poll_s)
         attempt = 0
         while not self.stop.is_set():
             try:

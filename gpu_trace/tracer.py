@@ -282,5 +282,5 @@ class Tracer:
         # the window's length on CUPTI's clock, the one its kernels were timed with; its start on the host's
         return {"start": round(window.host_start, 6), "end": round(window.host_start + max(hi - lo, 0) / 1e9, 6),
                 "devices": summary, "records": len(records), "refused": records.refused,
-                "buffer_bytes": records.nbytes, "complete": complete}
+                "buffer_bytes": records.nbytes, "complete": complete, "native": False}
 

@@ -212,7 +212,7 @@ class Unchunked:
             if end < 0:  # the line goes on past these bytes, or started in the last ones
                 at = self._line_across(data, at)
                 continue
-            self._line(view[at:end])
+            self._line(view[at:end])  # at most MAX_CHUNK_LINE_BYTES: _line says so
             at = end + 2
         return self.done
 
@@ -222,7 +222,7 @@ class Unchunked:
         self.line += data[at:at + MAX_CHUNK_LINE_BYTES + 2]
         end = self.line.find(b"\r\n", max(0, start - 1))
         if end < 0:
-            if len(self.line) > MAX_CHUNK_LINE_BYTES:
+            if len(self.line) > MAX_CHUNK_LINE_BYTES + 1:  # over the cap even with the CR that may end it
                 raise AnswerError(f"a chunk size line over {MAX_CHUNK_LINE_BYTES} bytes", "http")
             return at + len(self.line) - start
         line, used = bytes(self.line[:end]), end + 2 - start
@@ -232,6 +232,8 @@ class Unchunked:
 
     def _line(self, line) -> None:
         """Acts on one line of framing: the end of a chunk's data, or the size of the next."""
+        if len(line) > MAX_CHUNK_LINE_BYTES:
+            raise AnswerError(f"a chunk size line over {MAX_CHUNK_LINE_BYTES} bytes", "http")
         if self.after_data:
             if len(line):
                 raise AnswerError("a chunk longer than its size", "http")
@@ -250,7 +252,7 @@ class Unchunked:
             raise AnswerError(f"answer over {self.max_bytes} bytes (a chunk of {size})", "large")
         if self.chunks > FREE_CHUNKS and self.declared < self.chunks * MIN_MEAN_CHUNK_BYTES:
             raise AnswerError(f"{self.chunks} chunks of {self.declared} bytes: chunked finer than "
-                              f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk", "large")
+                              f"{MIN_MEAN_CHUNK_BYTES} bytes a chunk", "http")  # no HTTP server's way
         self.left = size
 
     def ended(self) -> None:

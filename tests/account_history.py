@@ -8,10 +8,16 @@ measured from context switches (busy and SM basis ctxsw) that ends at hour 20 / 
 fifteen short jobs (10-26 min) /
 node-a's exporter restarting at hour 36 (down 60 s, its counters start again from 0) / a scrape and rules
 outage from hour 40 to 41 (the exporters keep counting) / rollups only from hour 30 (rules added later).
-Samples every 15 s; a holder's series ends with its last scrape (the value it reached then).
+Issue 45 (node-e): its exporter down for 10 minutes at hour 12 / its GPU 0 lost at hour 30 (GPU_IS_LOST)
+while Slurm job 5151 still holds it / the node restarted at hour 44 (down 5 minutes), after which its
+exporter lists the lost GPU alone: GPU 1 (an A100 without GPM: no spatial reading, held by Unix user bob)
+and GPU 2 (held by nobody) are no longer observed, though they exist to the end.
+Samples every 15 s; a holder's series ends with its last scrape (the value it reached then); `up` is 1 while
+a node's exporter answers, 0 while it is down; `gpu_lost` is 1 from a GPU's loss on.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series  # noqa: F401 - FAMILIES: re-exported for the tests
@@ -23,33 +29,56 @@ RULES_FROM = 30 * HOUR
 OUTAGE = (40 * HOUR, 41 * HOUR)      # no scrapes, no rule evaluations
 RESTART = (36 * HOUR - 60, 36 * HOUR)  # node-a's exporter down (exclusive); counts again from 0 at the end
 RESTARTED = "node-a"
+# Each node's exporter downtimes (exclusive; no sample, `up` 0): its counters start again from 0 at the end
+DOWN = {RESTARTED: (RESTART,), "node-e": ((12 * HOUR, 12 * HOUR + 600), (44 * HOUR, 44 * HOUR + 300))}
+LOST_GPU, LOST_AT = ("node-e", "0"), 30 * HOUR  # answers GPU_IS_LOST from then on: its second is `lost`
+UNLISTED = {("node-e", "1"): 44 * HOUR, ("node-e", "2"): 44 * HOUR}  # the restarted exporter lists them no more
+UNHELD_GPUS = (("node-e", "2"),)  # GPUs nobody holds
+
+
+def down(instance: str, t: float) -> bool:
+    return any(a < t < b for a, b in DOWN.get(instance, ()))
+
+
+def counted_since(instance: str, t: float, start: float = 0.0) -> float:
+    """Where the exporter of `instance` started counting what it shows at t: its last restart, or `start`."""
+    return max([start, *(b for _a, b in DOWN.get(instance, ()) if b <= t)])
+
+
+def _counted(instance: str, a: float, b: float) -> float:
+    """Seconds of (a, b) the exporter of `instance` counted (its downtimes cut out)."""
+    return b - a - sum(max(0.0, min(b, d1) - max(a, d0)) for d0, d1 in DOWN.get(instance, ()))
 
 
 @dataclass(frozen=True)
 class Hold(Holder):
-    """A holder of tests/workload_scenario.py whose exporter restarts and whose scrapes stop for the outage."""
+    """A holder of tests/workload_scenario.py whose exporter goes down, whose scrapes stop for the outage and
+    whose GPU can be lost (then only its held time counts on: nothing on the GPU is measured)."""
 
-    def counting(self) -> list[tuple[float, float]]:
-        """The spans in which the exporter counted this hold (its node's restart cut out)."""
-        if self.instance != RESTARTED or not (self.start < RESTART[0] and self.end > RESTART[1]):
-            return [(self.start, self.end)]
-        return [(self.start, RESTART[0]), (RESTART[1], self.end)]
+    def rates_at(self, t: float) -> dict:
+        if (self.instance, self.gpu) == LOST_GPU and t >= LOST_AT:
+            return {family: (rate if family == "held" or rate is None else 0.0) for family, rate in self.rates().items()}
+        return self.rates()
+
+    def spans(self) -> list[tuple[float, float]]:
+        """The hold cut where its rates change (the loss of its GPU)."""
+        if (self.instance, self.gpu) == LOST_GPU and self.start < LOST_AT < self.end:
+            return [(self.start, LOST_AT), (LOST_AT, self.end)]
+        return [(self.start, self.end)]
 
     def value(self, family: str, t: float) -> float | None:
         """The counter at t, None where no sample exists (not held, exporter down, outage)."""
-        if not self.start <= t <= self.end or OUTAGE[0] <= t < OUTAGE[1]:
+        if not self.start <= t <= self.end or OUTAGE[0] <= t < OUTAGE[1] or down(self.instance, t):
             return None
-        if self.instance == RESTARTED and RESTART[0] < t < RESTART[1]:
-            return None
-        rate = self.rates()[family]
-        since = RESTART[1] if self.instance == RESTARTED and t >= RESTART[1] > self.start else self.start
-        return rate * (t - since)
+        since = counted_since(self.instance, t, self.start)
+        return sum(self.rates_at(a)[family] * _counted(self.instance, max(a, since), min(b, t))
+                   for a, b in self.spans() if min(b, t) > max(a, since))
 
     def truth(self, family: str) -> float | None:
-        """GPU-seconds by hand: the rate times the seconds counted."""
-        # (Holder.gpu_seconds is rate x (end - start): this one leaves the restart's minute out)
-        rate = self.rates()[family]
-        return None if rate is None else rate * sum(b - a for a, b in self.counting())
+        """GPU-seconds by hand: the rate times the seconds counted (its node's downtimes left out)."""
+        if self.rates()[family] is None:
+            return None
+        return sum(self.rates_at(a)[family] * _counted(self.instance, a, b) for a, b in self.spans())
 
 
 # (start, length): every 3.7 h, and three across the edges of the rollups' spans (hour 30 + 2 min, hour 40 - 8 min,
@@ -75,6 +104,9 @@ HOLDS = (
          container="main", claim="gpu-claim-0"),  # a DRA claim
     *(Hold("node-c", "2", start, start + length, 1.0, busy=0.7, sm=0.5, namespace="team-e" if i < 12 else "team-f",
            pod=f"short-{i}", container="main") for i, (start, length) in enumerate(SHORT)),
+    Hold("node-e", "0", 0, LENGTH, 1.0, busy=0.7, sm=0.5, hpc_job="5151"),  # still listed by Slurm once lost
+    Hold("node-e", "1", 0, UNLISTED[("node-e", "1")], 1.0, busy=0.6, user="bob",  # no GPM: no SM series
+         model="NVIDIA A100-SXM4-80GB"),
 )
 
 
@@ -84,13 +116,15 @@ HOLDS = (
 # unmeasured, the idle time of the share nobody holds unheld; every GPU exported for the whole 48 hours.
 MPS_GPU, MPS_BUSY, MPS_SM = ("node-b", "0"), 0.8, 0.3
 MIG_GPU = ("node-b", "3")
-GPUS = sorted({(h.instance, h.gpu): h.model for h in HOLDS}.items())
+GPUS = sorted({**{gpu: "NVIDIA H100 80GB HBM3" for gpu in UNHELD_GPUS}, **{(h.instance, h.gpu): h.model for h in HOLDS}}.items())
 
 
-def ledger_cells(gpu: tuple, active) -> tuple[dict, dict]:
+def ledger_cells(gpu: tuple, active, lost: bool = False) -> tuple[dict, dict]:
     """(per hold {cell: rate}, the GPU's {cell: rate}) while exactly the holds `active` hold `gpu`."""
     mine = {}
     gpu_cells: dict[str, float] = {}
+    if lost:  # the whole second is lost; its holders hold it still, with no cell of their own
+        return {h: {cell: 0.0 for cell in ledger_cells(gpu, active)[0][h]} for h in active}, {"lost": 1.0}
     if gpu == MPS_GPU:
         busy = MPS_BUSY if active else 0.0
         gpu_cells = {"unattributed_sm_active_work": MPS_SM if active else 0.0,
@@ -103,7 +137,7 @@ def ledger_cells(gpu: tuple, active) -> tuple[dict, dict]:
     else:
         busy = sum(h.busy for h in active)
         mine = {h: {"sm_active_work": h.sm, "hidden_idle": h.busy - h.sm, "time_idle": h.held * (1 - busy)}
-                for h in active}
+                if h.sm is not None else {"busy_unsplit": h.busy, "time_idle": h.held * (1 - busy)} for h in active}
     if busy is not None:
         gpu_cells["unheld"] = (1 - busy) * (1 - sum(h.held for h in active))
     for cells in mine.values():
@@ -115,45 +149,56 @@ def ledger_cells(gpu: tuple, active) -> tuple[dict, dict]:
 def gpu_segments(gpu: tuple) -> list[tuple[float, float, tuple, dict, dict]]:
     """(start, end, active holds, their cells, the GPU's cells) between every change of the GPU's holders."""
     holds = [h for h in HOLDS if (h.instance, h.gpu) == gpu]
-    edges = sorted({0.0, LENGTH, *(h.start for h in holds), *(h.end for h in holds)})
+    end = UNLISTED.get(gpu, LENGTH)  # (an unlisted GPU's existence goes on: unobserved, not in its series)
+    lost = {LOST_AT} if gpu == LOST_GPU else set()
+    edges = sorted({0.0, end, *lost, *(h.start for h in holds), *(min(h.end, end) for h in holds)})
     out = []
     for a, b in zip(edges, edges[1:]):
         active = tuple(h for h in holds if h.start <= (a + b) / 2 < h.end)
-        out.append((a, b, active, *ledger_cells(gpu, active)))
+        out.append((a, b, active, *ledger_cells(gpu, active, lost=bool(lost) and a >= LOST_AT)))
     return out
 
 
 def _ledger_value(instance: str, spans, t: float) -> float | None:
     """A ledger counter at t from (start, end, rate) spans, None where no sample exists; it counts from 0
-    again after node-a's restart."""
-    if OUTAGE[0] <= t < OUTAGE[1] or (instance == RESTARTED and RESTART[0] < t < RESTART[1]):
+    again after each of its node's downtimes."""
+    if OUTAGE[0] <= t < OUTAGE[1] or down(instance, t):
         return None
-    since = RESTART[1] if instance == RESTARTED and t >= RESTART[1] else 0.0
-    return sum(rate * max(0.0, min(t, b) - max(a, since)) for a, b, rate in spans)
-
-
-def _counted(instance: str, a: float, b: float) -> float:
-    """Seconds of (a, b) the exporter counted (node-a's restart minute cut out)."""
-    cut = max(0.0, min(b, RESTART[1]) - max(a, RESTART[0])) if instance == RESTARTED else 0.0
-    return b - a - cut
+    since = counted_since(instance, t)
+    return sum(rate * _counted(instance, max(a, since), min(t, b)) for a, b, rate in spans if min(t, b) > max(a, since))
 
 
 def ledger_series():
     """(metric name, label text, instance, [(start, end, rate)], end of the series) of every ledger counter."""
     for (instance, index), model in GPUS:
         segments = gpu_segments((instance, index))
+        end = UNLISTED.get((instance, index), LENGTH)
         gpu_labels = f'gpu="{index}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{index}"'
         cells = sorted({c for seg in segments for c in seg[4]})
         for cell in cells:
             yield ("gpu_ledger_gpu_seconds", f'cell="{cell}",{gpu_labels}', instance,
-                   [(a, b, g.get(cell, 0.0)) for a, b, _act, _m, g in segments], LENGTH)
-        yield "gpu_ledger_observed_seconds", gpu_labels, instance, [(0.0, LENGTH, 1.0)], LENGTH
+                   [(a, b, g.get(cell, 0.0)) for a, b, _act, _m, g in segments], end)
+        yield "gpu_ledger_observed_seconds", gpu_labels, instance, [(0.0, end, 1.0)], end
         for hold in {h for seg in segments for h in seg[2]}:
-            mine = next(m[hold] for _a, _b, act, m, _g in segments if hold in act)
-            for cell, rate in sorted(mine.items()):
+            spans = [(a, b, m[hold]) for a, b, act, m, _g in segments if hold in act]
+            for cell in sorted({c for _a, _b, mine in spans for c in mine}):
                 labels = dict(hold.labels(), cell=cell)
                 yield ("gpu_workload_ledger_gpu_seconds", ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())),
-                       instance, [(hold.start, hold.end, rate)], hold.end)
+                       instance, [(a, b, mine.get(cell, 0.0)) for a, b, mine in spans], hold.end)
+
+
+def gauge_series():
+    """(metric name, label text, instance, value at t or None, start) of the gauges: each GPU's gpu_lost
+    while its exporter lists it, each node's `up`."""
+    for (instance, index), model in GPUS:
+        labels = f'gpu="{index}",instance="{instance}",job="gpu-spatial-exporter",model="{model}",uuid="GPU-{instance}-{index}"'
+        listed = UNLISTED.get((instance, index), LENGTH)
+        lost_at = LOST_AT if (instance, index) == LOST_GPU else math.inf
+        yield "gpu_lost", labels, instance, lambda t, lost_at=lost_at, listed=listed: (
+            None if t > listed else float(t >= lost_at))
+    for instance in sorted({instance for (instance, _i), _m in GPUS}):
+        yield "up", f'instance="{instance}",job="gpu-spatial-exporter"', None, lambda t, i=instance: (
+            0.0 if down(i, t) else 1.0)
 
 
 def ledger_truth(by: str) -> dict[tuple, dict]:
@@ -171,16 +216,22 @@ def ledger_truth(by: str) -> dict[tuple, dict]:
     return out
 
 
-def gpu_ledger_truth() -> tuple[dict, float]:
-    """({cell: GPU-hours} over every GPU, GPU-hours that existed) by hand."""
+def gpu_ledger_truth(gpus=None) -> tuple[dict, float]:
+    """({cell: GPU-hours} over `gpus` (default every GPU), unobserved included, GPU-hours observed) by hand.
+    Every GPU exists for the whole 48 hours (its node is up at the end); what its exporter did not count
+    is unobserved."""
     cells: dict[str, float] = {}
-    existed = 0.0
+    observed = 0.0
     for (instance, index), _model in GPUS:
-        existed += _counted(instance, 0.0, LENGTH) / 3600
+        if gpus is not None and (instance, index) not in gpus:
+            continue
+        seen = _counted(instance, 0.0, UNLISTED.get((instance, index), LENGTH))
+        observed += seen / 3600
+        cells["unobserved"] = cells.get("unobserved", 0.0) + (LENGTH - seen) / 3600
         for a, b, _act, _m, gpu_cells in gpu_segments((instance, index)):
             for cell, rate in gpu_cells.items():
                 cells[cell] = cells.get(cell, 0.0) + rate * _counted(instance, a, b) / 3600
-    return cells, existed
+    return cells, observed
 
 
 def samples(t0: float, millis: bool = False):
@@ -198,16 +249,26 @@ def samples(t0: float, millis: bool = False):
             value = _ledger_value(instance, spans, i * STEP)
             if value is not None and i * STEP >= min(a for a, _b, _r in spans):
                 yield name, labels, value, stamp(i)
+    for name, labels, instance, value_at in gauge_series():
+        for i in range(int(LENGTH // STEP) + 1):
+            t = i * STEP
+            value = None if OUTAGE[0] <= t < OUTAGE[1] or (instance and down(instance, t)) else value_at(t)
+            if value is not None:
+                yield name, labels, value, stamp(i)
+
+
+GAUGES = ("gpu_lost", "up")
 
 
 def write_openmetrics(t0: float, fh) -> int:
     """Every counter from t0 to t0 + LENGTH, OpenMetrics for `promtool tsdb create-blocks-from openmetrics`."""
     count, last = 0, None
     for name, labels, value, stamp in samples(t0):
+        kind = "gauge" if name in GAUGES else "counter"
         if name != last:
-            fh.write(f"# HELP {name} GPU-seconds ({name}).\n# TYPE {name} counter\n")
+            fh.write(f"# HELP {name} {name} ({kind}).\n# TYPE {name} {kind}\n")
             last = name
-        fh.write(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
+        fh.write(f"{name}{'_total' * (kind == 'counter')}{{{labels}}} {value:.6f} {stamp}\n")
         count += 1
     fh.write("# EOF\n")
     return count
@@ -218,7 +279,7 @@ def prometheus_text(t0: float):
     pieces of 10,000 lines."""
     lines = []
     for name, labels, value, stamp in samples(t0, millis=True):
-        lines.append(f"{name}_total{{{labels}}} {value:.6f} {stamp}\n")
+        lines.append(f"{name}{'_total' * (name not in GAUGES)}{{{labels}}} {value:.6f} {stamp}\n")
         if len(lines) >= 10000:
             yield "".join(lines)
             lines = []

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gpu_spatial.report.summary import UNKNOWN_WITHOUT
 from tests import account_history as history
 from tests.helpers import RULES, http_get, wait_for
 from tests.test_report import run_report, start_prometheus, start_victoria_metrics, stop
@@ -157,33 +158,40 @@ def test_the_holders_ledger_cells_equal_the_hand_computed_truth(store, capsys, b
     """Each group's ledger cells from the counters within 0.1% of the hand-computed ones (Prometheus: plus its
     extrapolation past the series that end inside the range); waste is its hidden idle + time idle."""
     got, want = by_group(report(capsys, store, by, "counters")), history.ledger_truth(by)
+    measured = history.truth(by)
     assert set(got) == set(want), (by, set(got) ^ set(want))
     for group, row in want.items():
         have = got[group]["ledger"]
         for cell in ("sm_active_work", "hidden_idle", "time_idle"):
+            if cell in UNKNOWN_WITHOUT and UNKNOWN_WITHOUT[cell] not in measured[group]:
+                assert have["cells"][cell] is None, (group, cell)  # MPS clients, MIG: unknown, never 0
+                continue
             extrapolated = row.get(f"{cell}_ends", 0.0) if store["engine"] == "prometheus" else 0.0
             within(have["cells"][cell] - extrapolated, row.get(cell, 0.0), 1e-3, f"{store['engine']} {group} {cell}")
-        within(have["waste_gpu_hours"], have["cells"]["hidden_idle"] + have["cells"]["time_idle"], 1e-6, "waste")
+        within(have["waste_gpu_hours"], (have["cells"]["hidden_idle"] or 0.0) + have["cells"]["time_idle"], 1e-6, "waste")
 
 
 @pytest.mark.parametrize("source", ["auto", "counters"])
 def test_every_gpus_cells_sum_to_the_gpu_hours_that_existed_and_waste_stays_within_them(store, capsys, source):
-    """11 GPUs over 48 h (node-a's restart minute not counted): the report's GPU ledger equals the hand
-    computation within 0.1%, every GPU's cells sum to its observed hours within 0.1%, the fleet's waste
+    """14 GPUs over 48 h, every one of which exists for the whole range (its node is up at the end): the
+    report's GPU ledger equals the hand computation within 0.1%, unobserved (node-a's restart minute, node-e's
+    10 minutes down and its restart, its two GPUs the restarted exporter no longer lists) and lost (node-e's
+    GPU 0 from hour 30) included; the cells sum to what existed; the fleet's waste
     (hidden idle + time idle + switch overhead, attributed or not) and the groups' rows never exceed them."""
     document = report(capsys, store, "namespace", source)
-    ledger, (cells, existed) = document["gpu_ledger"], history.gpu_ledger_truth()
+    ledger, (cells, observed) = document["gpu_ledger"], history.gpu_ledger_truth()
     assert ledger["gpus"] == len(history.GPUS) and ledger["skipped"] is None
-    within(ledger["observed_gpu_hours"], existed, 1e-3, "GPU-hours that existed")
-    within(ledger["cells_sum_gpu_hours"], ledger["observed_gpu_hours"], 1e-3, "cells sum to the wall clock")
+    within(ledger["observed_gpu_hours"], observed, 1e-3, "GPU-hours observed")
+    within(ledger["existed_gpu_hours"], len(history.GPUS) * history.LENGTH / 3600, 1e-3, "GPU-hours that existed")
+    within(ledger["cells_sum_gpu_hours"], ledger["existed_gpu_hours"], 1e-3, "cells sum to the wall clock")
     assert ledger["worst_gpu_relative_error"] < 1e-3
     for cell, hours in cells.items():
         within(ledger["cells"].get(cell, 0.0), hours, 1e-3, f"{store['engine']} GPU ledger {cell}")
     waste = cells["hidden_idle"] + cells["time_idle"] + cells["unattributed_hidden_idle"]
     within(ledger["waste_gpu_hours"], waste, 1e-3, "fleet waste")
-    assert ledger["waste_gpu_hours"] <= ledger["observed_gpu_hours"]
+    assert ledger["waste_gpu_hours"] <= ledger["existed_gpu_hours"]
     rows = [*document["groups"], document["total"]]
-    assert all(g["ledger"]["gpu_hours"] <= ledger["observed_gpu_hours"] * (1 + 1e-3) for g in rows)
+    assert all(g["ledger"]["gpu_hours"] <= ledger["existed_gpu_hours"] * (1 + 1e-3) for g in rows)
     assert document["total"]["waste_gpu_hours"] <= ledger["waste_gpu_hours"] * (1 + 5e-3)
 
 
@@ -211,7 +219,10 @@ def test_rollups_equal_the_counters_in_every_column(store, capsys, by):
             for basis, value in want[family].get("basis", {}).items():
                 within(have[family]["basis"][basis], value, 5e-3, f"{what} {family} basis {basis}")
         for cell, value in want["ledger"]["cells"].items():
-            within(have["ledger"]["cells"][cell], value, 5e-3, f"{what} ledger {cell}")
+            if value is None:  # unknown from both
+                assert have["ledger"]["cells"][cell] is None, (what, cell)
+            else:
+                within(have["ledger"]["cells"][cell], value, 5e-3, f"{what} ledger {cell}")
 
 
 def test_mps_clients_are_unknown_alike_from_both(store, capsys):
@@ -270,7 +281,7 @@ def test_spans_are_where_the_data_has_rollups(store, capsys):
     code, out, err = run_report(capsys, "--prometheus", store["url"], "--start", str(t0),
                                 "--end", str(t0 + history.LENGTH))
     assert code == 0, err
-    header = out.split("\n\n")[0]
+    header = " ".join(out.split("\n\n")[0].split())  # as one line: the text is wrapped to the terminal
     assert f"evaluated every {step:g} s over a 300 s window" in header and header.count(": counters, ") == \
         sum(source == "counters" for source, _a, _b in want)
     assert "measured: SM-active" in header and "ctxsw" in header
@@ -327,3 +338,122 @@ def test_two_evaluators_fall_back_to_the_counters(store, capsys):
     assert set(document["source"]["hours"]) == {"counters"}, document["source"]
     assert any("2 rule evaluators" in note for note in document["source"]["notes"]), document["source"]["notes"]
     within(document["total"]["held"]["gpu_hours"], 1.0, 1e-6, "team-z held from the counters")
+
+
+def test_each_gpu_and_node_ledger_sums_to_its_wall_clock(store, capsys):
+    """--by gpu: each of the 14 GPUs exists 48 h and its cells (unobserved and lost included) sum to that
+    within 0.1%, each cell as computed by hand (node-e's lost GPU: 17.917 GPU-h lost, 0.25 unobserved; its
+    two GPUs no longer listed after the restart: 4.167 unobserved each). --by node: the node's ledger is
+    its GPUs', and a node's share "of what existed" is of that node."""
+    by_gpu = report(capsys, store, "gpu", "counters")["gpu_ledger"]["by_gpu"]
+    assert len(by_gpu) == len(history.GPUS)
+    for entry in by_gpu:
+        gpu = (entry["instance"], entry["gpu"])
+        cells, observed = history.gpu_ledger_truth({gpu})
+        what = f"{store['engine']} {gpu}"
+        within(entry["existed_gpu_hours"], 48.0, 1e-3, f"{what} existed")
+        within(entry["cells_sum_gpu_hours"], entry["existed_gpu_hours"], 1e-3, f"{what} cells sum")
+        within(entry["observed_gpu_hours"], observed, 1e-3, f"{what} observed")
+        for cell, hours in cells.items():  # each cell to 0.1% of the GPU's 48 h
+            assert abs(entry["cells"].get(cell, 0.0) - hours) <= 48 * 1e-3, (what, cell, entry["cells"], hours)
+    lost = next(e for e in by_gpu if (e["instance"], e["gpu"]) == history.LOST_GPU)
+    assert lost["listed_lost"] and math.isclose(lost["lost_gpu_hours"], 18 - 300 / 3600, abs_tol=0.01)
+    node_document = report(capsys, store, "node", "counters")
+    nodes = {n["instance"]: n for n in node_document["gpu_ledger"]["by_node"]}
+    cells, _observed = history.gpu_ledger_truth({gpu for gpu, _m in history.GPUS if gpu[0] == "node-e"})
+    within(nodes["node-e"]["existed_gpu_hours"], 3 * 48.0, 1e-3, "node-e existed")
+    within(nodes["node-e"]["unobserved_gpu_hours"], cells["unobserved"], 1e-3, "node-e unobserved")
+    node_e = by_group(node_document)[("node-e",)]
+    within(node_e["ledger"]["of_what_existed"], node_e["ledger"]["gpu_hours"] / nodes["node-e"]["existed_gpu_hours"],
+           1e-6, "node-e's share is of node-e")
+
+
+def test_unknown_is_null_with_its_cause_and_a_lost_gpu_stays_held(store, capsys):
+    """Bob's A100 has no spatial reading: his work and hidden idle are unknown (null), his busy time is
+    busy unsplit; the MPS clients' are unknown for want of the tracer; job 5151 holds its lost GPU to the end."""
+    bob = by_group(report(capsys, store, "user", "counters"))[("bob",)]
+    assert bob["ledger"]["cells"]["sm_active_work"] is None and bob["ledger"]["cells"]["hidden_idle"] is None
+    assert [c["cause"].split(" (")[0] for c in bob["ledger"]["unknown_because"]] == ["no spatial reading on its GPU"]
+    within(bob["ledger"]["cells"]["busy_unsplit"], 0.6 * (44 - 10 / 60), 1e-3, "bob's busy unsplit")
+    namespaces = by_group(report(capsys, store, "namespace", "counters"))
+    assert [c["cause"].split(" (")[0] for c in namespaces[("team-d",)]["ledger"]["unknown_because"]] == \
+        ["MPS clients without the tracer"]
+    job = by_group(report(capsys, store, "hpc_job", "counters"))[("5151",)]
+    within(job["held"]["gpu_hours"], 48 - 900 / 3600, 1e-3, "job 5151 holds its lost GPU")
+
+
+@pytest.mark.parametrize("columns", ["80", "100", "piped"])
+def test_the_table_fits_the_terminal(store, columns):
+    """The text report at COLUMNS=80, 100 and piped (80), in a subprocess: every line within the width, the
+    used/held column with its meaning beside it, what is left out named; a two-minute range in GPU-min."""
+    import os
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env.pop("COLUMNS", None)
+    if columns != "piped":
+        env["COLUMNS"] = columns
+    room = 80 if columns == "piped" else int(columns)
+    for start, end, unit in ((0, history.LENGTH, "GPU-h"), (3600, 3720, "GPU-min")):
+        done = subprocess.run([sys.executable, "-m", "gpu_spatial", "report", "--prometheus", store["url"],
+                               "--start", str(store["t0"] + start), "--end", str(store["t0"] + end), "--by", "hpc_job"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert max(map(len, lines)) <= room, [line for line in lines if len(line) > room]
+        said = " ".join(done.stdout.split())  # wrapped lines joined
+        assert f"in {unit}. allocation" in said and "used/held: share of its held time" in said
+        header = next(line for line in lines if line.startswith("hpc_job")).split()
+        assert header[:2] == ["hpc_job", "held"] and len(header) >= 5
+        assert (len(header) < 10) == (f"left out at {room} columns" in said), done.stdout
+
+
+# -- gpu_spatial/report/account.py ---------------------------------------------------------------------
+def test_rule_runs_and_spans_at_their_edges():
+    """Mutants: a spacing exactly 25 % off breaks a run; a spacing of exactly W breaks it; a run of two
+    evaluations used; the rollups' lag (W - D) / 2 dropped (the samples used shift by 2 minutes)."""
+    from gpu_spatial.report.account import plan_spans, runs
+
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.0, 300.0)])) == 1  # 75 s after 60 s: 25 % off
+    assert len(runs([(0.0, 300.0), (60.0, 300.0), (135.1, 300.0)])) == 2
+    assert len(runs([(0.0, 60.0), (60.0, 60.0), (120.0, 60.0)])) == 1  # every W: still covered
+    # two evaluations spanning the whole range are no run; three are
+    assert [s.source for s in plan_spans([(1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)] == ["counters"]
+    assert "rules" in [s.source for s in plan_spans([(940.0, 300.0), (1000.0, 300.0), (1060.0, 300.0)], 830.0, 930.0)]
+    # every 60 s with W = 300 over 0..3600: a sample at t sums the increase over (t - 180, t - 120]
+    (span,) = plan_spans([(float(t), 300.0) for t in range(0, 3601, 60)], 600.0, 3000.0)
+    assert (span.source, span.start, span.end, span.first, span.last, span.step) == ("rules", 600.0, 3000.0, 750.0,
+                                                                                      3120.0, 60.0)
+
+
+def test_an_evaluation_on_the_edge_of_two_days_is_read_once():
+    """Mutant: `chunk_start < t` -> `<=` (a store answering a range's both ends, as a range selector may,
+    makes the evaluation at midnight count in both days: "stored more than once")."""
+    from gpu_spatial.report.account import DAY, Plan, heartbeat
+
+    class Store:  # the heartbeat every 60 s; a range [at - d, at] answered with both ends
+        def query_matrix(self, expr, at):
+            d = float(expr.rsplit("[", 1)[1].rstrip("ms]")) / 1000
+            return [{"metric": {}, "values": [[t, "300"] for t in range(0, int(2 * DAY) + 1, 60) if at - d <= t <= at]}]
+
+    notes = []
+    evaluations, twice = heartbeat(Store(), Plan("namespace"), 0.0, 2 * DAY, notes)
+    assert twice == set() and notes == [] and len(evaluations) == 2 * DAY / 60  # (0, 2 days]: once each
+
+
+def test_report_pieces_that_keep_unknown_and_odd_values_apart():
+    """Mutants: a matcher on a label the rollups drop still reads the rollups; the last day runs past the
+    range; NaN and Inf kept; busy without a basis label not "nvml"; the unknown held counted in a span's
+    held total."""
+    from gpu_spatial.report.account import Plan, Totals, _value, chunks
+
+    assert Plan("namespace", [("pod", "=", '"x"')]).rules_unusable() == \
+        "--match on pod, which the namespace rollups do not keep"
+    assert Plan("namespace", [("namespace", "=~", '"team-.*"')]).rules_unusable() is None
+    assert chunks(0.0, 100.0, 60.0) == [(0.0, 60.0), (60.0, 100.0)]
+    assert _value({"value": [0, "NaN"]}) == 0.0 and _value({"value": [0, "+Inf"]}) == 0.0
+    totals = Totals(("namespace",))
+    assert totals.add("busy", False, [{"metric": {"namespace": "a"}, "value": [0, "5"]}]) == 0.0
+    assert totals.add("held", True, [{"metric": {"namespace": "a"}, "value": [0, "2"]}]) == 0.0
+    assert totals.add("held", False, [{"metric": {"namespace": "a"}, "value": [0, "7"]}]) == 7.0
+    assert totals.groups == {("a",): {("busy", "nvml"): 5.0, ("held", "unknown"): 2.0, ("held", "exact"): 7.0}}

@@ -204,3 +204,12 @@ def test_inhibitions_as_configured(tmp_path):
     finally:
         alertmanager.stop()
         webhook.stop()
+
+
+# -- rules ---------------------------------------------------------------------------------------------
+@needs("promtool")
+def test_alert_thresholds_hold_at_their_boundaries():
+    """tests/rules/thresholds.test.yaml. Mutations: HiddenIdleSMs `>= 0.8` -> `> 0.8`, `<= 0.5` -> `< 0.5`."""
+    done = subprocess.run(["promtool", "test", "rules", "tests/rules/thresholds.test.yaml"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -107,3 +107,46 @@ def test_a_chunked_answer_costs_its_body_not_an_object_per_chunk(server):
         tracemalloc.stop()
     assert bytes(answer.body) == body
     assert peak < len(body) * 1.3 + 2**20, peak
+
+
+def decoded_in_two_reads(framed: bytes, split: int, max_bytes: int = 10**6) -> bytes:
+    """What Unchunked makes of `framed` arriving as two reads cut at `split`."""
+    from hostio.answers import Unchunked
+
+    body = Unchunked(max_bytes)
+    done = body.feed(framed[:split]) or body.feed(framed[split:])
+    assert done, split
+    return bytes(body.body)
+
+
+def test_a_chunked_answer_reads_the_same_wherever_the_reads_cut_it():
+    """TCP hands the bytes over cut anywhere: in a size line, between a CR and its LF, inside the data.
+    Every cut of a small answer decodes to its body, extensions and all; a size line of exactly
+    MAX_CHUNK_LINE_BYTES is read wherever it is cut, one byte more is refused wherever it is cut."""
+    from hostio.answers import MAX_CHUNK_LINE_BYTES
+
+    framed = b"3\r\nabc\r\n1;ext=1\r\n\n\r\n10\r\n" + b"0123456789abcdef" + b"\r\n0\r\n\r\n"
+    for split in range(len(framed) + 1):
+        assert decoded_in_two_reads(framed, split) == b"abc\n0123456789abcdef"
+    for size, refused in ((MAX_CHUNK_LINE_BYTES, False), (MAX_CHUNK_LINE_BYTES + 1, True)):
+        line = b"2;" + b"x" * (size - 2)
+        framed = b"1\r\na\r\n" + line + b"\r\nbc\r\n0\r\n\r\n"
+        for split in range(len(framed) + 1):
+            if refused:
+                with pytest.raises(AnswerError, match=f"a chunk size line over {MAX_CHUNK_LINE_BYTES} bytes"):
+                    decoded_in_two_reads(framed, split)
+            else:
+                assert decoded_in_two_reads(framed, split) == b"abc", split
+
+
+def test_headers_of_exactly_their_cap_are_read(server, monkeypatch):
+    """The head (status line and headers, without the blank line) may be MAX_HEAD_BYTES long; one byte
+    more is refused, whether it came in one read or several."""
+    server.body, server.drip = b"{}", ("headers", 0.0)  # one write: tests/kubernetes_api_server.py's head
+    head = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nX-Padding: "
+            + b"x" * 4096)
+    monkeypatch.setattr(answers, "MAX_HEAD_BYTES", len(head))
+    assert bytes(get(server, 1000).body) == b"{}"
+    monkeypatch.setattr(answers, "MAX_HEAD_BYTES", len(head) - 1)
+    with pytest.raises(AnswerError, match=f"headers over {len(head) - 1} bytes"):
+        get(server, 1000)

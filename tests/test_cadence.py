@@ -1,6 +1,7 @@
 """NVML's loop reads at the rate its readers need (issue 47): every --interval while a reader of the JSON API
 watches, every --unwatched-interval otherwise; each tick reads every sample NVML buffered since the previous
 one and says the window its values describe (docs/exporter.md, "Freshness")."""
+import itertools
 import json
 
 import pytest
@@ -15,7 +16,14 @@ from exporter.engine import WATCHED_FOR_S, Engine
 from exporter.nvml import Nvml
 from exporter.samplers.nvml import NVML_BUFFER_S, NvmlSampler
 from exporter.samplers.xid import XidWatcher
-from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value, wait_for
+from tests.helpers import (
+    FIXTURES,
+    Exporter,
+    http_get,
+    parse_metrics,
+    sample_value,
+    wait_for,
+)
 from tests.nvml_library import SAMPLE_PERIOD_US, Clock, NvmlLibrary
 
 REPLAY = str(FIXTURES / "nvml_h200_health.json")
@@ -121,7 +129,7 @@ def test_scrapes_alone_leave_the_slow_cadence_and_an_api_reader_brings_interval_
                   env={"GPU_EXPORTER_UNWATCHED_INTERVAL": "2"}) as running:
         unwatched = stamps_seen(running, 3, lambda: None)
         # A tick never comes sooner than the cadence after the last (a busy machine can only make it later).
-        assert all(later - earlier >= 1.9 for earlier, later in zip(unwatched, unwatched[1:])), unwatched
+        assert all(later - earlier >= 1.9 for earlier, later in itertools.pairwise(unwatched)), unwatched
 
         ends = []  # (a replay's GPM windows are as long as recorded: the ticks' times tell the cadence)
 

@@ -462,3 +462,61 @@ def test_the_solver_counts_sweeps_and_checks_the_budget_after_each():
     assert (easy.sweeps, easy.converged, list(easy.densities)) == (2, True, [0.25, 0.5])
     with pytest.raises(IngestError, match="longer than its budget"):
         bounded_least_squares(gram, moment, budget=Budget(0))
+
+
+P, Q = 100, 200  # two processes
+
+
+# -- nsys_ingest/ctxsw.py ------------------------------------------------------------------------------
+def test_at_gives_a_sample_stamped_at_a_slices_end_to_what_follows_and_one_at_its_start_to_the_slice(tmp_path):
+    """Mutants: `ends[j] > lo` -> `>=` (the sample stamped 2 ms, P's end, goes to P: P 0.5667, no gap value);
+    searchsorted side "right" -> "left" (the sample stamped 3 ms, Q's start, goes to the gap)."""
+    path = synth.ctxsw_export(tmp_path / "at.sqlite", slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, Q, 2)],
+                              samples=[(0, ms, {"sm_active": v}) for ms, v in enumerate((0.8, 0.8, 0.1, 0.4, 0.4))])
+    result = run(path, estimator="at")
+    p, q = procs(result)[P], procs(result)[Q]
+    assert p["while_resident"]["sm_active"] == pytest.approx(0.8, abs=1e-6)
+    assert q["while_resident"]["sm_active"] == pytest.approx(0.4, abs=1e-6)
+    assert result["gpus"][0]["gap_means"]["sm_active"] == pytest.approx(0.1, abs=1e-6)
+
+
+def test_a_restore_start_without_a_pid_takes_its_save_ends_pid(tmp_path):
+    """Mutant: the slice's owner from its RESTORE_START only (the slice's time goes to pid None)."""
+    path = synth.ctxsw_export(tmp_path / "nopid.sqlite", slices=[(0, 4.0, 5.0, Q, 2)],
+                              events=[(0, 0.0, "RESTORE_START", 1, None), (0, 2.0, "SAVE_END", 1, P)], samples=[])
+    processes = procs(run(path))
+    assert set(processes) == {P, Q}
+    assert (processes[P]["time_share"], processes[P]["slices"]) == (0.4, 1)  # 2 ms of the 0-5 ms window
+
+
+def test_the_default_window_ends_one_sampling_period_after_the_last_sample(tmp_path):
+    """Mutant: the window ends at the last sample's stamp (9 ms, not 10): P's share reads 4/9, not 0.4,
+    and the last sample's interval is cut off."""
+    path = synth.ctxsw_export(tmp_path / "window.sqlite", slices=[(0, 1.0, 5.0, P, 1)],
+                              samples=[(0, ms, {"sm_active": 0.5}) for ms in range(1, 10)])
+    result = run(path, estimator="overlap")
+    assert result["window_s"] == [0.001, 0.01]  # from P's RESTORE_START to the last sample (9 ms) + 1 ms
+    assert procs(result)[P]["time_share"] == pytest.approx(4 / 9, abs=1e-6)
+    assert result["gpus"][0]["switch_gap_share"] == pytest.approx(5 / 9, abs=1e-6)
+    assert result["gpus"][0]["samples"] == 9
+
+
+def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
+    """Mutant: _merge keeps the first part's time share (P reads 0.2, not 0.4). P's second context carries
+    another globalPid of the same pid (nsys' upper bits differ), so the two are summed per pid."""
+    import sqlite3
+
+    path = synth.ctxsw_export(tmp_path / "contexts.sqlite",
+                              slices=[(0, 0.0, 2.0, P, 1), (0, 3.0, 5.0, P, 2), (0, 6.0, 8.0, Q, 3)],
+                              samples=[(0, ms, {"sm_active": v}) for ms, v in
+                                       enumerate((0.8, 0.8, 0.0, 0.4, 0.4, 0.0, 0.2, 0.2, 0.0, 0.0))])
+    con = sqlite3.connect(path)
+    con.execute("update GPU_CONTEXT_SWITCH_EVENTS set globalPid = globalPid + ? where contextId = 2", (1 << 49,))
+    con.commit()
+    con.close()
+    result = run(path, estimator="overlap")
+    p, q = procs(result)[P], procs(result)[Q]
+    assert (p["slices"], p["resident_s"], p["time_share"]) == (2, 0.004, 0.4)
+    assert p["while_resident"]["sm_active"] == pytest.approx(0.6, abs=1e-6)  # 2 ms at 0.8, 2 ms at 0.4
+    assert p["of_gpu"]["sm_active"] == pytest.approx(0.24, abs=1e-6)
+    assert (q["slices"], q["time_share"], q["while_resident"]["sm_active"]) == (1, 0.2, pytest.approx(0.2, abs=1e-6))

@@ -11,7 +11,7 @@ import pytest
 
 from exporter.samplers.ctxsw import (ACTIVE, ALONE, DCGM, ERROR, MIG, MPS, NOT_ROOT, STANDBY, UNSUPPORTED,
                                      CtxswSampler)
-from exporter.sampler import ProcessShare, ProcessWindow
+from exporter.sampler import ProcessShare, ProcessWindow, SourceState
 from exporter.snapshot import OK, ComputeProcess, DeviceTelemetry, GpuIdentity, SourceResult
 from exporter.workloads import CTXSW, EXACT, NVML, TIME_SHARE, WorkloadAccountant, gpu_shares
 from tests import synthetic_exports as synth
@@ -527,3 +527,80 @@ def test_the_attribution_child_answers_one_json_line_and_its_failures_are_one_li
         assert main([str(tmp_path / "bad.sqlite"), "--window", "0.2"]) == 0
     answer = child_answer(out.getvalue())
     assert "error" in answer and "\n" not in answer["error"] and answer["peak_rss_bytes"] > 0
+
+
+# -- exporter/samplers/ctxsw.py ------------------------------------------------------------------------
+def test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_says_stalled():
+    """Mutants: `max_age = 2 * period + window` -> `period + window` (a window 370 s old is dropped);
+    `<=` -> `<` in fresh() (exactly 370 s is dropped); the staleness check in state() removed (a stalled
+    source keeps saying "active")."""
+    sampler = CtxswSampler(nvml=None, window_s=10.0, period_s=180.0)
+    assert sampler.max_age == 370.0
+    sampler.readings["GPU-aaaa"] = reading({417: (0.5, 0.2)}, listed=(417,))
+    sampler.states["GPU-aaaa"] = SourceState(ACTIVE, "captured", 990.0, 1000.0)
+    assert sampler.fresh("GPU-aaaa", 1370.0) is sampler.readings["GPU-aaaa"]
+    assert sampler.state("GPU-aaaa", 1370.0).state == ACTIVE
+    assert sampler.fresh("GPU-aaaa", 1370.001) is None
+    stalled = sampler.state("GPU-aaaa", 1370.001)
+    assert (stalled.state, stalled.window_end) == (STANDBY, 1000.0)
+    assert "older than 370 s" in stalled.reason
+    assert sampler.state("GPU-bbbb", 1000.0).state == STANDBY  # never captured
+
+
+class ChangingNvml:
+    """NVML listing 417 and 418 on the GPU until `nsys profile` ran (its call is logged), 417 and 419 after."""
+
+    def __init__(self, calls):
+        self.calls, self.gpus = calls, Nvml().gpus
+        self.gpu = self.gpus[0]
+
+    @property
+    def telemetry(self):
+        pids = (417, 419) if self.calls.exists() else (417, 418)
+        processes = tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in pids)
+        return {NVML_UUID: DeviceTelemetry(self.gpu, 0.0, compute_processes=processes),
+                OTHER_GPU.uuid: DeviceTelemetry(OTHER_GPU, 0.0, mig_enabled=True)}
+
+
+OTHER_GPU = GpuIdentity(1, "GPU-other", "NVIDIA H100 80GB HBM3")
+
+
+@root_only
+def test_a_window_lists_the_pids_nvml_saw_at_its_start_or_its_end_and_a_gpu_that_left_is_forgotten(fake_nsys):
+    """Mutants: the pids listed at the window's end only (418, there at its start, is missing); the states
+    and windows of a GPU that left kept."""
+    nvml = ChangingNvml(fake_nsys / "calls.log")
+    sampler = CtxswSampler(nvml, str(FAKE_NSYS), window_s=0.1, period_s=5.0)
+    sampler.tick()
+    assert sampler.states[NVML_UUID].state == ACTIVE
+    assert sampler.readings[NVML_UUID].listed == {417, 418, 419}
+    nvml.gpus = [OTHER_GPU]  # the GPU left (unbound, fell off the bus); another one (MIG: not captured) is there
+    sampler.tick()
+    assert set(sampler.states) == {OTHER_GPU.uuid} and sampler.readings == {}
+
+
+# -- exporter/workloads.py -----------------------------------------------------------------------------
+def test_a_holder_with_a_resident_process_whose_sm_was_not_sampled_gets_no_ctxsw_sm():
+    """Mutant: all() -> any() in the ctxsw SM basis: 418 was resident (0.1 of the time) without an SM
+    value, so the trainer's SM of its own slices is unknown, not 417's 0.15 alone."""
+    ctx = reading({417: (0.3, 0.15), 418: (0.1, None), 419: (0.45, 0.09)}, listed=(417, 418, 419, 420))
+    trainer = gpu_shares(view(**TIME_SLICED), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)[TRAINER]
+    assert (trainer.time_share, trainer.time_share_basis) == (0.4, CTXSW)
+    assert (trainer.sm_active, trainer.sm_active_basis) == (round(0.05 * 0.4 / 0.99, 6), TIME_SHARE)
+    # without a spatial source for the GPU: no SM at all, not a partial one
+    shares = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5, NOTEBOOK: 0.25}, OWNERS, None, ctx)
+    assert (shares[TRAINER].sm_active, shares[TRAINER].sm_active_basis) == (None, None)
+    assert (shares[NOTEBOOK].sm_active, shares[NOTEBOOK].sm_active_basis) == (0.09, CTXSW)
+    # a process that was never resident (time 0) needs no SM value
+    ctx = reading({417: (0.3, 0.15), 418: (0.0, None)}, listed=(417, 418))
+    trainer = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]
+    assert (trainer.sm_active, trainer.sm_active_basis) == (0.15, CTXSW)
+
+
+def test_a_holders_ctxsw_time_share_is_at_most_the_whole_gpu():
+    """Mutant: the clamp of the summed ctxsw time shares dropped (417 and 418 said to be resident 0.7 and
+    0.6 of one window: 1.3 of the GPU)."""
+    ctx = reading({417: (0.7, 0.5), 418: (0.6, 0.6)}, listed=(417, 418))
+    trainer = gpu_shares(view(**TIME_SLICED, sm_active=None), {TRAINER: 0.5}, OWNERS, None, ctx)[TRAINER]
+    assert (trainer.time_share, trainer.time_share_basis) == (1.0, CTXSW)
+    assert (trainer.sm_active, trainer.sm_active_basis) == (1.0, CTXSW)

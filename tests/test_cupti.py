@@ -825,3 +825,114 @@ def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_pa
     assert sample_value(metrics, "gpu_workload_cupti_sm_estimate_ratio", user=workload["user"]) == workload["sm_estimate"]
     assert sample_value(metrics, "gpu_workload_cupti_untraced_clients") == 3
     assert sample_value(metrics, "gpu_workload_cupti_state", state="active") == 1
+
+
+# -- the native tracer's fields (gpu_trace/native): SM work apart from kernels, the SMs a client may use --
+NATIVE_DEVICE = {"uuid": UUID, "kernels": 5, "kernel_busy_s": 4.0, "busy_s": 6.0, "sm_seconds": 2.0,
+                 "copy_busy_s": 0.5, "sm_copy_busy_s": 1.5, "backlog_busy_s": 0.25, "queue_gap_s": 0.25,
+                 "sms": 32, "gpu_sms": 132}
+
+
+def native_report(**device) -> bytes:
+    return report(devices=[{**NATIVE_DEVICE, **device}], native=True)
+
+
+def test_a_native_report_counts_all_its_sm_work_and_shows_its_parts():
+    got = parse(native_report())
+    device = got.devices[UUID]
+    assert (device.busy_s, device.sms, device.gpu_sms, device.native) == (6.0, 32, 132, True)
+    [(_, win)] = gpu_windows([got]).items()
+    share = win.shares[100]
+    assert share.time == 0.6 and share.sm == 0.2  # busy: kernels, device copies and queued work
+    assert share.to_json() == {"time": 0.6, "sm": 0.2, "record_path": "native", "parts": {
+        "kernel_busy": 0.4, "sm_copy_busy": 0.15, "backlog_busy": 0.025, "queue_gap": 0.025, "copy_busy": 0.05}}
+
+
+def test_an_older_clients_report_means_what_it_meant():
+    device = parse(report()).devices[UUID]
+    assert (device.busy_s, device.sm_copy_busy_s, device.backlog_busy_s, device.queue_gap_s) == (4.0, 0.0, 0.0, 0.0)
+    assert (device.sms, device.gpu_sms, device.native) == (None, None, False)
+    [(_, win)] = gpu_windows([parse(report())]).items()
+    assert win.shares[100].record_path == source_module.PERTURBING
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("busy_s", 4.0 / 1.001, True),  # as busy as its kernels, float rounding allowed
+    ("busy_s", 4.0 / 1.001 - 1e-6, False),  # less busy than its own kernels
+    ("busy_s", 10.0 * 1.001, True),
+    ("busy_s", 10.0 * 1.001 + 1e-6, False),  # busier than the window is long
+    ("sm_seconds", 6.0 * 1.001 + 1e-9, True),  # the whole GPU while busy
+    ("sm_seconds", 6.0 * 1.001 + 2e-9, False),
+    ("sm_copy_busy_s", 6.0 * 1.001 + 2e-9, False),  # a part of the busy time is no longer than it
+    ("backlog_busy_s", 6.0 * 1.001 + 2e-9, False),
+    ("queue_gap_s", 6.0 * 1.001 + 2e-9, False),
+    ("queue_gap_s", -1e-9, False),
+    ("sms", 1, True),
+    ("sms", 0, False),
+    ("sms", 4097, False),
+    ("sms", 32.5, False),  # a count
+    ("gpu_sms", 32, True),  # a client that may use the whole GPU
+    ("gpu_sms", 31, False),  # a GPU smaller than what the client may use
+    ("gpu_sms", 4097, False),
+])
+def test_the_native_fields_are_refused_just_past_their_bounds(field, value, accepted):
+    line = native_report(**{field: value})
+    if accepted:
+        assert getattr(parse(line).devices[UUID], field) == value
+    else:
+        with pytest.raises(BadReport, match=field):
+            parse(line)
+
+
+def test_a_report_that_says_native_only_as_true_is_native():
+    assert parse(report(native="yes")).devices[UUID].native is False
+
+
+# -- exporter/samplers/cupti.py ------------------------------------------------------------------------
+def test_cupti_windows_at_their_edges():
+    """Mutants: a window may start 20 s after it was asked (not 2); a client's time share above 1 kept (busy
+    may exceed the window by float rounding); a window lasting one period and a window, not two; the last
+    windows kept when no client is connected any more."""
+    from exporter.samplers.cupti import CuptiSource
+    from tests.test_cupti import NVML, UUID, parse, report
+
+    with pytest.raises(Exception, match="start 1002.1 outside"):
+        parse(report(start=1002.1, end=1011.0))
+    assert parse(report(start=1002.0, end=1011.0)).start == 1002.0
+    from exporter.samplers.cupti import ClientReport, DeviceReport, gpu_windows
+
+    over = gpu_windows([ClientReport(1, 0.0, 10.0, {UUID: DeviceReport(10.009, 10.0, 0.0, 3)})])
+    assert (over[UUID].shares[1].time, over[UUID].shares[1].sm) == (1.0, 1.0)
+    source = CuptiSource(NVML, "/nonexistent/cupti.sock", window_s=5.0, period_s=600.0)
+    assert source.max_age == 1205.0
+    source.readings[UUID] = over[UUID]
+    assert source.fresh(UUID, 10.0 + 1205.0) is over[UUID] and source.fresh(UUID, 10.0 + 1205.001) is None
+
+
+def test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends(tmp_path, monkeypatch,
+                                                                                             caplog):
+    """Mutants: tick() with no client keeps the last windows; a report whose newline comes after 16 KiB
+    (in the read that crosses the cap) parsed instead of refused."""
+    from exporter.samplers import cupti
+    from tests.test_cupti import NVML, UUID, run_attacker
+
+    monkeypatch.setattr(cupti, "REPLY_GRACE_S", 3.0)
+    source = cupti.CuptiSource(NVML, str(tmp_path / "cupti.sock"), window_s=0.0, period_s=60.0, max_clients=8)
+    source.open()
+    try:
+        source.readings[UUID] = cupti.gpu_windows([cupti.ClientReport(1, 0.0, 10.0, {UUID: cupti.DeviceReport(
+            1.0, 1.0, 0.0, 1)})])[UUID]
+        source.tick()  # nobody connected
+        assert source.readings == {} and source.fresh(UUID, 10.0) is None
+        padded = r"""
+import json, os, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); print("connected", flush=True)
+command = json.loads(s.makefile().readline())
+now = time.time()
+body = json.dumps({"window": command["window"], "pid": os.getpid(), "start": now, "end": now + 0.001, "devices": []})
+s.sendall((body + " " * (16500 - len(body)) + "\n").encode()); s.recv(1)
+"""
+        run_attacker(source, caplog, padded)
+        assert source.refused == {"oversized": 1} and source._clients == {}
+    finally:
+        source.close()

@@ -8,6 +8,8 @@ import sys
 import pytest
 import yaml
 
+from gpu_trace import native
+
 from tests.helpers import ROOT
 from tests.test_kubernetes import KUBERNETES_VERSION, needs
 
@@ -49,8 +51,15 @@ def test_the_copy_command_puts_a_working_tracer_where_the_client_pod_looks(tmp_p
     valid(client)
     env = {e["name"]: e["value"].replace("/run/gpu-spatial", str(tmp_path)) for e in client["spec"]["containers"][0]["env"]}
     assert (tmp_path / "python" / "gpu_trace" / "autostart" / "sitecustomize.py").is_file()
+    # CI builds the native library (pip install -e): copied under the name the pod's variables give
+    assert (tmp_path / "libgputrace.so").is_file() == (native.library_path() is not None)
     out = run_python({**env, "PYTHONPATH": env["PYTHONPATH"]}, tmp_path)
-    assert out.stdout == "gpu_trace.hook\n" and "cupti-python is not installed" in out.stderr
+    assert out.stdout == "gpu_trace.hook\n"
+    if native.library_path() is not None:
+        assert env["CUDA_INJECTION64_PATH"] == env["GPU_SPATIAL_TRACE_LIBRARY"] == str(tmp_path / "libgputrace.so")
+        assert out.stderr == ""  # the hook holds the library; nothing is said before a window is asked for
+    else:
+        assert "cupti-python is not installed" in out.stderr
 
 
 def run_python(env: dict, cwd) -> subprocess.CompletedProcess:

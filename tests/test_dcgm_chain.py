@@ -1,5 +1,6 @@
 """DCGM source against a real HTTP server on 127.0.0.1, and the per-GPU source chain."""
 import itertools
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -189,3 +190,68 @@ def test_chain_order_is_configurable():
     results = {name: result(name, "ok") for name in ("dcgm", "gpm", "nsys")}
     active, _ = choose_source(("nsys", "gpm"), results, {})
     assert active.reading.source == "nsys"
+
+
+def test_dcgm_values_are_frozen_after_exactly_the_frozen_time():
+    """Mutation: `now - first seen >= frozen_after_s` -> `>`."""
+    source = DcgmExporterSource("http://127.0.0.1:9/metrics", frozen_after_s=30.0)
+    values = {"sm_active": 0.25, "sm_occupancy": 0.1}
+    assert not source._frozen("GPU-aaaa", values, 1000.0)  # first seen
+    assert not source._frozen("GPU-aaaa", values, 1029.5)
+    assert source._frozen("GPU-aaaa", values, 1030.0)  # exactly 30 s unchanged
+    assert not source._frozen("GPU-aaaa", {**values, "sm_active": 0.26}, 1031.0)  # moved: the clock restarts
+
+
+PROFILING = re.compile(r"^(DCGM_FI_PROF_\w+\{[^}]*" + H100 + r"[^}]*\}) \S+$", re.M)
+
+
+class StaticDcgmExporter:
+    """A real HTTP server on 127.0.0.1 serving one fixed dcgm-exporter answer."""
+
+    def __init__(self, body: str):
+        import http.server
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _ticked_state(text: str, frozen_after_s: float, seconds: float) -> str:
+    server = StaticDcgmExporter(text)
+    try:
+        source = DcgmExporterSource(server.url, nvml=KnownGpus(), frozen_after_s=frozen_after_s)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            source.tick()
+            time.sleep(0.05)
+        return source.results[H100]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("values, state", [("zero", OK), ("recorded", ERROR)])
+def test_an_idle_gpus_all_zero_dcgm_values_are_not_frozen(values, state):
+    """The same values for longer than --dcgm-frozen-after: frozen when non-zero, an idle GPU when all zero."""
+    text = (FIXTURES / "dcgm_exporter_metrics.txt").read_text()
+    if values == "zero":
+        text = PROFILING.sub(r"\1 0", text)
+        assert text.count(" 0\n") >= 5
+    result = _ticked_state(text, frozen_after_s=0.3, seconds=0.8)
+    assert result.state == state, result.reason
+    if state == OK:
+        assert result.reading.sm_active == 0.0 and result.reading.dram_active == 0.0

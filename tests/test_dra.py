@@ -9,8 +9,10 @@ import time
 
 import pytest
 
+from exporter import kubernetes_api
 from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, REPLICAS, WHOLE, Held, Holder
 from exporter.kubernetes_api import ApiError, Endpoint, KubernetesApi, endpoint, quantity
+from exporter.kubernetes_api import FORGET_AFTER_S, SLICES_EVERY_S
 from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, ApiView, DraDevices, NvidiaDeviceNames, attribute_claims,
                                    capacity_ratio, merge)
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
@@ -522,3 +524,203 @@ def test_an_api_server_turning_hostile_is_its_own_error_and_pods_that_leave_stil
             assert "Traceback" not in log and "tick failed" not in log
     finally:
         api.stop()
+
+
+# -- exporter/samplers/dra.py --------------------------------------------------------------------------
+def test_consumed_capacity_over_the_devices_capacity_is_at_most_the_whole_device():
+    """Mutant: the clamp in capacity_ratio dropped: an allocation said to consume twice the MIG device's
+    capacity holds 2 x 16/132 of the GPU, more than the device."""
+    answer = [claim_pod("nb", n, {"c": [(f"{n}-gpu", [("gpu-1-mig-19-6-1", s)])]}) for n, s in (("x", "s1"), ("y", "s2"))]
+    pool_device = ("node-a", "gpu-1-mig-19-6-1")
+    api = ApiView(capacity={pool_device: {"shares": 2.0}},
+                  consumed={("nb", "x-gpu", *pool_device, "s1"): {"shares": 4.0},
+                            ("nb", "y-gpu", *pool_device, "s2"): {"shares": 1.0}})
+    held = attribute_claims(answer, node_gpus(api)).held[B]
+    assert held[("nb", "x", "c")][:2] == (round(16 / 132, 9), CAPACITY)
+    assert held[("nb", "y", "c")][:2] == (round(16 / 132 / 2, 9), CAPACITY)
+    assert capacity_ratio({"shares": 2.0}, {"shares": 2.0}) == 1.0
+
+
+def test_a_container_holding_two_allocations_of_one_gpu_holds_at_most_the_gpu():
+    """Mutant: the clamp of a container's summed allocations dropped (3 + 3 of 4 shares: 1.5 GPUs)."""
+    answer = [claim_pod("nb", "x", {"c": [("a-gpu", [("gpu-0", "s1")]), ("b-gpu", [("gpu-0", "s2")])]})]
+    api = ApiView(capacity={("node-a", "gpu-0"): {"shares": 4.0}},
+                  consumed={("nb", "a-gpu", "node-a", "gpu-0", "s1"): {"shares": 3.0},
+                            ("nb", "b-gpu", "node-a", "gpu-0", "s2"): {"shares": 3.0}})
+    assert attribute_claims(answer, node_gpus(api)).held[A][("nb", "x", "c")] == (1.0, CAPACITY, (), "a-gpu,b-gpu")
+
+
+def test_shares_decide_before_memory_where_a_device_offers_both():
+    """Mutant: memory tried before shares (1 of 4 shares reads as 60 of 80 GiB)."""
+    assert capacity_ratio({"shares": 4.0, "memory": 80.0}, {"shares": 1.0, "memory": 60.0}) == 0.25
+    assert capacity_ratio({"shares": 4.0, "memory": 80.0}, {"memory": 60.0}) == 0.75  # no shares consumed
+    assert capacity_ratio({"memory": 80.0}, {"shares": 1.0}) is None
+    assert capacity_ratio({}, {"shares": 1.0}) is None and capacity_ratio({"shares": 4.0}, {}) is None
+
+
+def test_a_container_holding_one_gpu_both_ways_holds_the_sum_of_both_parts():
+    """Mutant: merge keeps the claim's share only (the device-plugin quarter is lost: 0.5, not 0.75), or
+    the device plugin's basis and MIG devices only."""
+    answer = [claim_pod("ml", "q", {"c": [("q-gpu", [("gpu-0", "s1")])]}),
+              claim_pod("ml", "r", {"c": [("r-gpu", [("gpu-0", "s2")])]})]
+    device_plugin = {A: {Holder("ml", "q", "c"): Held(0.25, REPLICAS)}}
+    merged = merge(device_plugin, attribute_claims(answer, node_gpus()))
+    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(0.75, EVEN_SPLIT),
+                         Holder("ml", "r", "c", claim="r-gpu"): Held(0.5, EVEN_SPLIT)}
+    # the MIG devices held whole of both parts are kept, and the weaker basis is said
+    answer = [claim_pod("ml", "p", {"c": [("big", [("gpu-1-mig-9-0-4", None)])]})]
+    device_plugin = {B: {Holder("ml", "p", "c"): Held(16 / 132, MIG, ("MIG-small",))}}
+    merged = merge(device_plugin, attribute_claims(answer, node_gpus()))
+    assert merged[B] == {Holder("ml", "p", "c", claim="big"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"))}
+    # an unknown part makes the whole unknown
+    whole = [claim_pod("ml", "q", {"c": [("q-gpu", [("gpu-0", None)])]})]
+    merged = merge({A: {Holder("ml", "q", "c"): Held(None, WHOLE)}}, attribute_claims(whole, node_gpus()))
+    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(None, WHOLE)}
+
+
+# -- exporter/kubernetes_api.py ------------------------------------------------------------------------
+class Clock:
+    """A module's `time`, whose monotonic clock the test moves (everything else is the real module's)."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):
+        import time
+
+        return getattr(time, name)
+
+
+def frozen_api_clock(monkeypatch) -> Clock:
+    """One clock at 10,000 s for the reader and for hostio.answers, which measures each request's deadline
+    on it: with the real clock there, a machine up longer than 10,000 s found every deadline spent."""
+    from hostio import answers
+
+    clock = Clock(10_000.0)
+    monkeypatch.setattr(kubernetes_api, "time", clock)
+    monkeypatch.setattr(answers, "time", clock)
+    return clock
+
+
+def test_device_uuids_and_capacities_are_forgotten_after_the_api_server_stopped_answering(monkeypatch):
+    """Mutants: the FORGET_AFTER_S drop removed (a device the API server no longer confirms keeps its
+    uuid and capacity forever); `>` -> `>=` (forgotten at exactly FORGET_AFTER_S)."""
+    server = FakeApiServer().start()
+    try:
+        server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4")])]
+        clock = frozen_api_clock(monkeypatch)
+        reader = KubernetesApi(Endpoint(server.url, None, None), node_name="node-a")
+        devices = {("node-a", "gpu-0")}
+        known = reader.view(devices, set())
+        assert known.uuids == {("node-a", "gpu-0"): UUID} and known.capacity == {("node-a", "gpu-0"): {"shares": 4.0}}
+        server.status = 500  # the API server stops answering
+        for at in (SLICES_EVERY_S, FORGET_AFTER_S):
+            clock.now = 10_000.0 + at
+            assert reader.view(devices, set()) == known, at
+        assert not reader.health.success
+        clock.now = 10_000.0 + FORGET_AFTER_S + 0.001
+        assert reader.view(devices, set()) == ApiView()
+    finally:
+        server.stop()
+
+
+@pytest.fixture()
+def api_at(monkeypatch):
+    """A FakeApiServer on 127.0.0.1 with this node's GPU 0 (4 shares) and a reader of it whose clock the
+    test moves."""
+    server = FakeApiServer().start()
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4")])]
+    clock = frozen_api_clock(monkeypatch)
+    yield server, KubernetesApi(Endpoint(server.url, None, None), node_name="node-a"), clock
+    server.stop()
+
+
+def test_a_claim_deleted_meanwhile_is_no_failure_and_is_asked_again_after_the_back_off(api_at):
+    """Mutants: a 404 for a claim is a failure (the reader backs off, health 0); a claim lacking an
+    allocation listed now read again at once, not after BACKOFF_S."""
+    from exporter.kubernetes_api import BACKOFF_S
+
+    server, reader, clock = api_at
+    gone = {("nb", "x-gpu", "node-a", "gpu-0", "s1")}
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {} and reader.health.success
+    asked = len(server.requests)
+    server.claims = {("nb", "x-gpu"): claim("nb", "x-gpu", [("node-a", "gpu-0", "s1", {"shares": "1"})])}
+    clock.now += BACKOFF_S - 0.001
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {} and len(server.requests) == asked
+    clock.now += 0.001
+    assert reader.view({("node-a", "gpu-0")}, gone).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+def test_a_device_the_slices_did_not_name_lists_them_again_after_a_sixth_of_the_period(api_at):
+    """Mutant: an unknown device waits for the next full SLICES_EVERY_S."""
+    server, reader, clock = api_at
+    assert reader.view({("node-a", "gpu-0")}, set()).uuids == {("node-a", "gpu-0"): UUID}
+    server.slices[0]["spec"]["devices"].append(device("gpu-1", "GPU-one"))
+    clock.now += SLICES_EVERY_S / 6 - 0.001
+    assert ("node-a", "gpu-1") not in reader.view({("node-a", "gpu-0"), ("node-a", "gpu-1")}, set()).uuids
+    clock.now += 0.001
+    assert reader.view({("node-a", "gpu-0"), ("node-a", "gpu-1")}, set()).uuids[("node-a", "gpu-1")] == "GPU-one"
+
+
+def test_other_drivers_answers_and_capacities_that_are_no_number_are_left_out(api_at):
+    """Mutants: the driver checks on slices and on claim results dropped (an API server or proxy that
+    ignores the field selector); capacities of 0 or that are no quantity kept."""
+    server, reader, _ = api_at
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="0", memory="lots")])]
+    other = resource_slice("node-a", "node-a", [device("gpu-0", "GPU-not-nvidia", shares="2"),
+                                                device("gpu-9", "GPU-not-nvidia-either")], driver="x.example.com")
+    server.body = json.dumps({"kind": "ResourceSliceList", "metadata": {}, "items": [*server.slices, other]}).encode()
+    view = reader.view({("node-a", "gpu-0")}, set())
+    assert view.uuids == {("node-a", "gpu-0"): UUID} and view.capacity == {("node-a", "gpu-0"): {}}
+    server.body = None
+    theirs = claim("nb", "x-gpu", [("node-a", "gpu-0", "s1", {"shares": "1"}), ("node-a", "gpu-0", "s2", {"shares": "3"})])
+    theirs["status"]["allocation"]["devices"]["results"][1]["driver"] = "x.example.com"
+    server.claims = {("nb", "x-gpu"): theirs}
+    wanted = {("nb", "x-gpu", "node-a", "gpu-0", "s1"), ("nb", "x-gpu", "node-a", "gpu-0", "s2")}
+    assert reader.view({("node-a", "gpu-0")}, wanted).consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s1"): {"shares": 1.0}}
+
+
+def test_slices_keep_at_most_max_slice_devices_and_say_so_once(api_at, caplog):
+    """Attack 6's tally: ten pages of `{"name":...}` devices were some 600,000 uuids and capacities kept.
+    MAX_SLICE_DEVICES are kept (exactly that many: no line), one more is left out and said once, not
+    on each list; a device named twice is one. Mutants: the cap dropped, `==` -> `>`, a device named twice
+    counted twice, the line never said."""
+    import logging
+
+    from exporter.kubernetes_api import MAX_SLICE_DEVICES
+
+    server, reader, clock = api_at
+    per_slice = 1024
+    server.slices = [resource_slice("node-a", "node-a", [device(f"gpu-{i}", f"GPU-{i}", shares="2")
+                                                         for i in range(at, min(at + per_slice, MAX_SLICE_DEVICES))])
+                     for at in range(0, MAX_SLICE_DEVICES, per_slice)]
+    server.slices.append(resource_slice("node-a", "node-a", [device("gpu-0", "GPU-0")]))  # named twice: one device
+    line = f"list more than {MAX_SLICE_DEVICES} devices: only the first {MAX_SLICE_DEVICES} are read"
+    with caplog.at_level(logging.INFO, "exporter.kubernetes_api"):
+        view = reader.view({("node-a", "gpu-0")}, set())
+        assert len(view.uuids) == len(view.capacity) == MAX_SLICE_DEVICES and reader.health.success
+        assert not any(line in r.getMessage() for r in caplog.records)
+        server.slices.append(resource_slice("node-a", "node-a", [device("gpu-last", "GPU-last", shares="2")]))
+        for _ in range(2):  # two lists of the slices, one line
+            clock.now += SLICES_EVERY_S
+            view = reader.view({("node-a", "gpu-0")}, set())
+    assert len(view.uuids) == len(view.capacity) == MAX_SLICE_DEVICES and ("node-a", "gpu-last") not in view.uuids
+    assert view.capacity[("node-a", f"gpu-{MAX_SLICE_DEVICES - 1}")] == {"shares": 2.0}
+    assert sum(line in r.getMessage() for r in caplog.records) == 1, [r.getMessage() for r in caplog.records]
+
+
+def test_only_the_capacities_a_share_is_split_by_and_the_allocations_listed_are_kept(api_at):
+    """A device's 64 capacities and a claim's 256 results were all kept, for every claim listed: only
+    CAPACITY_NAMES and the allocations the kubelet lists are. Mutants: the name filter or the
+    allocation filter dropped."""
+    server, reader, _ = api_at
+    many = {f"c{i}": str(i + 1) for i in range(62)}
+    server.slices = [resource_slice("node-a", "node-a", [device("gpu-0", UUID, shares="4", memory="80Gi", **many)])]
+    server.claims = {("nb", "x-gpu"): claim("nb", "x-gpu", [("node-a", "gpu-0", f"s{i}", {"shares": "1", **many})
+                                                            for i in range(256)])}
+    view = reader.view({("node-a", "gpu-0")}, {("nb", "x-gpu", "node-a", "gpu-0", "s7")})
+    assert view.capacity == {("node-a", "gpu-0"): {"shares": 4.0, "memory": 80 * 2**30}}
+    assert view.consumed == {("nb", "x-gpu", "node-a", "gpu-0", "s7"): {"shares": 1.0}}

@@ -493,3 +493,32 @@ def test_compose_without_the_grafana_password_refuses_naming_the_variable():
     done = compose_config({})
     assert done.returncode != 0
     assert "GRAFANA_ADMIN_PASSWORD" in done.stderr
+
+
+# -- exporter/server.py --------------------------------------------------------------------------------
+def test_a_silent_connection_closes_at_the_idle_timeout_not_the_header_timeout():
+    """--http-idle-timeout 1s with --http-header-timeout 120s: a connection that never sends a byte is
+    closed well before 60 s. Mutation: the idle deadline computed from the header timeout."""
+    with Exporter("--no-nvml", "--no-mps", "--http-idle-timeout", "1", "--http-header-timeout", "120") as exporter:
+        with socket.create_connection(("127.0.0.1", exporter.port), timeout=60) as conn:
+            assert conn.recv(1) == b""  # closed by the server (a timeout here raises)
+
+
+def test_a_kept_alive_connection_lives_for_the_idle_timeout_not_uvicorns_default():
+    """--http-idle-timeout 120s: a kept-alive connection still answers a second request 8 s after the
+    first (uvicorn's own keep-alive timer defaults to 5 s). Mutation: uvicorn's timeout_keep_alive not
+    set from --http-idle-timeout."""
+    with Exporter("--no-nvml", "--no-mps", "--http-idle-timeout", "120") as exporter:
+        conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=30)
+        try:
+            conn.request("GET", "/healthz")
+            first = conn.getresponse()
+            first.read()
+            local = conn.sock.getsockname()
+            time.sleep(8)  # longer than uvicorn's default, far shorter than the idle timeout asked for
+            conn.request("GET", "/healthz")
+            second = conn.getresponse()
+            second.read()
+            assert second.status == first.status == 200 and conn.sock.getsockname() == local  # the same connection
+        finally:
+            conn.close()

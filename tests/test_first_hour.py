@@ -3,12 +3,15 @@ exporter, real Prometheus, the commands as typed. Every test here failed on the 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.error
 from pathlib import Path
 
 import pytest
@@ -345,14 +348,34 @@ def test_trap8_the_nsys_source_suggests_the_token_file_not_the_flag():
 
 
 # -- issue 46: errors that name the mistake, and what piped output keeps -----------------------------------------
-@needs("prometheus")
-def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack):
+@needs("prometheus", "victoria-metrics")
+def test_top_pointed_at_a_prometheus_says_it_is_one(users_stack, tmp_path):
+    """Prometheus answers top's path with 404, VictoriaMetrics with 400: both are said to be what they are."""
+    from tests.test_report import start_victoria_metrics, stop
+
     _exporter, prometheus = users_stack
-    done = command("-m", "gpu_spatial", "top", "--once", "--url", prometheus.url)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == (f"gpu-spatial top: {prometheus.url} is a Prometheus query API, not a gpu-spatial exporter: "
-                           f"top --url reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account "
-                           f"from this Prometheus: gpu-spatial report --prometheus {prometheus.url}\n")
+    victoria, victoria_url = start_victoria_metrics(tmp_path)
+    try:
+        stores = (prometheus.url, victoria_url)
+        done = commands(*(("-m", "gpu_spatial", "top", "--once", "--url", url) for url in stores))
+    finally:
+        stop(victoria)
+    for url, top in zip(stores, done):
+        assert (top.returncode, top.stdout) == (2, "")
+        assert top.stderr == (f"gpu-spatial top: {url} is a Prometheus query API, not a gpu-spatial exporter: top --url "
+                              f"reads the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account from this "
+                              f"Prometheus: gpu-spatial report --prometheus {url}\n")
+
+
+@needs("prometheus", "tmux")
+def test_top_in_a_terminal_pointed_at_a_prometheus_says_it_and_exits(users_stack):
+    """Not a screen that retries forever: the terminal restored, the one line, exit 2."""
+    from tests.test_top import tmux
+
+    _exporter, prometheus = users_stack
+    with tmux(["--url", prometheus.url], 160, 20) as terminal:
+        text = terminal.wait(lambda t: "TOP-EXITED=" in t, timeout=60, what="top exited")
+    assert "TOP-EXITED=2" in text and f"gpu-spatial top: {prometheus.url} is a Prometheus query API" in text, text
 
 
 @needs("prometheus")
@@ -398,16 +421,47 @@ def test_report_before_the_first_scrape_says_so(tmp_path):
         f"run the report again after its first scrapes, within a scrape interval\n"), done.stderr
 
 
+@needs("prometheus")
+def test_report_on_a_prometheus_that_lists_no_target_yet(tmp_path):
+    """The first seconds after Prometheus starts, before it lists the targets of its scrape configurations: it
+    says how young it is (here a discovery that finds no file stands for one not run yet). The same server an
+    hour later (the clock moved by hand), and a young one without scrape configurations, get the usual question."""
+    from gpu_spatial.report.account import Plan
+    from gpu_spatial.report.empty import diagnose_empty
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    said = {}
+    for config in ("scrapes", "scrapes nothing"):
+        home = tmp_path / config.replace(" ", "-")
+        home.mkdir()
+        scrape = {"scrape_configs": [{"job_name": "gpu", "file_sd_configs": [{"files": [str(home / "none*.json")]}]}]}
+        (home / "prometheus.yaml").write_text(json.dumps({"global": {"scrape_interval": "5m"},
+                                                          **(scrape if config == "scrapes" else {})}))
+        prometheus = Prometheus.from_config(home)
+        try:
+            wait_for(lambda: http_get(prometheus.url + "/-/ready", timeout=5)[0] == 200, 60, 0.2, "prometheus ready")
+            done = report("--prometheus", prometheus.url, "--last", "1h")
+            api, now = PrometheusAPI(prometheus.url), time.time()
+            said[config] = (prometheus.url, done, str(diagnose_empty(api, Plan("namespace"), now - 3600, now, now + 3600)))
+        finally:
+            prometheus.stop()
+    url, done, later = said["scrapes"]
+    assert done.returncode == 2 and re.fullmatch(
+        rf"gpu-spatial report: {url} started \d+ s ago and lists no scrape target yet: run the report "
+        rf"again after its first scrapes, in a minute\n", done.stderr), done.stderr
+    assert later.startswith(f"{url} has no series of the gpu-spatial exporter"), later
+    url, done, _later = said["scrapes nothing"]
+    assert done.stderr.startswith(f"gpu-spatial report: {url} has no series of the gpu-spatial exporter"), done.stderr
+
+
 def test_the_targets_named_are_few_and_printable():
     """What the targets API says is the server's: clipped, no escape sequences, a count past the first three."""
     from gpu_spatial.report.empty import never_scraped
 
-    class Targets:
-        def targets(self):
-            return [{"health": "unknown", "scrapeUrl": f"http://h{i}\x1b[2J/metrics"} for i in range(5)] + \
-                [{"health": "up", "scrapeUrl": "http://up/metrics"}, "not a target"]
+    targets = [{"health": "unknown", "scrapeUrl": f"http://h{i}\x1b[2J/metrics"} for i in range(5)] + \
+        [{"health": "up", "scrapeUrl": "http://up/metrics"}, "not a target"]
 
-    assert never_scraped(Targets()) == ["http://h0?[2J/metrics", "http://h1?[2J/metrics", "http://h2?[2J/metrics",
+    assert never_scraped(targets) == ["http://h0?[2J/metrics", "http://h1?[2J/metrics", "http://h2?[2J/metrics",
                                         "2 more targets"]
 
 
@@ -436,8 +490,8 @@ def test_the_inputs_are_checked_before_the_port():
         missing, good = commands(*(("-m", "exporter", "--no-nvml", "--no-mps", "--replay", replay, "--port", port)
                                    for replay in ("nothere.sqlite", str(STEADY))))
     assert (missing.returncode, missing.stderr) == (2, "error: --replay nothere.sqlite: nothere.sqlite: no such file\n")
-    assert (good.returncode, good.stderr) == (2, f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
-                                                 f"choose another with --port\n")
+    assert (good.returncode, good.stderr) == (2, (f"error: port {port} on 127.0.0.1 is in use (another exporter?): "
+                                                  f"choose another with --port\n"))
 
 
 def test_top_once_piped_cuts_no_line():
@@ -468,7 +522,6 @@ def test_top_help_replays_the_readmes_recording():
 
 def test_operations_names_every_provisioned_dashboard():
     """docs/operations.md counts and names the dashboards the compose stack provisions: every generated file."""
-    import json
 
     titles = sorted(json.loads(path.read_text())["title"] for path in (ROOT / "dashboards" / "generated").glob("*.json"))
     compose = (ROOT / "docs" / "operations.md").read_text().split("## The compose stack", 1)[1].split("\n## ", 1)[0]

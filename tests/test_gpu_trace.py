@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -321,14 +322,34 @@ def test_a_process_without_cuda_starts_no_cupti():
     assert client.window(1, 1.0) == {"window": 1, "pid": 1, "error": "no CUDA in this process yet"} and not started
 
 
-def test_the_hook_without_cupti_python_is_one_line_and_the_program_runs(tmp_path):
-    """CI has no cupti-python: a traced Python program prints one line and runs to its end."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_SPATIAL_TRACE_SOCKET": str(tmp_path / "none.sock")}
+def test_the_hook_without_the_native_library_nor_cupti_python_says_so_and_the_program_runs(tmp_path):
+    """No native library and no cupti-python (CI has none): the command says it once, the traced Python
+    program once, and it runs to its end."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_SPATIAL_TRACE_SOCKET": str(tmp_path / "none.sock"),
+           "GPU_SPATIAL_TRACE_LIBRARY": str(tmp_path / "absent.so")}
     out = subprocess.run([sys.executable, "-m", "gpu_trace", "--", sys.executable, "-c", "print(6 * 7)"],
                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0 and out.stdout == "42\n"
-    assert out.stderr.splitlines() == ["gpu_trace: cupti-python is not installed (pip install cupti-python): "
-                                       "this process is not traced"]
+    assert out.stderr.splitlines() == [
+        "gpu-spatial trace: the native tracer is not built here (pip install . with a C compiler builds it): only "
+        "Python processes are traced, through cupti-python, which slows them inside each window",
+        "gpu_trace: the native tracer is not built here (pip install . builds it with a C compiler), and "
+        "cupti-python is not installed: this process is not traced"]
+
+
+def test_the_hook_with_the_native_library_is_silent_and_injects_it(tmp_path):
+    """With the library built, nothing is said before a window is asked for, and any CUDA program the
+    command starts gets it through CUDA_INJECTION64_PATH."""
+    from gpu_trace import native
+
+    library = native.build(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "GPU_SPATIAL_TRACE_SOCKET": str(tmp_path / "none.sock"),
+           "GPU_SPATIAL_TRACE_LIBRARY": str(library)}
+    code = "import os; print(os.environ['CUDA_INJECTION64_PATH'])"
+    out = subprocess.run([sys.executable, "-m", "gpu_trace", "--", sys.executable, "-c", code],
+                         env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == f"{library}\n"
+    assert out.stderr == ""
 
 
 def test_an_existing_sitecustomize_still_runs_after_the_hook(tmp_path):
@@ -346,8 +367,38 @@ def test_trace_without_a_command_exits_2(capsys):
     assert main([]) == 2 and "give the command" in capsys.readouterr().err
 
 
-def test_start_without_cupti_python_starts_no_thread(monkeypatch, capsys):
+def test_start_without_cupti_python_starts_no_thread(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(hook.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(hook, "_client", None)
+    monkeypatch.setenv("GPU_SPATIAL_TRACE_LIBRARY", str(tmp_path / "absent.so"))  # no native library either
     assert hook.start("/nonexistent") is None
     assert "cupti-python is not installed" in capsys.readouterr().err
+
+
+def test_a_process_connects_only_once_it_has_loaded_cuda(tmp_path):
+    """A Python process that never loads CUDA (a data loader's worker) takes no slot at the exporter."""
+    path = str(tmp_path / "cupti.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(4)
+    loaded, asked = threading.Event(), threading.Semaphore(0)
+
+    def cuda_check():
+        asked.release()
+        return loaded.is_set()
+
+    client = Client(path, pid=5, cuda_check=cuda_check, cuda_poll_s=0.01)
+    client.start()
+    try:
+        for _ in range(3):  # it looked three times and found no CUDA: nothing connected
+            assert asked.acquire(timeout=30)
+        listener.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+        loaded.set()
+        listener.settimeout(30)
+        conn, _ = listener.accept()
+        conn.close()
+    finally:
+        client.stop.set()
+        listener.close()

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from exporter import holders
-from exporter.holders import Holder
+from exporter.holders import CAPACITY, EVEN_SPLIT, Held, Holder, Holdings, MIG, REPLICAS, WHOLE, join_gpu, join_owners
 from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+from tests.test_ctxsw_live import Nvml
 
 RAY = {"ray": "tests.ray_holder"}
 
@@ -129,3 +130,48 @@ def test_the_report_rollups_are_the_shipped_rules():
         assert {rollup(rule_label(by), q) for q in (*QUANTITIES, "ledger")} <= recorded, by
     holder_rollups = {name.split(":")[0] for name in recorded if name.endswith("_gpu_seconds:rate5m")}
     assert holder_rollups - {"instance", "model"} <= set(holders.labels())
+
+
+# -- exporter/holders.py -------------------------------------------------------------------------------
+def test_where_two_kinds_claim_one_pid_the_first_kind_keeps_it_and_a_failed_kind_says_nothing():
+    """Mutants: join_owners lets the later kind win (417 becomes a Unix user's, not the Slurm job's); the
+    `not h.error` checks dropped (a failed sampler's holders and owners still count)."""
+    job, user, ghost = Holder(hpc_job="4242"), Holder(user="alice"), Holder(user="ghost")
+    slurm = Holdings(gpus={"GPU-aaaa": {job: Held(1.0)}}, owners={417: job})
+    users = Holdings(gpus={"GPU-aaaa": {user: Held(1.0)}}, owners={417: user, 418: user})
+    failed = Holdings(gpus={"GPU-aaaa": {ghost: Held(1.0)}}, owners={419: ghost}, error="stale")
+    assert join_owners([slurm, users, failed]) == {417: job, 418: user}
+    assert join_owners([users, slurm]) == {417: user, 418: user}
+    assert join_gpu("GPU-aaaa", [slurm, users, failed]) == {job: Held(1.0), user: Held(1.0)}
+
+
+def test_holder_kinds_are_built_in_their_order_users_only_without_a_scheduler_or_when_named(tmp_path):
+    """Mutants: KINDS reordered (Slurm's owners would win over the kubelet's); users beside a scheduler under
+    --holders auto; --holders none building some; `explicit` inverted (users of this host's /proc for a
+    replay under auto, none when named)."""
+    from exporter.config import parse_args
+    from exporter.holders import build_holders
+    from tests.helpers import FIXTURES
+
+    (tmp_path / "map").mkdir()
+    replay = ["--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--kubernetes-api", "off"]
+    schedulers = ["--kubelet-socket", str(tmp_path / "kubelet.sock"), "--hpc-job-mapping-dir", str(tmp_path / "map")]
+
+    def kinds(*flags):
+        return [s.name for s in build_holders(parse_args([*replay, *flags]), Nvml())]
+
+    assert kinds(*schedulers, "--proc-root", str(tmp_path), "--holders", "auto") == ["kubelet", "slurm"]
+    assert kinds(*schedulers, "--proc-root", str(tmp_path), "--holders", "users,slurm") == ["slurm", "users"]
+    assert kinds(*schedulers, "--holders", "none") == []
+    assert kinds("--kubelet-socket", "none", "--holders", "auto") == []  # a replay against this host's /proc
+    assert kinds("--kubelet-socket", "none", "--proc-root", str(tmp_path), "--holders", "auto") == ["users"]
+    assert kinds("--kubelet-socket", "none", "--holders", "users") == ["users"]  # named: the user's call
+
+
+def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
+    """Mutants: the bases' order (capacity after even split); the strongest said instead of the weakest."""
+    from exporter.holders import weakest_basis
+
+    assert weakest_basis([CAPACITY, EVEN_SPLIT]) == EVEN_SPLIT
+    assert weakest_basis([WHOLE, MIG]) == MIG and weakest_basis([MIG, REPLICAS]) == REPLICAS
+    assert weakest_basis([REPLICAS, CAPACITY]) == CAPACITY and weakest_basis([]) == WHOLE

@@ -411,7 +411,7 @@ def test_clients_that_never_read_the_docs_script_cost_a_bounded_heap():
         assert grown < 10 * MB, f"RSS grew by {grown / MB:.1f} MB"
 
 
-def test_past_the_unsent_budget_the_clients_waiting_longest_are_closed_at_once():
+def test_past_the_unsent_budget_the_clients_waiting_longest_are_closed_at_once(monkeypatch):
     """The guard in the real server (uvicorn, real sockets), answering 6 MB made anew for each request:
     12 clients that never read, each left with 2-6 MB unsent (what the kernel does not take). Past
     MAX_UNSENT_BYTES in all, the longest waiting are closed at once (their deadline is 10 minutes
@@ -422,6 +422,7 @@ def test_past_the_unsent_budget_the_clients_waiting_longest_are_closed_at_once()
 
     import uvicorn
 
+    import exporter.server
     from exporter.server import MAX_UNSENT_BYTES, Guard, Limits, protocol_for
 
     body_bytes = 6 * MB
@@ -456,7 +457,15 @@ def test_past_the_unsent_budget_the_clients_waiting_longest_are_closed_at_once()
         waiting = {c.client[1] for c in list(guard.blocked)}
         assert 1 <= len(waiting) <= 4 and len(guard.connections) == len(waiting) + 1, (waiting, len(guard.connections))
         assert socks[-1].getsockname()[1] in waiting and socks[0].getsockname()[1] not in waiting
-        assert sum(c.transport.get_write_buffer_size() for c in list(guard.blocked)) <= MAX_UNSENT_BYTES
+        unsent = sum(c.transport.get_write_buffer_size() for c in list(guard.blocked))
+        assert unsent <= MAX_UNSENT_BYTES
+        # the budget at its boundary: exactly what waits is within it, a byte less is not (the oldest goes)
+        for budget, closes in ((unsent, 0), (unsent - 1, 1)):
+            monkeypatch.setattr(exporter.server, "MAX_UNSENT_BYTES", budget)
+            newest, counted = list(guard.blocked)[-1], len(closed)
+            done = threading.Event()
+            newest.loop.call_soon_threadsafe(lambda: (guard.not_reading(newest), done.set()))
+            assert done.wait(30) and len(closed) - counted == closes
         reader.request("GET", "/")  # on the same connection
         assert len(reader.getresponse().read()) == body_bytes and reader.sock is not None
         reader.close()

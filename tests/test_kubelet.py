@@ -3,6 +3,7 @@ exporter over HTTP replaying NVML answers recorded on the H100 while 4 processes
 (tests/fixtures/nvml_h100_time_sliced.json), and a proc tree whose cgroups name the containers."""
 import json
 import time
+from collections import Counter
 
 import pytest
 
@@ -10,6 +11,7 @@ from exporter.kubelet import podresources_pb2 as pb
 from exporter.samplers.dra import MAX_CONTAINERS, MAX_DEVICES
 from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, DeviceMap, PodRef, attribute,
                                        cgroup_container_id, read_allocatable, read_pods)
+from exporter.samplers.kubelet import held_shares, mig_holdings
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, claim_pod, ids_of_size, kubernetes_node, pod
@@ -655,3 +657,22 @@ def test_device_ids_are_shown_whole_up_to_their_bound_and_the_health_text_is_cut
     assert health_text(exact) == "; ".join(exact)
     longer = health_text(["x" * (MAX_HEALTH_CHARS - 12), "y" * 11])
     assert len(longer) == MAX_HEALTH_CHARS and longer.endswith(f"x... ({MAX_HEALTH_CHARS + 1} characters in all)")
+
+
+# -- exporter/samplers/kubelet.py ------------------------------------------------------------------------
+def test_a_mig_device_offered_as_replicas_is_not_held_whole():
+    """A 3g MIG device (60 of 132 SMs) that the device plugin offers twice (`MIG-big::0`, `::1`): a pod holding
+    one replica holds half of its share, and its instance's SM activity is not the pod's alone.
+    Mutations: replicas ignored for MIG devices (held whole), mig_holdings without the one-replica test."""
+    gpu = GpuIdentity(0, "GPU-aaaa", "H100")
+    tel = DeviceTelemetry(gpu, 0.0, mig_enabled=True, mig_devices=(MigDevice("MIG-big", 1, 0, 60),), mig_sm_count=132)
+    devices = DeviceMap((gpu,), {gpu.uuid: tel})
+    ref = PodRef("team-a", "train-0", "trainer")
+    claims = [("MIG-big::0", gpu.uuid, ref)]
+    offered = Counter({"MIG-big": 2})
+    assert held_shares(claims, devices, offered) == {gpu.uuid: {("team-a", "train-0", "trainer"): round(60 / 132 / 2, 9)}}
+    assert mig_holdings(claims, devices, offered) == {}
+    whole = [("MIG-big", gpu.uuid, ref)]  # offered once: held whole, its instance's SMs are the pod's
+    assert held_shares(whole, devices, Counter({"MIG-big": 1})) == {
+        gpu.uuid: {("team-a", "train-0", "trainer"): round(60 / 132, 9)}}
+    assert mig_holdings(whole, devices, Counter({"MIG-big": 1})) == {gpu.uuid: {("team-a", "train-0", "trainer"): ("MIG-big",)}}

@@ -10,7 +10,7 @@ from exporter.sampler import ProcessShare, ProcessWindow, SourceState
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, GpuView
 from exporter.vocabulary import (BUSY_UNSPLIT, CTXSW, GPU_CELLS, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE,
                                  UNATTRIBUTED_BUSY_UNSPLIT, UNATTRIBUTED_HIDDEN_IDLE, UNATTRIBUTED_SM_ACTIVE_WORK,
-                                 UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED)
+                                 UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED, LOST)
 from exporter.workloads import Holder, WorkloadAccountant
 from tests.test_workloads import GPU0, view
 
@@ -167,25 +167,31 @@ def test_unknown_held_shares_and_spatial_readings_are_named_not_guessed():
                          UNATTRIBUTED_TIME_IDLE: 0.375}
 
 
-def test_a_gpu_that_disappears_mid_range_ends_its_ledger_where_it_was_last_seen():
-    """Two GPUs for 10 s; GPU 1 is lost at 110 and back at 130: its ledger ends at its last update (its
-    series end: nothing frozen) and starts again from 0; GPU 0 counts on."""
+def test_a_lost_gpu_stays_in_the_ledger_as_lost_and_a_gone_one_ends_where_it_was_last_seen():
+    """Two GPUs; GPU 1 (held whole by a) answers GPU_IS_LOST at 110: its second is `lost` (it still exists)
+    and a keeps holding it (held counts on, its ledger cells stop); at 120 it is gone (no view): its
+    ledger and a's series end (nothing frozen); back at 130 it counts from 0; GPU 0 counts on."""
     gpu1 = GpuIdentity(1, "GPU-bbbb", "H100")
     v0 = view({}, {}, time_utilization=0.0, sm_active=0.0)
     v1 = GpuView(gpu1, DeviceTelemetry(gpu1, 0.0, processes=(), compute_processes=()), 0.0, None, None, None, None,
                  (), "time_sliced")
     lost = GpuView(gpu1, DeviceTelemetry(gpu1, 0.0, lost=True), None, None, None, None, None, (), "time_sliced")
+    holding = [Holdings(gpus={gpu1.uuid: {A: Held(1.0, REPLICAS)}}, owners={})]
     acc = WorkloadAccountant()
-    for t, views in ((100.0, (v0, v1)), (105.0, (v0, v1)), (110.0, (v0, lost)), (120.0, (v0,)),
-                     (130.0, (v0, v1)), (133.0, (v0, v1))):
-        acc.update(t, views, [])
+    for t, views in ((100.0, (v0, v1)), (105.0, (v0, v1)), (110.0, (v0, lost)), (115.0, (v0, lost)),
+                     (120.0, (v0,)), (130.0, (v0, v1)), (133.0, (v0, v1))):
+        held = acc.update(t, views, holding)
         if t == 105.0:
             assert {b.gpu.index: b.observed for b in acc.gpu_ledgers} == {0: 5.0, 1: 5.0}
+        if t == 115.0:
+            assert [(w.holder, w.held_share, w.time_share, w.sm_active) for w in held] == [(A, 1.0, None, None)]
+            assert held[0].counters["held"] == 15.0 and only(held[0].counters["ledger"]) == {TIME_IDLE: 10.0}
+            assert only(acc.gpu_ledgers[1].counters) == {TIME_IDLE: 10.0, LOST: 5.0}
         if t == 120.0:
-            assert [b.gpu.index for b in acc.gpu_ledgers] == [0]
+            assert [b.gpu.index for b in acc.gpu_ledgers] == [0] and held == ()
     books = {b.gpu.index: b for b in acc.gpu_ledgers}
     assert books[0].observed == 33.0 and only(books[0].counters) == {UNHELD: 33.0}
-    assert books[1].observed == 3.0 and books[1].created == 130.0 and only(books[1].counters) == {UNHELD: 3.0}
+    assert books[1].observed == 3.0 and books[1].created == 130.0 and only(books[1].counters) == {TIME_IDLE: 3.0}
 
 
 @pytest.mark.parametrize("gpu_use", [GpuUse(busy=1.0, sm=0.9), GpuUse(busy=0.2, sm=0.5), GpuUse(busy=None, sm=0.3),
@@ -274,3 +280,24 @@ def test_a_holder_kind_the_exporter_never_heard_of_is_in_the_account(tmp_path, c
     assert cells["lsf-77"]["time_idle"] == pytest.approx(cells["lsf-88"]["time_idle"], abs=rounding)
     assert ledger["cells_sum_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"], abs=rounding)
     assert jobs["lsf-77"]["allocation"]["held_gpu_hours"] == pytest.approx(ledger["observed_gpu_hours"] / 2, abs=rounding)
+
+
+# -- exporter/ledger.py --------------------------------------------------------------------------------
+def test_ledger_cells_at_their_edges():
+    """Mutants: the holders' own busy time ignored where the GPU's reads lower (a's 0.8 squeezed into 0.5);
+    MPS hidden idle taken from the GPU's SM active where the clients' work is larger (cells past 1); switch
+    overhead not clipped to the whole GPU."""
+    from exporter.ledger import GpuUse, HolderUse, cells
+    from exporter.vocabulary import BUSY_UNSPLIT, HIDDEN_IDLE, SM_ACTIVE_WORK, SWITCH_OVERHEAD, TIME_IDLE
+
+    a, b = Holder("t", "a", "c"), Holder("t", "b", "c")
+    mine, gpu = cells(GpuUse(busy=0.5), {a: HolderUse(held=1.0, time=0.8)})
+    assert mine[a] == {BUSY_UNSPLIT: 0.8, TIME_IDLE: pytest.approx(0.2)}
+    assert sum(gpu.values()) == pytest.approx(1.0)
+    clients = {a: HolderUse(held=0.5, time=0.6, sm=0.5, concurrent=True), b: HolderUse(held=0.5, time=0.2, sm=0.3,
+                                                                                          concurrent=True)}
+    mine, gpu = cells(GpuUse(busy=1.0, sm=0.6, complete=True), clients)
+    assert mine[a][HIDDEN_IDLE] == pytest.approx(0.15) and mine[b][HIDDEN_IDLE] == pytest.approx(0.05)
+    assert (mine[a][SM_ACTIVE_WORK], mine[b][SM_ACTIVE_WORK]) == (0.5, 0.3) and sum(gpu.values()) == pytest.approx(1.0)
+    mine, gpu = cells(GpuUse(busy=0.5, switch_overhead=1.2), {a: HolderUse(held=1.0, time=0.5)})
+    assert gpu[SWITCH_OVERHEAD] == 1.0 and sum(gpu.values()) == pytest.approx(1.0)

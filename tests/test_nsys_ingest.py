@@ -220,3 +220,17 @@ def _other_db(path):
     con.commit()
     con.close()
     return path
+
+
+def test_busy_but_idle_counts_gr_active_of_exactly_80_percent(tmp_path):
+    """`summary`'s busy-but-idle share: GR active >= 0.8 and SM active <= 0.5, both at the boundary.
+    Mutation: `gr >= BUSY_GR` -> `>`."""
+
+    def share(gr, sm):
+        path = synth.metric_phases(FIXTURES / "h100_diag_matmul.sqlite", tmp_path / f"{gr}_{sm}.sqlite",
+                                   [(0, 2, {"GR Active": gr, "SMs Active": sm})])
+        with Export(path) as export:
+            (gpu,) = summarise(export)["gpus"]
+        return gpu["busy_but_idle_share"]
+
+    assert (share(80, 50), share(79, 50), share(80, 51)) == (1.0, 0.0, 0.0)

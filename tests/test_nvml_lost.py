@@ -10,7 +10,14 @@ import exporter.samplers.nvml as sampler_module
 from exporter.nvml import Nvml
 from exporter.samplers.nvml import LOST_RETRY_S, NvmlSampler
 from exporter.samplers.xid import XidWatcher
-from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value, wait_for
+from tests.helpers import (
+    FIXTURES,
+    Exporter,
+    http_get,
+    parse_metrics,
+    sample_value,
+    wait_for,
+)
 from tests.nvml_library import Clock, NvmlLibrary, driver_gpus_dir, pci_bus_id
 
 LOST = {"error": "GPU is lost", "call": "nvmlDeviceGetHandleByIndex", "gpu_lost": True, "unsupported": False}
@@ -36,8 +43,11 @@ def three_gpus_one_lost(tmp_path) -> str:
 
 def test_an_exporter_started_after_a_loss_serves_the_other_gpus_and_names_the_lost_one(tmp_path):
     with Exporter("--nvml-replay", three_gpus_one_lost(tmp_path), "--no-mps", "--interval", "0.2") as running:
-        m = wait_for(lambda: (lambda m: sample_value(m, "gpu_power_watts", gpu="2") is not None and m)(
-            parse_metrics(running.metrics())), 30, 0.2, "GPU 2 measured")
+        def gpu_2_measured():
+            m = parse_metrics(running.metrics())
+            return sample_value(m, "gpu_power_watts", gpu="2") is not None and m
+
+        m = wait_for(gpu_2_measured, 30, 0.2, "GPU 2 measured")
         status, body = http_get(running.url + "/healthz")
         log = running.log()
     lost_uuid = f"unknown-pci-{pci_bus_id(1)}"

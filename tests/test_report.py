@@ -15,6 +15,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -22,6 +24,7 @@ import pytest
 import yaml
 
 from gpu_spatial.report import main as report_main
+from gpu_spatial.report.summary import summarize, top_wasters
 from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
 from tests.workload_scenario import DURATION, SCENARIO, exposition, gpu_hours_by_group, write_openmetrics
 
@@ -230,8 +233,11 @@ def test_a_server_sample_limit_splits_the_windows(backfilled, capsys, tmp_path):
 HELD, USED = "allocation: held GPU-h", "allocation: used GPU-h"
 
 
+UNIT_FACTORS = {"GPU-h": 1.0, "GPU-min": 60.0, "GPU-s": 3600.0}  # the text table's unit, from GPU-hours
+
+
 def parse_cell(text: str):
-    return None if text == "unknown" else float(text.rstrip("%"))
+    return None if text == "unknown" else float(text.rstrip("%").replace(",", ""))
 
 
 def test_every_format_carries_the_same_numbers(backfilled, capsys, tmp_path):
@@ -265,11 +271,12 @@ def test_every_format_carries_the_same_numbers(backfilled, capsys, tmp_path):
             header = ["namespace", HELD, USED, "allocation: used of held"]  # by position: names have spaces
             table = {cells[0]: dict(zip(header, cells)) for cells in (line.split() for line in lines[start + 1:])
                      if cells and cells[0] in {g[0] or "(none)" for g in want}}
+        factor = 1.0 if fmt == "markdown" else UNIT_FACTORS[re.search(r"in (GPU-\w+)\. allocation", out).group(1)]
         for (namespace,), row in want.items():
             shown = table[namespace or "(none)"]
-            close(parse_cell(shown[HELD]), row["held"], f"{fmt} {namespace} held")
+            close(parse_cell(shown[HELD]) / factor, row["held"], f"{fmt} {namespace} held")
             if "busy" in row:
-                close(parse_cell(shown[USED]), row["busy"], f"{fmt} {namespace} busy")
+                close(parse_cell(shown[USED]) / factor, row["busy"], f"{fmt} {namespace} busy")
             else:
                 assert shown[USED] == "unknown" and shown["allocation: used of held"] == "unknown"
         assert "top wasters" in out.lower() and "source: counters" in out
@@ -501,3 +508,255 @@ def test_label_values_cannot_drive_the_terminal():
     from gpu_spatial.report.summary import group_name
 
     assert group_name({"namespace": "team\x1b[2J\x1b]0;owned\x07"}, ["namespace"]) == "team?[2J?]0;owned?"
+
+
+def test_a_gpu_exists_from_its_first_sighting_to_its_last_or_the_end():
+    """Range 10000..50000, EDGE 600 s: a GPU seen before the range exists from its start, else from its first
+    sighting; to the end where it or its node was seen 600 s from it (not 600.5) or it was listed lost at
+    its last sample, else to its last sighting; never less than observed nor more than the range;
+    unobserved is what existed less what was observed, never negative."""
+    from gpu_spatial.report.account import EDGE, GpuBook, GpuLedgerTotals
+
+    assert EDGE == 600.0
+    cases = {  # uuid: (before, first, last, listed lost, observed) -> existed, unobserved
+        "at-edges": ((True, 10300.0, 49400.0, False, 30000.0), 40000.0, 10000.0),
+        "inside": ((False, 10300.0, 49399.5, False, 39000.0), 39099.5, 99.5),
+        "counted-more": ((False, 10300.0, 49399.5, False, 39500.0), 39500.0, 0.0),  # (increase() extrapolates)
+        "over-range": ((True, 10000.0, 50000.0, False, 40100.0), 40000.0, 0.0),
+        "lost": ((False, 10000.0, 30000.0, True, 10000.0), 40000.0, 30000.0),
+        "node-up": ((True, 10000.0, 30000.0, False, 20000.0), 40000.0, 20000.0),
+    }
+    ledger = GpuLedgerTotals()
+    for uuid, ((before, first, last, lost, observed), _e, _u) in cases.items():
+        instance = "up-node" if uuid == "node-up" else f"node-{uuid}"
+        ledger.books[(instance, uuid)] = GpuBook(instance, uuid, first=first, last=last, listed_lost=lost,
+                                                 observed=observed, before=before)
+    ledger.close(10000.0, 50000.0, {"up-node": 49400.0, "node-inside": 49399.5})
+    for uuid, (_given, existed, unobserved) in cases.items():
+        book = next(b for b in ledger.books.values() if b.uuid == uuid)
+        assert (book.existed, book.unobserved) == (existed, unobserved), uuid
+    assert ledger.existed == 238599.5 and ledger.sums()["unobserved"] == 60099.5
+
+
+def test_the_unit_keeps_digits_and_the_table_fits():
+    """GPU-h from 1 GPU-h up, GPU-min from one minute, GPU-s below (NaN ignored); columns left out lowest
+    priority first, a name longer than 24 cut before a column goes, the name cut last (never under 12)."""
+    from gpu_spatial.report.terminal import MIN_NAME, Column, fit, unit
+
+    assert unit([1.0, math.nan])[0] == "GPU-h" and unit([0.9999])[0] == "GPU-min"
+    assert unit([1 / 60])[0] == "GPU-min" and unit([1 / 60 - 1e-9])[0] == "GPU-s" and unit([])[0] == "GPU-s"
+    columns = [Column("namespace", ["team-with-a-very-long-name-indeed", "(all)"], 0),
+               Column("held", ["1.000", "2.000"], 9), Column("used", ["0.500", "1.000"], 3),
+               Column("waste", [">=0.250", "0.500"], 8)]
+    lines, left_out = fit(columns, 2 + 33 + 2 + 5 + 2 + 5 + 2 + 7)  # every column, the name whole
+    assert left_out == [] and max(map(len, lines)) <= 58 and "team-with-a-very-long-name-indeed" in lines[1]
+    lines, left_out = fit(columns, 46)  # without used, the name cut to 24 fits: used goes first
+    assert [c.title for c in left_out] == ["used"] and max(map(len, lines)) <= 46
+    lines, left_out = fit(columns, 20)  # the name alone, cut to the room
+    assert [c.title for c in left_out] == ["held", "used", "waste"] and lines[1] == "team-with-a-very-lo~"
+    lines, _left_out = fit(columns, 8)
+    assert lines[1] == "team-with-a~" and len(lines[1]) == MIN_NAME
+    short = [Column("job", ["42", "(all)"], 0), Column("held", ["1.000", "2.000"], 9)]
+    lines, left_out = fit(short, 12)  # a name shorter than 12 is not padded to 12 (no room for held)
+    assert lines == ["job     held", "42     1.000", "(all)  2.000"] and left_out == []
+
+
+def test_a_groups_work_is_unknown_only_without_any_sm_series():
+    """An MPS client (no busy, no SM series): work and hidden idle unknown (NaN), waste a lower bound, the
+    cause MPS; a holder measured at SM 0 keeps 0 (known); a GPU without a spatial reading: busy unsplit."""
+    from gpu_spatial.report.render import unknown_causes
+    from gpu_spatial.report.summary import figures
+
+    mps = figures({("held", "exact"): 2.0, ("busy", "unknown"): 2.0, ("sm_active", "unknown"): 2.0,
+                   ("hidden_idle", "unknown"): 2.0, ("ledger", "time_idle"): 0.5})
+    assert math.isnan(mps["ledger_sm_active_work_gpu_hours"]) and math.isnan(mps["ledger_hidden_idle_gpu_hours"])
+    assert mps["ledger_gpu_hours"] == 0.5 and mps["waste_gpu_hours"] == 0.5 and mps["waste_is_lower_bound"]
+    assert [why.split(" (")[0] for _v, why in unknown_causes(mps)] == ["MPS clients without the tracer"]
+    idle = figures({("held", "exact"): 1.0, ("busy", "nvml"): 0.0, ("sm_active", "exact"): 0.0,
+                    ("hidden_idle", "exact"): 0.0, ("ledger", "time_idle"): 1.0})
+    assert idle["ledger_sm_active_work_gpu_hours"] == 0.0 and idle["ledger_hidden_idle_gpu_hours"] == 0.0
+    unsplit = figures({("held", "exact"): 1.0, ("busy", "nvml"): 0.6, ("sm_active", "unknown"): 1.0,
+                       ("hidden_idle", "unknown"): 1.0, ("ledger", "busy_unsplit"): 0.6, ("ledger", "time_idle"): 0.4})
+    assert math.isnan(unsplit["ledger_sm_active_work_gpu_hours"]) and unsplit["ledger_gpu_hours"] == 1.0
+    assert [(v, why.split(" (")[0]) for v, why in unknown_causes(unsplit)] == [(1.0, "no spatial reading on its GPU")]
+
+
+MINUTES = 60.0
+# (instance, gpu, first sample, last sample, its exporter down (minutes)): the GPUs of
+# test_gpus_that_come_and_go_exist_while_they_do; node "gone" leaves the fleet at minute 60 (its up series
+# ends), node "a" stays to the end
+COMINGS_AND_GOINGS = (("a", "0", 0, 120, (0, 0)), ("a", "1", 30, 120, (50, 60)), ("gone", "0", 0, 60, (20, 25)),
+                      ("a", "2", 0, 80, (0, 0)))
+
+
+def comings_and_goings(t0: float, millis: bool) -> list[str]:
+    """Every GPU's observed clock (from its first sample, from 0 again after its exporter was down) and
+    gpu_lost 0, each node's up, every 15 s."""
+    lines = []
+    for instance, gpu, first, last, (down, back) in COMINGS_AND_GOINGS:
+        labels = f'gpu="{gpu}",instance="{instance}",model="H100",uuid="GPU-{instance}-{gpu}"'
+        for k in range(int(first * MINUTES // 15), int(last * MINUTES // 15) + 1):
+            t = t0 + k * 15.0
+            if down * MINUTES < t - t0 < back * MINUTES:
+                continue
+            since = back if t - t0 >= back * MINUTES > first * MINUTES else first
+            stamp = f"{int(t * 1000)}" if millis else f"{t:.3f}"
+            lines.append(f"gpu_ledger_observed_seconds_total{{{labels}}} {t - t0 - since * MINUTES:.3f} {stamp}")
+            lines.append(f'gpu_ledger_gpu_seconds_total{{cell="unheld",{labels}}} {t - t0 - since * MINUTES:.3f} {stamp}')
+            lines.append(f"gpu_lost{{{labels}}} 0 {stamp}")
+    for instance, last in (("a", 120), ("gone", 60)):
+        for k in range(int(last * MINUTES // 15) + 1):
+            t = t0 + k * 15.0
+            lines.append(f'up{{instance="{instance}"}} 1 {int(t * 1000) if millis else f"{t:.3f}"}')
+    return lines
+
+
+@pytest.mark.parametrize("engine", ["prometheus", "victoria-metrics"])
+def test_gpus_that_come_and_go_exist_while_they_do(engine, tmp_path):
+    """Range minutes 10..110: a GPU seen before it exists from its start; one that appears at minute 30
+    from then (its first sighting: a subquery on Prometheus, tfirst_over_time on VictoriaMetrics), its
+    exporter down 10 minutes; one whose node leaves the fleet at minute 60 to then (its last sighting), its
+    exporter down 5 minutes; one its exporter stops listing at minute 80 while its node stays up to the end,
+    30 minutes unobserved. Each within a scrape interval (15 s)."""
+    t0 = (time.time() // 3600) * 3600 - 4 * 3600
+    if engine == "prometheus":
+        if shutil.which("promtool") is None:
+            pytest.skip("promtool not installed (see .ci/run)")
+        lines = comings_and_goings(t0, millis=False)
+        families = {line.split("{")[0] for line in lines}
+        text = "".join(f"# TYPE {f.removesuffix('_total')} {'counter' if f.endswith('_total') else 'gauge'}\n"
+                       + "".join(line + "\n" for line in lines if line.split("{")[0] == f) for f in sorted(families))
+        (tmp_path / "h.om").write_text(text + "# EOF\n")
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp_path / "h.om"),
+                        str(tmp_path / "tsdb")], check=True, capture_output=True)
+        proc, url = start_prometheus(tmp_path, {"global": {"scrape_interval": "15s"}})
+    else:
+        if shutil.which("victoria-metrics") is None:
+            pytest.skip("victoria-metrics not installed (see .ci/run)")
+        proc, url = start_victoria_metrics(tmp_path, "-search.disableCache", "-search.latencyOffset=0s",
+                                           "-retentionPeriod=1")
+        body = "\n".join(comings_and_goings(t0, millis=True)) + "\n"
+        urllib.request.urlopen(urllib.request.Request(url + "/api/v1/import/prometheus", data=body.encode(),
+                                                      method="POST"), timeout=60).close()
+        http_get(url + "/internal/force_flush", timeout=30)
+        query = urllib.parse.quote("count(count_over_time(up[3h]))")
+        wait_for(lambda: b'"2"' in http_get(f"{url}/api/v1/query?query={query}&time={t0 + 3 * 3600}")[1], 30, 0.5,
+                 "the import searchable")
+    from gpu_spatial.report import account
+    from gpu_spatial.report.promapi import PrometheusAPI
+
+    try:
+        ledger = account.gpu_ledger(PrometheusAPI(url), account.Plan("gpu"), t0 + 10 * MINUTES, t0 + 110 * MINUTES)
+    finally:
+        stop(proc)
+    got = {(b.instance, b.gpu): (b.existed / MINUTES, b.unobserved / MINUTES) for b in ledger.books.values()}
+    want = {("a", "0"): (100, 0), ("a", "1"): (80, 10), ("gone", "0"): (50, 5), ("a", "2"): (100, 30)}
+    assert set(got) == set(want)
+    for gpu, (existed, unobserved) in want.items():
+        assert abs(got[gpu][0] - existed) <= 0.25 and abs(got[gpu][1] - unobserved) <= 0.25, (engine, gpu, got[gpu])
+
+
+STEP = 10.0
+
+
+# bcrypt of "s3cret" (Prometheus' web config takes only hashes): python3 crypt.crypt("s3cret", "$2b$10$" + 22 chars)
+S3CRET_BCRYPT = "$2b$10$abcdefghijklmnopqrstuu3KWNuWLhBnmgYfnzONPueahDuedC/lu"
+
+
+def test_waste_is_the_ledgers_hidden_idle_plus_time_idle_never_the_allocation_views():
+    """a: the old held-idle (1800 s) and hidden-idle (2700 s) are not waste any more; its ledger cells are:
+    hidden idle 900 s + time idle 1800 s. b: busy 3600 s with no SM split: its waste is a lower bound (0)."""
+    totals = {("a",): {("held", ""): 7200.0, ("held_idle", ""): 1800.0, ("busy", "nvml"): 3600.0,
+                       ("sm_active", "exact"): 900.0, ("hidden_idle", "exact"): 2700.0,
+                       ("ledger", "sm_active_work"): 1800.0, ("ledger", "hidden_idle"): 900.0,
+                       ("ledger", "time_idle"): 1800.0},
+              ("b",): {("held", ""): 3600.0, ("hidden_idle", "time_share"): 3600.0, ("ledger", "busy_unsplit"): 3600.0}}
+    table = summarize(totals, ("namespace",)).set_index("namespace")
+    assert table.loc["a", "waste_gpu_hours"] == pytest.approx(0.25 + 0.5)
+    assert table.loc["a", "ledger_gpu_hours"] == pytest.approx(1.25) and not table.loc["a", "waste_is_lower_bound"]
+    assert table.loc["b", "waste_gpu_hours"] == 0.0 and table.loc["b", "waste_is_lower_bound"]
+    assert list(top_wasters(table.reset_index(), ["namespace"])["namespace"]) == ["a"]
+    assert table.loc["(all)", "waste_gpu_hours"] == pytest.approx(0.75) and table.loc["(all)", "waste_is_lower_bound"]
+
+
+@needs("prometheus", "promtool")
+def test_rollups_evaluated_every_30_s_give_the_scenarios_gpu_hours(capsys):
+    tmp = Path(tempfile.mkdtemp(prefix="report-30s-"))
+    proc = None
+    try:
+        t0 = (time.time() // 3600) * 3600 - 3 * 3600
+        with open(tmp / "scenario.om", "w") as fh:
+            write_openmetrics(SCENARIO, t0, DURATION, STEP, fh)
+        subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(tmp / "scenario.om"),
+                        str(tmp / "tsdb")], check=True, capture_output=True)
+        rules = recording_rules_only(tmp)
+        groups = yaml.safe_load(rules.read_text())
+        groups["groups"][0]["interval"] = "30s"
+        rules.write_text(yaml.safe_dump(groups))
+        proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}})
+        built = subprocess.run(["promtool", "tsdb", "create-blocks-from", "rules", f"--start={int(t0 - 600)}",
+                                f"--end={int(t0 + DURATION + 600)}", "--eval-interval=30s", f"--url={url}",
+                                f"--output-dir={tmp / 'rules'}", str(rules)], capture_output=True, text=True)
+        stop(proc)
+        proc = None
+        assert built.returncode == 0, built.stderr
+        for block in (tmp / "rules").iterdir():
+            shutil.move(str(block), tmp / "tsdb" / block.name)
+        # The report finds the 30 s spacing in the heartbeat's samples, not in the rules file.
+        proc, url = start_prometheus(tmp, {"global": {"scrape_interval": "15s"}, "rule_files": [str(rules)]})
+        store = {"url": url, "start": str(t0 - 60), "end": str(t0 + DURATION)}
+        document = report_json(capsys, store, "--by", "namespace")
+        assert document["source"]["rule_step_seconds"] == 30
+        assert "rules" in {span["source"] for span in document["source"]["spans"]}
+        check_groups(document, "namespace", coverage=False)
+    finally:
+        if proc is not None:
+            stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@needs("prometheus")
+def test_credentials_against_prometheus_with_basic_auth(capsys, tmp_path, monkeypatch):
+    (tmp_path / "web.yaml").write_text(yaml.safe_dump({"basic_auth_users": {"report": S3CRET_BCRYPT}}))
+    proc, url = None, None
+    try:
+        proc, url = start_prometheus_with_auth(tmp_path)
+        (tmp_path / "token").write_text("not-the-token\n")
+        (tmp_path / "wrong").write_text("report:guess\n")
+        (tmp_path / "right").write_text("report:s3cret\n")
+        for flags in ([], ["--bearer-token-file", str(tmp_path / "token")],
+                      ["--basic-auth-file", str(tmp_path / "wrong")]):
+            one_line_error(capsys, "--prometheus", url, "--last", "1h", *flags,
+                           contains="refused the credentials (HTTP 401)")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", "--basic-auth-file", str(tmp_path / "right"),
+                       contains="has no series of the gpu-spatial exporter")
+        monkeypatch.setenv("GPU_SPATIAL_PROMETHEUS_BASIC_AUTH", "report:s3cret")
+        one_line_error(capsys, "--prometheus", url, "--last", "1h", contains="has no series of the gpu-spatial exporter")
+    finally:
+        if proc is not None:
+            stop(proc)
+
+
+def start_prometheus_with_auth(tmp: Path):
+    """Prometheus behind basic auth: its readiness answers 401 until asked with the password."""
+    import base64
+    import urllib.request
+
+
+    port = free_port()
+    (tmp / "prometheus.yaml").write_text("global: {}\n")
+    proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yaml'}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+                             f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={tmp / 'web.yaml'}"],
+                            stdout=open(tmp / "prometheus.log", "w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Basic " + base64.b64encode(b"report:s3cret").decode()}
+
+    def ready():
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url + "/-/ready", headers=auth), timeout=2) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    wait_for(ready, 30, what="prometheus with basic auth ready")
+    return proc, url

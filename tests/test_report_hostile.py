@@ -31,6 +31,12 @@ def sample(metric: dict, value: str = "3600") -> dict:
     return {"metric": metric, "value": [NOW, value]}
 
 
+def labelless(count: int) -> bytes:
+    """A vector of `count` series without labels (about 36 bytes each)."""
+    return (b'{"status":"success","data":{"resultType":"vector","result":['
+            + b",".join([b'{"metric":{},"value":[1800000000,"1"]}'] * count) + b"]}}")
+
+
 def distinct_groups(count: int) -> bytes:
     """`count` namespaces, each its own group, written as bytes (json.dumps of 10^5 dicts is slow)."""
     rows = b",".join(b'{"metric":{"namespace":"ns-%d"},"value":[1800000000,"3600"]}' % i for i in range(count))
@@ -61,8 +67,9 @@ class HostilePrometheus(BaseHTTPRequestHandler):
         if kind == "list-label":
             return self.answer(vector([sample({"namespace": ["team-a"]})]))
         if kind == "labelless":  # the same (empty) label set over and over: Prometheus never answers a series twice
-            return self.answer(b'{"status":"success","data":{"resultType":"vector","result":['
-                               + b",".join([b'{"metric":{},"value":[1800000000,"1"]}'] * int(count or 100_000)) + b"]}}")
+            return self.answer(labelless(int(count or 100_000)))
+        if kind.startswith("chunks"):  # /chunksC=N: N label-less series in chunks of C bytes (bench/report_attacks.py)
+            return self.chunked(labelless(int(count)), int(kind.removeprefix("chunks")))
         if kind == "values":  # 3 bytes a value: more values than one per 16 bytes of --max-response-mib 1
             return self.answer(b'{"status":"success","data":[' + b",".join([b"{}"] * 70_000) + b"]}")
         if kind == "groups":
@@ -95,6 +102,25 @@ class HostilePrometheus(BaseHTTPRequestHandler):
         self.end_headers()
         with contextlib.suppress(OSError):
             self.wfile.write(body)
+
+    def chunked(self, body: bytes, size: int):
+        """`body` in chunks of `size` bytes, framed a MiB of body at a time (1-byte chunks: 6 bytes each)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        with contextlib.suppress(OSError):
+            for at in range(0, len(body), 2**20):
+                block = body[at:at + 2**20]
+                if size == 1:  # each byte framed as "1\r\n" byte "\r\n", interleaved at C speed
+                    framed = bytearray(6 * len(block))
+                    for offset, part in enumerate((b"1", b"\r", b"\n", None, b"\r", b"\n")):
+                        framed[offset::6] = block if part is None else part * len(block)
+                else:
+                    framed = b"".join(b"%x\r\n" % len(block[i:i + size]) + block[i:i + size] + b"\r\n"
+                                      for i in range(0, len(block), size))
+                self.wfile.write(framed)
+            self.wfile.write(b"0\r\n\r\n")
 
     def log_message(self, *args):
         pass

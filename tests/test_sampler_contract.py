@@ -6,18 +6,25 @@ name, "after NVML's first tick" and "in NVML's loop" are its own attributes, and
 NVML is the recorded H100 (exporter/nvml_replay.py)."""
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 import pytest
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.app import build_registry
+from exporter.chain import build_view
+from exporter.collectors.gpu import GpuCollector
+from exporter.collectors.health import HealthCollector
 from exporter.engine import Engine
 from exporter.nvml_replay import ReplayNvml
 from exporter.sampler import ProcessShare, ProcessWindow, Sampler, SamplerDefaults, SourceState, WorkloadSource
-from exporter.samplers.ctxsw import CtxswSampler
+from exporter.samplers.ctxsw import ACTIVE, CtxswSampler, STANDBY
+from exporter.samplers.dcgm import DcgmExporterSource
+from exporter.samplers.gpm import GpmSource
 from exporter.samplers.nvml import NvmlSampler
-from exporter.snapshot import CollectorHealth
+from exporter.snapshot import CollectorHealth, DeviceTelemetry, GpuIdentity, OK, Snapshot, SourceResult, SpatialReading
 from exporter.vocabulary import CTXSW
 from tests.helpers import FIXTURES, parse_metrics, sample_value, wait_for
 
@@ -208,6 +215,7 @@ def test_nvml_partial_failures_are_typed_and_survive_a_recording(tmp_path):
     import pynvml
 
     from exporter.nvml import FIELD_MEMORY_TEMP, FIELD_TOTAL_ENERGY_MJ, VIOLATION_FIELDS, Nvml, PartialAnswer
+    from exporter.nvml_answers import HealthCounters
     from exporter.nvml_replay import RecordingNvml
 
     def field_values(handle, ids):
@@ -232,7 +240,7 @@ def test_nvml_partial_failures_are_typed_and_survive_a_recording(tmp_path):
     nvml = Nvml.__new__(Nvml)
     nvml._nv, nvml._handles = driver, {}
     answer = nvml.health_counters(0)
-    assert answer.values == {"throttle_seconds": {"power": 2.0}, "energy_joules": 5.0}
+    assert answer.values == HealthCounters(energy_joules=5.0, throttle_seconds={"power": 2.0})
     assert [line.split(":")[0] for line in answer.errors] == ["nvmlDeviceGetEncoderUtilization",
                                                               f"nvmlDeviceGetFieldValues field {FIELD_MEMORY_TEMP}"]
     recorder = RecordingNvml(nvml)
@@ -240,7 +248,7 @@ def test_nvml_partial_failures_are_typed_and_survive_a_recording(tmp_path):
     recorder.save(tmp_path / "rec.json")
     replayed = ReplayNvml(tmp_path / "rec.json").health_counters(0)
     assert isinstance(replayed, PartialAnswer) and replayed == answer
-    assert PartialAnswer.from_json(answer.to_json()) == answer and PartialAnswer({"a": 1}).to_json() == {"a": 1}
+    assert PartialAnswer.from_json(answer.to_json(), "health_counters") == answer
 
 
 def test_holdings_json_lists_the_first_holders_and_counts_the_rest():
@@ -258,3 +266,187 @@ def test_holdings_json_lists_the_first_holders_and_counts_the_rest():
                                         "user": "u0000", "held_share": round(1 / 257, 9),
                                         "held_share_basis": "even_split", "mig": []}
     assert over["process_owners"] == {"7": Holder(user="u0000").to_json()}
+
+
+# -- exporter/engine.py and exporter/sampler.py (the sampler contract) ----------------------------------
+def test_a_samplers_own_max_tick_seconds_keeps_a_long_tick_published_and_a_failure_clears_when_it_ticks_again():
+    """Mutants: the deadline ignores the sampler's max_tick_seconds (a 3 s tick of a sampler allowed 600 s
+    is withdrawn after the engine's 0.3 s); a crashed tick's failure never cleared by a good one."""
+    import threading
+    import time
+
+    from exporter.engine import Engine
+    from tests.helpers import wait_for
+    from tests.test_sampler_contract import FanSampler, nvml
+
+    class LongTicks(FanSampler):
+        max_tick_seconds = 600.0
+
+        def __init__(self, device):
+            super().__init__(device, "long")
+            self.go, self.waiting = threading.Event(), threading.Event()
+            self.go.set()
+
+        def tick(self):
+            if not self.go.is_set():
+                self.waiting.set()
+                self.go.wait(60)
+            super().tick()
+
+    device = nvml()
+    long = LongTicks(device)
+    engine = Engine(device, [long], interval=0.05)
+    engine.tick_deadline = 0.3
+    engine.start()
+    try:
+        wait_for(lambda: "long" in engine.snapshot.published, 30, 0.05, "published")
+        long.go.clear()
+        assert long.waiting.wait(30)
+        blocked = time.monotonic()
+        # ten times the engine's deadline (the mutant withdraws after it), a fiftieth of the sampler's own
+        wait_for(lambda: time.monotonic() - blocked > 3.0 and engine.publish(), 30, 0.1, "3 s into the long tick")
+        assert "long" in engine.snapshot.published and engine.snapshot.health["long"].success
+        long.go.set()
+        long.fail = True
+        wait_for(lambda: engine.snapshot.health["long"].error.startswith("tick failed"), 30, 0.05, "the failure")
+        long.fail = False
+        wait_for(lambda: engine.snapshot.health["long"].success, 30, 0.05, "a good tick clears it")
+    finally:
+        long.go.set()
+        engine.stop()
+
+
+def test_a_source_serves_a_gpu_only_while_ok_and_a_state_without_a_window_says_none():
+    """Mutants: serves() true for any state (a DCGM in error would keep the live captures off the GPU); the
+    contract's defaults (start at once, in a loop of its own); a state's JSON inventing a window."""
+    from exporter.sampler import SamplerDefaults, serves
+    from exporter.snapshot import SourceResult
+    from exporter.vocabulary import ERROR, OK
+
+    dcgm = type("Dcgm", (), {"results": {"GPU-aaaa": SourceResult(OK, ""), "GPU-bbbb": SourceResult(ERROR, "down")}})()
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-aaaa") is True
+    assert serves({"dcgm": dcgm}, "dcgm", "GPU-bbbb") is False and serves({"dcgm": dcgm}, "dcgm", "GPU-cccc") is False
+    assert serves({}, "dcgm", "GPU-aaaa") is False
+    assert (SamplerDefaults.after_nvml, SamplerDefaults.in_nvml_loop, SamplerDefaults.max_tick_seconds) == (False, False, 0.0)
+    assert SourceState(STANDBY, "not yet").to_json() == {"state": STANDBY, "reason": "not yet", "window": None}
+    assert SourceState(ACTIVE, "ok", 990.0, 1000.0).to_json()["window"] == [990.0, 1000.0]
+
+
+def test_a_stuck_nvml_loop_publishes_no_telemetry():
+    """Mutant: the views keep NVML's last telemetry while its loop is stuck (frozen values)."""
+    import threading
+
+    from exporter.engine import Engine
+    from exporter.nvml_replay import ReplayNvml
+    from exporter.samplers.nvml import NvmlSampler
+    from tests.helpers import wait_for
+    from tests.test_sampler_contract import RECORDING
+
+    class Stalling(ReplayNvml):
+        def __init__(self, path):
+            super().__init__(path)
+            self.go, self.stalled = threading.Event(), threading.Event()
+            self.go.set()
+
+        def __getattr__(self, method):
+            call = super().__getattr__(method)
+            if method != "memory":
+                return call
+
+            def stalling(*args):
+                if not self.go.is_set():
+                    self.stalled.set()
+                    self.go.wait(60)
+                return call(*args)
+            return stalling
+
+    backend = Stalling(RECORDING)
+    engine = Engine(NvmlSampler(backend, interval=0.05), [], interval=0.05)
+    engine.tick_deadline = 0.3
+    engine.start()
+    try:
+        wait_for(lambda: engine.snapshot.gpus and engine.snapshot.gpus[0].telemetry is not None, 30, 0.05, "telemetry")
+        backend.go.clear()
+        assert backend.stalled.wait(30)
+        wait_for(lambda: "tick stuck" in engine.snapshot.health["nvml"].error, 30, 0.05, "NVML's loop stuck")
+        assert engine.publish().gpus[0].telemetry is None
+    finally:
+        backend.go.set()
+        engine.stop()
+
+
+PHASES_RECORDING = FIXTURES / "nvml_h100_phases.json"
+
+
+# -- hidden idle, unknown ------------------------------------------------------------------------------
+class _Published:
+    """What the collectors read from an engine: its latest snapshot and the process-series setting."""
+
+    process_series = ("container", 20)
+
+    def __init__(self, snapshot):
+        self.snapshot = snapshot
+
+
+def test_unknown_hidden_idle_is_left_out_of_the_metrics():
+    gpu = GpuIdentity(0, "GPU-hidden", "H100")
+    # NVML's samples end long before the spatial window, and the source has no time side of its own.
+    telemetry = DeviceTelemetry(gpu, taken_at=1000.0, gpu_samples=((1000.0, 0.1),), memory_samples=((1000.0, 0.1),))
+    reading = SpatialReading("nsys", 100.0, 105.0, sm_active=0.25)
+    view = build_view(gpu, telemetry, {"nsys": SourceResult(OK, "ok", reading)}, ("nsys",), {}, 1.0)
+    assert view.hidden_idle is None
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(_Published(Snapshot(1, 0.0, gpus=(view,)))))
+    samples = parse_metrics(generate_latest(registry).decode())
+    assert sample_value(samples, "gpu_sm_active_ratio", uuid="GPU-hidden", source="nsys") == 0.25
+    assert sample_value(samples, "gpu_hidden_idle_sm_ratio", uuid="GPU-hidden", source="nsys") is None
+
+
+# -- a sampler that raises every tick -------------------------------------------------------------------
+class RaisingDcgm(DcgmExporterSource):
+    """A real DCGM source whose read fails with an error its own handling does not expect."""
+
+    def __init__(self, works_first: int = 0):
+        super().__init__("http://127.0.0.1:9/metrics", interval=0.05)
+        self.calls = 0
+        self.works_first = works_first
+
+    def tick(self):
+        self.calls += 1
+        if self.calls <= self.works_first:
+            self.results = {}
+            self.health = type(self.health)(True, 0.0)
+            return
+        raise RuntimeError("unexpected")
+
+
+def _run_engine(sampler, caplog, seconds=0.8):
+    nvml = NvmlSampler(ReplayNvml(PHASES_RECORDING), interval=0.05)
+    engine = Engine(nvml, [GpmSource(nvml), sampler], interval=0.05)
+    with caplog.at_level(logging.ERROR, logger="exporter.engine"):
+        engine.start()
+        try:
+            wait_for(lambda: sampler.calls >= 5, 10, 0.05, "five ticks of the raising sampler")
+            time.sleep(seconds)
+            registry = CollectorRegistry()
+            registry.register(HealthCollector(engine))
+            return engine, parse_metrics(generate_latest(registry).decode())
+        finally:
+            engine.stop()
+
+
+def test_a_sampler_that_raises_every_tick_keeps_being_called(caplog):
+    sampler = RaisingDcgm()
+    engine, samples = _run_engine(sampler, caplog)
+    calls = sampler.calls
+    assert calls >= 10  # still called after its first failure: its thread did not die
+    assert sum("sampler dcgm" in r.getMessage() and "unexpected" in r.getMessage() for r in caplog.records) == 1
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="dcgm") == 0
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="nvml") == 1  # the others go on
+    assert engine.snapshot.gpus and engine.snapshot.gpus[0].spatial is not None  # GPM serves the GPU
+
+
+def test_a_sampler_that_worked_then_raises_reads_success_0(caplog):
+    sampler = RaisingDcgm(works_first=2)
+    _engine, samples = _run_engine(sampler, caplog)
+    assert sample_value(samples, "gpu_exporter_collector_success", collector="dcgm") == 0

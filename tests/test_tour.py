@@ -236,10 +236,10 @@ def listening(port: int) -> bool:
 
 @needs("prometheus", "prometheus-alertmanager", "amtool")
 def test_the_demo_without_docker_fires_hidden_idle_and_stops(tmp_path):
-    """As the README runs it, on free ports with every alert's `for:` at 1 s: the amtool line it prints shows
+    """As the README runs it, on free ports with every alert's `for:` at 0 s: the amtool line it prints shows
     HiddenIdleSMs active; SIGTERM stops all three parts and removes what it wrote."""
     ports = {flag: free_port() for flag in ("--exporter-port", "--prometheus-port", "--alertmanager-port")}
-    demo, out = start_demo(tmp_path, "--alert-for", "1s", *(str(x) for pair in ports.items() for x in pair))
+    demo, out = start_demo(tmp_path, "--alert-for", "0s", *(str(x) for pair in ports.items() for x in pair))
     try:
         said = wait_for(lambda: "amtool " in out.read_text() and out.read_text(), 90, 0.2, "the demo running")
         amtool = shlex.split(next(line for line in said.splitlines() if line.strip().startswith("amtool ")))

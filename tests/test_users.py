@@ -10,9 +10,12 @@ import threading
 
 import pytest
 
+from exporter.holders import EVEN_SPLIT, Held, Holder
 from hostio.files import read_capped
 from exporter.samplers.users import MAX_STATUS_BYTES, parse_passwd, status_uid
+from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity
 from tests.helpers import FIXTURES, ROOT, Exporter, http_get, parse_metrics, wait_for
+from tests.test_dra import Clock
 
 PROC = FIXTURES / "proc_users"
 FLAGS = ("--no-mps", "--interval", "0.2", "--kubelet-socket", "none")
@@ -31,8 +34,11 @@ def frame(tmp_path_factory):
 def test_uid_and_names():
     assert status_uid((PROC / "417" / "status").read_text()) == 1001
     assert status_uid("Name:\tx\nUid:\tabc\t1\n") is None and status_uid("") is None
+    assert status_uid("Uid:\n") is None and status_uid("Uid:\t1001\n") == 1001  # no uid; the real one alone
     assert parse_passwd("root:x:0:0::/:/bin/sh\n# c\n+nis::::\nbad\nalice:x:1001:1001::/:/bin/sh\n"
                         "alice2:x:1001:1::/:/bin/sh\n") == {0: "root", 1001: "alice"}
+    # three fields name a user; an empty name does not; a name is kept to 64 characters
+    assert parse_passwd("carol:x:1002\n:x:1003:0::/:\n" + "d" * 65 + ":x:1004:0::/:\n") == {1002: "carol", 1004: "d" * 64}
 
 
 def users_on_the_replayed_h100(proc):
@@ -157,7 +163,7 @@ def test_bad_holder_choices_are_one_line(flag, message):
     assert "Traceback" not in done.stderr
 
 
-def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, capsys):
+def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, capsys, monkeypatch):
     """The README's tour, rerun (issue 35): the whole H100 recording, users alice, bob and uid 1003, a real
     Prometheus scraping every second, `gpu-spatial report --by user`. The old account printed alice busy at
     168% and waste above the GPU-hours; now the GPU ledger's cells add up to the GPU-hours that existed
@@ -181,14 +187,16 @@ def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, ca
                                         "--source", "counters", "--format", "json")
             assert code == 0, err
             document = json.loads(out)
+            monkeypatch.setenv("COLUMNS", "200")  # every column of the text table
             code, text, err = run_report(capsys, "--prometheus", prom.url, "--last", "1h", "--by", "user",
                                          "--source", "counters")
             assert code == 0, err
         finally:
             prom.stop()
     ledger = document["gpu_ledger"]
-    existed = ledger["observed_gpu_hours"]
+    existed = ledger["existed_gpu_hours"]
     assert ledger["gpus"] == 1 and existed > 0
+    assert ledger["unobserved_gpu_hours"] <= 2 / 3600  # its exporter ran all along (to a scrape at each edge)
     assert ledger["cells_sum_gpu_hours"] == pytest.approx(existed, rel=1e-3)
     assert ledger["waste_gpu_hours"] <= existed
     users = {g["name"]: g for g in document["groups"]}
@@ -199,7 +207,45 @@ def test_the_readmes_users_replay_reports_no_row_above_what_existed(tmp_path, ca
     assert document["total"]["ledger"]["gpu_hours"] <= existed * (1 + 1e-3)
     # the text shows both views under their own names, and no row's "of what existed" above 100%
     header = next(line for line in text.splitlines() if line.lstrip().startswith("user"))
-    assert "allocation: used of held" in header and "ledger: of what existed" in header
+    assert header.split()[-1] == "existed" and "used/held" in header.split()
+    assert "used/held: share of its held time in which its kernels ran (above 100%" in " ".join(text.split())
     shares = [float(line.split()[-1].rstrip("%")) for line in text.splitlines()
               if line.split() and line.split()[0] in {"alice", "bob", "1003", "(all)"}]
     assert len(shares) == 4 and max(shares) <= 100.0, text
+
+
+# -- exporter/samplers/users.py ------------------------------------------------------------------------
+def test_users_hold_by_their_real_uid_with_contexts_on_a_gpu_nvml_still_reads(tmp_path, monkeypatch):
+    """Mutants: the effective uid instead of the real one; passwd comments and NIS lines read; the MPS server holding its GPU; a lost GPU
+    keeping holders; a process without a uid holding as user "None"; no even split; names kept after the
+    user database became unreadable; the interval floor of 1 s."""
+    import exporter.samplers.users as users
+    from exporter.config import parse_args
+    from exporter.samplers.users import UsersSampler, context_pids, status_uid
+
+    assert status_uid("Name:\tx\nUid:\t1000\t0\t0\t0\n") == 1000  # real 1000, effective root (setuid)
+    # commented-out and NIS (+/-) entries with a uid of their own are no users
+    assert users.parse_passwd("#old:x:7:7::/:/bin/sh\n+nis:x:8:8::/:\n-ex:x:9:9::/:\nroot:x:0:0::/:/bin/sh\n") == {0: "root"}
+    gpu, lost = GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-lost", "H100")
+    kinds = {417: "time_sliced", 418: "mps", 419: "time_sliced", 420: "mps_server"}
+    telemetry = {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=tuple(ComputeProcess(p, "x", k) for p, k in kinds.items())),
+                 lost.uuid: DeviceTelemetry(lost, 0.0, compute_processes=(ComputeProcess(417, "x", "time_sliced"),), lost=True)}
+    assert context_pids(telemetry) == {gpu.uuid: {417, 418, 419}}
+    for pid, uid in ((417, "1000"), (418, "1001"), (419, None), (420, "0")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n" if uid else "Name:\tx\n")
+    passwd = tmp_path / "passwd"
+    passwd.write_text("root:x:0:0::/:/bin/sh\nalice:x:1000:1000::/:/bin/sh\nbob:x:1001:1001::/:/bin/sh\n")
+    clock = Clock(10_000.0)
+    monkeypatch.setattr(users, "time", clock)
+    sampler = UsersSampler(type("Nvml", (), {"telemetry": telemetry})(), proc_root=tmp_path, passwd=str(passwd))
+    sampler.tick()
+    alice, bob = Holder(user="alice"), Holder(user="bob")
+    assert sampler.holdings.gpus == {gpu.uuid: {alice: Held(0.5, EVEN_SPLIT), bob: Held(0.5, EVEN_SPLIT)}}
+    assert sampler.holdings.owners == {417: alice, 418: bob}
+    passwd.unlink()
+    clock.now += users.PASSWD_EVERY_S
+    sampler.tick()
+    assert set(sampler.holdings.gpus[gpu.uuid]) == {Holder(user="1000"), Holder(user="1001")}
+    args = parse_args(["--nvml-replay", "x.json", "--proc-root", str(tmp_path), "--interval", "0.2"])
+    assert users.build(args, None).interval == 1.0

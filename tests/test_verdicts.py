@@ -368,7 +368,7 @@ def test_live_throttled_verdict_from_the_h200_recording():
     against it (the lent GPU's clocks and power limit cannot be changed: throttling cannot be forced)."""
     frame = _h200_frame()
     assert frame["max"].errors == ()  # max_clocks answers a PartialAnswer: every clock answered here
-    peak = frame["max"].values["sm_hz"]
+    peak = frame["max"].values.sm_hz
     held = round(0.8 * peak / 15e6) * 15e6  # NVML reports clocks in whole MHz steps
     identity = GpuIdentity(0, "GPU-x", "NVIDIA H200")
     processes = (ComputeProcess(11, "python3", "time_sliced"),)
@@ -384,3 +384,21 @@ def test_live_throttled_verdict_from_the_h200_recording():
     recorded = DeviceTelemetry(identity, 0.0, sm_clock_hertz=frame["clock"], compute_processes=processes,
                                health=GpuHealth(sm_clock_max_hertz=peak, clock_event_reasons=0))
     assert diagnose_live(recorded, SpatialReading("gpm", 0.0, 1.0, sm_active=0.95), 0.99, None)[1][0].verdict != "throttled"
+
+
+# -- nsys_ingest/verdicts.py ---------------------------------------------------------------------------
+def test_a_hardware_slowdown_asks_for_both_cooling_and_power():
+    """Mutants: hw_slowdown dropped from the cooling advice, or from the power advice."""
+    found = judge(Evidence(0.99, 0.95, sm_clock_hertz=1000e6, sm_clock_max_hertz=1980e6,
+                           clock_event_reasons=("hw_slowdown",)))
+    assert found.verdict == "throttled"
+    assert found.advice.startswith("cooling: ") and "; power: " in found.advice
+
+
+def test_copies_as_long_as_kernels_are_the_work():
+    """Mutant: `copy_busy_share >= kernel_busy_share` -> `>` (copies running exactly as long as kernels
+    read as kernels' memory traffic)."""
+    even = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.5))
+    assert even.verdict == "memory_bound" and "memory copies run 50% of the window" in even.reason
+    less = judge(Evidence(0.99, 0.95, dram_active=0.85, kernel_trace=True, kernel_busy_share=0.5, copy_busy_share=0.49))
+    assert "copies" not in less.reason

@@ -10,11 +10,13 @@ from collections import Counter
 import pytest
 
 from exporter.samplers.kubelet import DeviceMap, held_shares, offered_replicas, PodRef
-from exporter.samplers.slurm import cgroup_job, read_mapping
+from exporter.samplers.slurm import MAX_FILES, MAX_FILE_BYTES, cgroup_job, read_mapping
 from exporter.snapshot import ComputeProcess, DeviceTelemetry, GpuIdentity, GpuView, MigDevice, ProcessUtilization, SpatialReading
-from exporter.holders import OTHER, REPLICAS, Held, Holdings
+from exporter.holders import EVEN_SPLIT, Held, Holdings, MIG, OTHER, REPLICAS, WHOLE
+from exporter.samplers.cgroups import ProcFileOwners
 from exporter.workloads import (EXACT, MIG_REASON, MPS_REASON, TIME_SHARE, Holder, HolderShare, WorkloadAccountant,
                                gpu_shares)
+from exporter.workloads import IDLE_TIME_SHARE
 from tests.helpers import FIXTURES, Exporter, Prometheus, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
 from tests.test_kubelet import node  # noqa: F401 - the fixture: a Kubernetes node with a real PodResources server
@@ -491,3 +493,139 @@ def test_a_thousand_pods_on_one_gpu_publish_a_bounded_body_and_say_what_was_fold
         gpu, kubelet = answer["gpus"][0], answer["kubelet"]
         assert len(gpu["pods"]) == 256 and gpu["pods_omitted"] == count - 256
         assert len(kubelet["pods"][UUID]) == 256 and kubelet["pods_omitted"] == {UUID: count - 256}
+
+
+JOB = Holder(hpc_job="4242")
+
+
+def sliced_view(processes: dict[int, float], time_utilization):
+    """One GPU, every process time-sliced, SM active 0.05."""
+    tel = DeviceTelemetry(GPU0, 0.0, processes=tuple(ProcessUtilization(pid, "python3", sm, 0.0)
+                                                     for pid, sm in processes.items()),
+                          compute_processes=tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in processes))
+    return GpuView(GPU0, tel, time_utilization, None, None, SpatialReading("gpm", 0.0, 1.0, sm_active=0.05), None, (),
+                   "time_sliced")
+
+
+# -- exporter/workloads.py ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("time_share, idle", [(0.0099, True), (IDLE_TIME_SHARE, False), (0.05, False)])
+def test_idle_below_one_percent_of_the_time_not_at_it(time_share, idle):
+    """Mutations: IDLE_TIME_SHARE 0.01 -> 0.1 (0.05 reads idle), `<` -> `<=` (0.01 reads idle)."""
+    assert IDLE_TIME_SHARE == 0.01
+    accountant = WorkloadAccountant(held_idle_after=1.0)
+    job = [Holdings(gpus={GPU0.uuid: {JOB: Held(1.0, EVEN_SPLIT)}}, owners={417: JOB})]
+    gpu = sliced_view({417: time_share}, time_utilization=time_share)  # alone: its time share is the GPU's
+    for now in (100.0, 102.0):
+        (work,) = accountant.update(now, (gpu,), job)
+    assert work.time_share == time_share
+    assert (work.idle_seconds, work.held_idle) == ((2.0, True) if idle else (0.0, False))
+
+
+def test_a_holders_time_share_never_exceeds_the_whole_gpu():
+    """Without a GPU total to scale to, two processes of one job reading 0.7 each are one GPU, not 1.4.
+    Mutation: the clamp of a time share to 1.0 dropped."""
+    shares = gpu_shares(sliced_view({417: 0.7, 418: 0.7}, time_utilization=None), {JOB: 1.0}, {417: JOB, 418: JOB})
+    assert shares[JOB].time_share == 1.0
+
+
+# -- exporter/samplers/slurm.py --------------------------------------------------------------------------
+def test_a_mapping_file_of_exactly_the_cap_is_read_one_byte_more_is_not(tmp_path):
+    """Mutation: `len(data) > MAX_FILE_BYTES` -> `>=`."""
+    assert MAX_FILE_BYTES == 4096
+    gpus = (GpuIdentity(0, "GPU-aaaa", "H100"), GpuIdentity(1, "GPU-bbbb", "H100"))
+    (tmp_path / "0").write_bytes(b"42\n" + b"\n" * (MAX_FILE_BYTES - 3))  # 4096 bytes: a job and blank lines
+    (tmp_path / "1").write_bytes(b"43\n" + b"\n" * (MAX_FILE_BYTES - 2))  # 4097 bytes
+    problems = []
+    assert read_mapping(tmp_path, DeviceMap(gpus, {}), problems) == {"GPU-aaaa": ("42",)}
+    assert problems == [f"{tmp_path / '1'}: larger than 4096 bytes, not a job mapping: ignored"]
+
+
+@pytest.mark.parametrize("files, too_many", [(MAX_FILES, False), (MAX_FILES + 1, True)])
+def test_more_than_1024_files_is_said_exactly_then(tmp_path, files, too_many):
+    """Mutations: the count of listed names off by one (`MAX_FILES + 1` -> `MAX_FILES` in the listing, or
+    `len(names) > MAX_FILES` -> `>=`)."""
+    assert MAX_FILES == 1024
+    (tmp_path / "0").write_text("42\n")  # sorts first: read in both cases
+    for n in range(files - 1):
+        (tmp_path / f"x{n:05d}").write_text("1\n")  # names no GPU: one problem each
+    problems = []
+    assert read_mapping(tmp_path, DeviceMap((GPU0,), {}), problems) == {"GPU-aaaa": ("42",)}
+    counted = [p for p in problems if "more than" in p]
+    assert counted == ([f"{tmp_path} holds more than 1024 files: only the first 1024 are read"] if too_many else [])
+    assert len(problems) == 1024 if too_many else len(problems) == files - 1
+
+
+# -- exporter/samplers/cgroups.py ------------------------------------------------------------------------
+def test_a_pid_that_left_the_gpu_is_forgotten_so_a_reused_pid_gets_its_new_owner(tmp_path):
+    """Mutation: the cache keeps every pid it ever read (a reused pid keeps the old job)."""
+    cgroup = tmp_path / "4000" / "cgroup"
+    cgroup.parent.mkdir()
+    cgroup.write_text("0::/system.slice/slurmstepd.scope/job_100/step_0\n")
+    owners = ProcFileOwners(tmp_path, cgroup_job)
+    assert owners.lookup({4000}) == {4000: "100"}
+    cgroup.write_text("0::/system.slice/slurmstepd.scope/job_200/step_0\n")  # read once in its life:
+    assert owners.lookup({4000}) == {4000: "100"}  # still the process read before
+    assert owners.lookup(set()) == {}  # it left the GPU
+    assert owners.lookup({4000}) == {4000: "200"}  # the pid again: another process, read anew
+
+
+def test_a_holders_hidden_idle_is_never_negative():
+    """SM active above the time share (windows of different sources): hidden idle 0, not negative, in
+    the counter too. Mutation: `max(0.0, time_share - sm)` -> `time_share - sm`."""
+    accountant = WorkloadAccountant()
+    job = [Holdings(gpus={GPU0.uuid: {JOB: Held(1.0, EVEN_SPLIT)}}, owners={417: JOB})]
+    tel = DeviceTelemetry(GPU0, 0.0, processes=(ProcessUtilization(417, "python3", 0.5, 0.0),),
+                          compute_processes=(ComputeProcess(417, "python3", "time_sliced"),))
+    gpu = GpuView(GPU0, tel, 0.5, None, None, SpatialReading("gpm", 0.0, 1.0, sm_active=0.6), None, (), "exclusive")
+    for now in (100.0, 110.0):
+        (work,) = accountant.update(now, (gpu,), job)
+    assert (work.time_share, work.sm_active) == (0.5, 0.6)
+    assert work.counters["hidden_idle"] == {"exact": 0.0}
+
+
+# -- exporter/samplers/kubelet.py ----------------------------------------------------------------------
+def test_device_plugin_shares_at_their_edges():
+    """Mutants: a container's IDs of one GPU not clamped to the GPU ("0" and "GPU-aaaa" are one GPU twice);
+    index:mig IDs held whole; a replica whose N the kubelet does not say held whole; an ID offered twice
+    counted as two replicas; the outermost container ID of a cgroup path taken; a replica's basis said whole."""
+    from collections import Counter
+
+    from exporter.samplers.kubelet import PodRef, cgroup_container_id, held_shares, offered_replicas, replicas_of
+    from tests.test_kubelet import two_gpus_one_mig
+
+    devices = two_gpus_one_mig()
+    ref = PodRef("ml", "train", "main")
+    assert held_shares([("0", "GPU-aaaa", ref), ("GPU-aaaa", "GPU-aaaa", ref)], devices, None) == \
+        {"GPU-aaaa": {("ml", "train", "main"): 1.0}}
+    assert devices.base_share("1:0") is None and devices.base_share("1") == 1.0
+    assert replicas_of("GPU-aaaa::2", None) is None and replicas_of("GPU-aaaa", None) == 1
+    assert held_shares([("GPU-aaaa::2", "GPU-aaaa", ref)], devices, None) == {"GPU-aaaa": {("ml", "train", "main"): None}}
+    assert offered_replicas(["GPU-aaaa::0", "GPU-aaaa::1", "GPU-aaaa::1"]) == Counter({"GPU-aaaa": 2})
+    from exporter.samplers.kubelet import id_basis
+
+    two = Counter({"GPU-aaaa": 2, "MIG-1111": 1})
+    assert (id_basis("GPU-aaaa::0", devices, two), id_basis("GPU-aaaa", devices, Counter({"GPU-aaaa": 1})),
+            id_basis("MIG-1111", devices, two)) == (REPLICAS, WHOLE, MIG)
+    outer, inner = "a" * 64, "b" * 64
+    assert cgroup_container_id(f"0::/kubepods/pod1/{outer}/nested/{inner}\n") == inner
+
+
+def test_a_process_belongs_only_to_a_container_listed_as_holding_a_gpu(tmp_path):
+    """Mutants: the listed check dropped (the notebook's pid 419 would be owned by a container that holds no
+    GPU now: its pod left the List answer, its log link is still there); a failed List keeping the holders."""
+    from exporter.samplers.kubelet import KubeletSampler, PodRef
+    from tests.kubelet_server import kubernetes_node
+
+    kubernetes_node(tmp_path)  # /proc of pids 417-420 and the kubelet's log links, under tmp_path
+    gpu = GpuIdentity(0, "GPU-aaaa", "H100")
+    compute = tuple(ComputeProcess(pid, "python3", "time_sliced") for pid in (417, 418, 419, 420))
+    nvml = type("Nvml", (), {"telemetry": {gpu.uuid: DeviceTelemetry(gpu, 0.0, compute_processes=compute)}})()
+    sampler = KubeletSampler(str(tmp_path / "kubelet.sock"), nvml, proc_root=str(tmp_path / "proc"),
+                             container_logs=str(tmp_path / "containers"))
+    trainer = PodRef("team-a", "train-0", "trainer")
+    assert sampler._owners({("team-a", "train-0", "trainer")}, []) == {417: trainer, 418: trainer}
+    # the kubelet gone: what it listed goes too (mutant: the holdings of the last good List kept)
+    sampler.holdings = Holdings(gpus={gpu.uuid: {Holder("team-a", "train-0", "trainer"): Held(1.0)}}, owners={417: TRAINER})
+    sampler.tick()
+    assert sampler.holdings.gpus == {} and sampler.holdings.owners == {} and "no kubelet" in sampler.holdings.error
+    assert not sampler.health.success

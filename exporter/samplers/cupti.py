@@ -64,16 +64,35 @@ NO_CLIENTS = "no tracing client is connected (clients opt in: docs/mps-clients.m
 NOT_ON_GPU = "no tracing client reported this GPU in the last window"
 
 
+NATIVE = "native"  # gpu_trace/native: CUPTI's records read in C
+PERTURBING = "cupti-python (slows the job inside its windows)"
+
+
 class BadReport(ValueError):
     """A client's answer that is refused (one log line): the message says why."""
 
 
 @dataclass(frozen=True)
 class DeviceReport:
-    kernel_busy_s: float
-    sm_seconds: float
-    copy_busy_s: float
+    kernel_busy_s: float  # the union of its kernels
+    sm_seconds: float  # the integral of the share of the GPU's SMs its SM work held
+    copy_busy_s: float  # host-device and peer copies (copy engines: no SMs)
     kernels: int
+    busy_s: float | None = None  # the union of all its SM work (None: its kernels', an older client's meaning)
+    sm_copy_busy_s: float = 0.0  # device-to-device copies and memsets (on the SMs)
+    backlog_busy_s: float = 0.0  # work queued before the window that ran inside it
+    queue_gap_s: float = 0.0  # turns between queued work of one stream
+    sms: int | None = None  # the SMs its device lets it use (an MPS active-thread limit lowers it); None: not said
+    gpu_sms: int | None = None  # the whole GPU's, which its SM share is of
+    native: bool = False  # recorded in C (gpu_trace/native); False: through cupti-python, which slows the job
+
+    def __post_init__(self):
+        if self.busy_s is None:
+            object.__setattr__(self, "busy_s", self.kernel_busy_s)
+
+    def parts(self, length: float) -> tuple[tuple[str, float], ...]:
+        """What its busy time is made of, each as a share of the window (the API shows them apart)."""
+        return tuple((name, round(min(getattr(self, f"{name}_s") / length, 1.0), 6)) for name in BUSY_PARTS)
 
 
 @dataclass(frozen=True)
@@ -102,22 +121,42 @@ class _Client:
         return f"pid {self.pid} (uid {self.uid})"
 
 
+REQUIRED = object()  # a field every client reports
+BUSY_PARTS = ("kernel_busy", "sm_copy_busy", "backlog_busy", "queue_gap", "copy_busy")
+MAX_SMS = 4096  # a GPU's SMs: 132 on an H100 or H200
+
+
+def _within_busy(length: float, got: dict) -> float:
+    return got["busy_s"] * SLACK + 1e-9
+
+
 @dataclass(frozen=True)
 class DeviceField:
-    """One number of a device entry: its name in the report and its highest value given the window's
-    length and the fields read before it (the lowest is 0)."""
+    """One number of a device entry: its name in the report, its lowest and highest value given the
+    window's length and the fields read before it, and its value where an older client leaves it out."""
     name: str
     high: Callable[[float, dict], float]
     whole: bool = False  # a count
+    low: Callable[[float, dict], float] = lambda length, got: 0.0
+    absent: object = REQUIRED  # REQUIRED, or got -> its value in a report without it
 
 
 # A device entry's numbers, in the order their bounds need them; DeviceReport has one attribute per field,
 # so a new field is one line here and one there.
 DEVICE_FIELDS = (
     DeviceField("kernel_busy_s", lambda length, got: length * SLACK),  # no busier than the window is long
-    DeviceField("sm_seconds", lambda length, got: got["kernel_busy_s"] * SLACK + 1e-9),  # the whole GPU while busy
+    # all SM work covers its kernels (the union of a superset); the Python tracer reports kernels only
+    DeviceField("busy_s", lambda length, got: length * SLACK, low=lambda length, got: got["kernel_busy_s"] / SLACK,
+                absent=lambda got: got["kernel_busy_s"]),
+    DeviceField("sm_seconds", _within_busy),  # the whole GPU while busy
     DeviceField("copy_busy_s", lambda length, got: length * SLACK),
+    DeviceField("sm_copy_busy_s", _within_busy, absent=lambda got: 0.0),
+    DeviceField("backlog_busy_s", _within_busy, absent=lambda got: 0.0),
+    DeviceField("queue_gap_s", _within_busy, absent=lambda got: 0.0),
     DeviceField("kernels", lambda length, got: MAX_KERNELS, whole=True),
+    DeviceField("sms", lambda length, got: MAX_SMS, whole=True, low=lambda length, got: 1, absent=lambda got: None),
+    DeviceField("gpu_sms", lambda length, got: MAX_SMS, whole=True,
+                low=lambda length, got: got["sms"] if got["sms"] is not None else 1, absent=lambda got: got["sms"]),
 )
 
 
@@ -181,8 +220,11 @@ def parse_report(line: bytes, peer_pid: int, window: int, asked_at: float, asked
             raise BadReport(f"{entry['uuid']} reported twice")
         got: dict = {}
         for f in DEVICE_FIELDS:
-            got[f.name] = _number(entry.get(f.name), f.name, 0.0, f.high(length, got), f.whole)
-        out[entry["uuid"]] = DeviceReport(**got)
+            if f.name not in entry and f.absent is not REQUIRED:  # an older client's report: its meaning then
+                got[f.name] = f.absent(got)
+                continue
+            got[f.name] = _number(entry.get(f.name), f.name, f.low(length, got), f.high(length, got), f.whole)
+        out[entry["uuid"]] = DeviceReport(**got, native=data.get("native") is True)
     return ClientReport(peer_pid, start, end, out)
 
 
@@ -197,8 +239,10 @@ def gpu_windows(reports: list[ClientReport]) -> dict[str, ProcessWindow]:
         shares = {}
         for report, device in entries:
             length = report.end - report.start
-            shares[report.pid] = ProcessShare(time=round(min(device.kernel_busy_s / length, 1.0), 6),
-                                              sm=round(min(device.sm_seconds / length, 1.0), 6))
+            shares[report.pid] = ProcessShare(time=round(min(device.busy_s / length, 1.0), 6),
+                                              sm=round(min(device.sm_seconds / length, 1.0), 6),
+                                              parts=device.parts(length),
+                                              record_path=NATIVE if device.native else PERTURBING)
         out[uuid] = ProcessWindow(basis=V.CUPTI, window_start=min(r.start for r, _ in entries),
                                   window_end=max(r.end for r, _ in entries), listed=frozenset(shares),
                                   shares=shares, switch_overhead=None)

@@ -5,6 +5,7 @@ import logging
 import time
 
 from exporter.nvml import NvmlError
+from exporter.nvml_answers import GpmMetrics, GpmSupport
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import (
     ERROR,
@@ -68,8 +69,8 @@ class GpmSource(SamplerDefaults):
             try:
                 answer = backend.gpm_support(gpu.index)
             except NvmlError as exc:
-                answer = {"supported": False, "reason": f"GPM support query failed: {exc.reason}"}
-            support = self._support[gpu.uuid] = (answer["supported"], answer["reason"])
+                answer = GpmSupport(False, f"GPM support query failed: {exc.reason}")
+            support = self._support[gpu.uuid] = (answer.supported, answer.reason)
             if not support[0]:
                 log.info("GPU %d (%s): GPM not used: %s", gpu.index, gpu.uuid, support[1])
         if not support[0]:
@@ -102,19 +103,19 @@ class GpmSource(SamplerDefaults):
                     self._log.problem(key, str(exc))
                 continue  # no value for this instance: its holders get no SM activity, never an old one
             self._log.clear(key)
-            if metrics is None or metrics.get("sm_active") is None:
+            if metrics is None or metrics.sm_active is None:
                 continue
             out[(gpu.uuid, gi)] = self._reading(metrics)
         return out
 
-    def _reading(self, metrics: dict) -> SpatialReading:
+    def _reading(self, metrics: GpmMetrics) -> SpatialReading:
         """GPM's metrics over the window that ends now. Its GRAPHICS_UTIL ("percentage of time any
         compute/graphics app was active", nvml.h) is the GPU's busy time over the same window as its SM
         activity: the time side of hidden idle, and the GPU's time utilization, in place of NVML's
         utilization samples (which then are not read: exporter/samplers/nvml.py)."""
         end = time.time()
-        window = max(float(metrics["window_s"]), MIN_WINDOW_S)
-        values = {name: as_ratio(metrics.get(name), per=100.0) for name in SPATIAL_FIELDS}
+        window = max(float(metrics.window_s), MIN_WINDOW_S)
+        values = {name: as_ratio(getattr(metrics, name), per=100.0) for name in SPATIAL_FIELDS}
         return SpatialReading(self.name, end - window, end, **values, time_utilization=values["graphics_engine_active"])
 
 
@@ -125,10 +126,10 @@ def engine_busy(gpm: SourceResult | None) -> SpatialReading | None:
     return gpm.reading
 
 
-def links(metrics: dict) -> LinkThroughput | None:
+def links(metrics: GpmMetrics) -> LinkThroughput | None:
     """PCIe and NVLink throughput (bytes/s) over the GPM window; None where GPM measured neither (a
     recording from before these metrics, a driver without them)."""
-    rates = {name: metrics.get(name) for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")}
+    rates = {name: getattr(metrics, name) for name in ("pcie_tx", "pcie_rx", "nvlink_tx", "nvlink_rx")}
     if all(v is None for v in rates.values()):
         return None
     return LinkThroughput("gpm", **{k: None if v is None else float(v) * MIB for k, v in rates.items()})

@@ -7,6 +7,17 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from exporter.nvml import NvmlError, PartialAnswer
+from exporter.nvml_answers import (
+    DeviceIdentity,
+    HealthCounters,
+    LinkCounters,
+    MaxClocks,
+    MemoryErrors,
+    MemoryInfo,
+    MigLayout,
+    ProcessLists,
+    UtilizationSamples,
+)
 from exporter.sampler import SamplerDefaults, serves
 from exporter.samplers.xid import XidWatcher
 from exporter import vocabulary
@@ -18,7 +29,6 @@ from exporter.snapshot import (
     GpuIdentity,
     LinkThroughput,
     LogOnce,
-    MigDevice,
     ProcessUtilization,
     as_ratio,
 )
@@ -61,9 +71,9 @@ class _SlowReads:
     errors: dict = field(default_factory=dict)  # read name -> its errors at its last read
     static_done: bool = False
     driver: str | None = None
-    max_clocks: dict = field(default_factory=dict)
-    health: dict = field(default_factory=dict)
-    memory_errors: dict = field(default_factory=dict)
+    max_clocks: MaxClocks = MaxClocks()
+    health: HealthCounters = HealthCounters()
+    memory_errors: MemoryErrors = MemoryErrors()
     gpm: bool | None = None
     links: LinkThroughput | None = None
     nvlink_before: tuple | None = None  # (monotonic time, tx bytes, rx bytes)
@@ -235,7 +245,7 @@ class NvmlSampler(SamplerDefaults):
             # Lost since before this exporter started, it says who it is at last: served under its own name
             # from the next tick on (this tick's views were made under the placeholder).
             self.gpus = tuple(identity(gpu.index, answer) if g == gpu else g for g in self.gpus)
-        elif answer["uuid"] != gpu.uuid:
+        elif answer.uuid != gpu.uuid:
             return True
         del self._lost[gpu.index]
         if self.xid is not None:
@@ -285,7 +295,7 @@ class NvmlSampler(SamplerDefaults):
         # workloads' time shares describe the same tick as the GPU's time utilization.
         if compute is None or compute:
             read("processes", b.process_utilization, PROCESS_SAMPLE_MAX_AGE_S)
-            processes = tuple(ProcessUtilization(p["pid"], p["command"], p["sm"] / 100.0, p["memory"] / 100.0)
+            processes = tuple(ProcessUtilization(p.pid, p.command, p.sm / 100.0, p.memory / 100.0)
                               for p in values.get("processes") or ())
         else:
             processes = ()
@@ -293,12 +303,10 @@ class NvmlSampler(SamplerDefaults):
                                              if previous else (None, (), None))
         if self._due(gpu, "mig", self.mig_every_s):
             read("mig", b.mig_devices)
-            mig = values["mig"]
-            mig_enabled = None if mig is None else bool(mig["enabled"])
-            mig_devices = tuple(MigDevice(d["uuid"], d["gpu_instance"], d["compute_instance"], d.get("sm_count"),
-                                          d.get("profile_id"), d.get("placement_start"), d.get("placement_size"))
-                                for d in (mig or {}).get("devices", ()))
-            mig_sms = (mig or {}).get("sm_count")
+            mig = values["mig"] or MigLayout(None)  # None: unknown
+            mig_enabled = mig.enabled
+            mig_devices = mig.devices
+            mig_sms = mig.sm_count
         if gpu.index in self._lost:
             self._report_lost(gpu, "; ".join(errors))
             return DeviceTelemetry(gpu, taken_at, lost=True, errors=tuple(errors), **self._xid(gpu))
@@ -307,23 +315,23 @@ class NvmlSampler(SamplerDefaults):
         else:
             self._log.clear(key)
         gpu_history, memory_history = self._history.setdefault(gpu.uuid, (deque(), deque()))
-        samples = values.get("samples") or {}
+        samples = values.get("samples") or UtilizationSamples()
         if gpu_samples:
-            self._remember(gpu_history, taken_at, samples.get("gpu", []))
+            self._remember(gpu_history, taken_at, samples.gpu)
         else:  # GPM's busy time stands in: no older sample may pass for this tick's
             gpu_history.clear()
         if slow:
-            self._remember(memory_history, taken_at, samples.get("memory", []))
+            self._remember(memory_history, taken_at, samples.memory)
         fresh = values.get("samples", {}) is not None  # not read this tick (GPM measures the time): fresh
         if gpu_samples and not gpu_history:  # no sample yet (fresh driver): take the instant rate
             fresh = True
             try:
                 rates = b.utilization_rates(gpu.index)
-                gpu_history.append((taken_at, rates["gpu"] / 100.0))
-                memory_history.append((taken_at, rates["memory"] / 100.0))
+                gpu_history.append((taken_at, rates.gpu / 100.0))
+                memory_history.append((taken_at, rates.memory / 100.0))
             except NvmlError as exc:
                 errors.append(str(exc))
-        memory = values["memory"] or {}
+        memory = values["memory"] or MemoryInfo(None, None)
         # Samples that could not be read this tick leave no time utilization: the history would
         # otherwise repeat an older sample as this tick's value.
         return DeviceTelemetry(
@@ -331,8 +339,8 @@ class NvmlSampler(SamplerDefaults):
             taken_at=taken_at,
             gpu_samples=tuple(gpu_history) if fresh else (),
             memory_samples=tuple(memory_history) if fresh else (),
-            memory_used_bytes=memory.get("used"),
-            memory_total_bytes=memory.get("total"),
+            memory_used_bytes=memory.used,
+            memory_total_bytes=memory.total,
             power_watts=values["power"],
             sm_clock_hertz=values["clock"],
             temperature_celsius=values["temperature"],
@@ -341,8 +349,8 @@ class NvmlSampler(SamplerDefaults):
             mig_enabled=mig_enabled,
             mig_devices=mig_devices,
             mig_sm_count=mig_sms,
-            memory_free_bytes=memory.get("free"),
-            memory_reserved_bytes=memory.get("reserved"),
+            memory_free_bytes=memory.free,
+            memory_reserved_bytes=memory.reserved,
             memory_clock_hertz=values["memory_clock"],
             health=health,
             **self._xid(gpu),
@@ -371,60 +379,60 @@ class NvmlSampler(SamplerDefaults):
             return False
         return not any(serves(self.spatial, name, gpu.uuid) for name in self.spatial if name != "gpm")
 
-    def _dict_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn) -> dict:
-        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its values, and its errors
-        kept until its next read."""
+    def _partial_read(self, gpu: GpuIdentity, slow: _SlowReads, name: str, fn, nothing):
+        """A read of several NVML calls (an exporter.nvml.PartialAnswer): its record (`nothing` where the read
+        failed whole), and its errors kept until its next read."""
         answer, error = self._call(gpu, fn)
         answer = answer or PartialAnswer()
         slow.errors[name] = ([error] if error else []) + list(answer.errors)
-        return answer.values
+        return nothing if answer.values is None else answer.values
 
     def _health(self, gpu: GpuIdentity, reasons: int | None) -> GpuHealth:
         slow = self._slow.setdefault(gpu.uuid, _SlowReads())
         b = self.backend
         if not slow.static_done and self._due(gpu, "static", self.errors_every_s):  # until it worked once
             slow.driver, driver_error = self._call(gpu, lambda _index: b.driver_version())
-            slow.max_clocks = self._dict_read(gpu, slow, "static", b.max_clocks)
+            slow.max_clocks = self._partial_read(gpu, slow, "static", b.max_clocks, MaxClocks())
             slow.errors["static"] += [driver_error] if driver_error else []
             slow.static_done = not slow.errors["static"]
         if slow.gpm is None:
             support, _error = self._call(gpu, b.gpm_support)
-            slow.gpm = bool(support and support.get("supported"))
+            slow.gpm = bool(support and support.supported)
         if self._due(gpu, "health", self.health_every_s):
-            slow.health = self._dict_read(gpu, slow, "health", b.health_counters)
+            slow.health = self._partial_read(gpu, slow, "health", b.health_counters, HealthCounters())
             slow.throttle_share, slow.throttle_before = throttle_share(
-                slow.throttle_before, slow.health.get("throttle_seconds") or {}, time.monotonic())
+                slow.throttle_before, slow.health.throttle_seconds or {}, time.monotonic())
             if not slow.gpm:
                 slow.links, slow.nvlink_before = self._nvml_links(gpu, slow)
         if self._due(gpu, "memory_errors", self.errors_every_s):
-            slow.memory_errors = self._dict_read(gpu, slow, "memory_errors", b.memory_errors)
+            slow.memory_errors = self._partial_read(gpu, slow, "memory_errors", b.memory_errors, MemoryErrors())
         h, e = slow.health, slow.memory_errors
-        rows = e.get("remapped_rows") or {}
+        rows = e.remapped_rows
         return GpuHealth(
             driver_version=slow.driver,
-            sm_clock_max_hertz=slow.max_clocks.get("sm_hz"),
-            memory_clock_max_hertz=slow.max_clocks.get("memory_hz"),
+            sm_clock_max_hertz=slow.max_clocks.sm_hz,
+            memory_clock_max_hertz=slow.max_clocks.memory_hz,
             clock_event_reasons=reasons,
-            memory_temperature_celsius=h.get("memory_temperature_celsius"),
-            energy_joules=h.get("energy_joules"),
-            encoder_utilization=as_ratio(h.get("encoder_percent"), per=100.0),
-            decoder_utilization=as_ratio(h.get("decoder_percent"), per=100.0),
-            throttle_seconds=tuple(sorted((h.get("throttle_seconds") or {}).items())),
+            memory_temperature_celsius=h.memory_temperature_celsius,
+            energy_joules=h.energy_joules,
+            encoder_utilization=as_ratio(h.encoder_percent, per=100.0),
+            decoder_utilization=as_ratio(h.decoder_percent, per=100.0),
+            throttle_seconds=tuple(sorted((h.throttle_seconds or {}).items())),
             throttle_share=slow.throttle_share,
-            pcie_replays=e.get("pcie_replays"),
-            ecc_errors=tuple((*key.split("_", 1), count) for key, count in sorted((e.get("ecc") or {}).items())),
-            remapped_rows=tuple((kind, rows[kind]) for kind in ("correctable", "uncorrectable") if kind in rows),
-            row_remap_pending=rows.get("pending"),
-            row_remap_failure=rows.get("failure"),
+            pcie_replays=e.pcie_replays,
+            ecc_errors=tuple((*key.split("_", 1), count) for key, count in sorted((e.ecc or {}).items())),
+            remapped_rows=(("correctable", rows.correctable), ("uncorrectable", rows.uncorrectable)) if rows else (),
+            row_remap_pending=rows.pending if rows else None,
+            row_remap_failure=rows.failure if rows else None,
             links=slow.links,
         )
 
     def _nvml_links(self, gpu: GpuIdentity, slow: _SlowReads):
         """NVML's PCIe throughput and NVLink rates (from its byte counters between two reads), for a GPU
         GPM does not serve."""
-        answer = self._dict_read(gpu, slow, "links", self.backend.nvml_throughput)
+        answer = self._partial_read(gpu, slow, "links", self.backend.nvml_throughput, LinkCounters())
         now = time.monotonic()
-        counters = (now, answer.get("nvlink_tx_bytes"), answer.get("nvlink_rx_bytes"))
+        counters = (now, answer.nvlink_tx_bytes, answer.nvlink_rx_bytes)
         before = slow.nvlink_before
 
         def rate(i):
@@ -432,7 +440,7 @@ class NvmlSampler(SamplerDefaults):
                 return None
             return (counters[i] - before[i]) / (now - before[0])
 
-        pcie_tx, pcie_rx = answer.get("pcie_tx_bytes_per_second"), answer.get("pcie_rx_bytes_per_second")
+        pcie_tx, pcie_rx = answer.pcie_tx_bytes_per_second, answer.pcie_rx_bytes_per_second
         links = LinkThroughput("nvml", pcie_tx, pcie_rx, rate(1), rate(2))
         known = any(v is not None for v in (pcie_tx, pcie_rx, links.nvlink_tx, links.nvlink_rx))
         return (links if known else None), counters
@@ -453,9 +461,9 @@ class NvmlSampler(SamplerDefaults):
 UNNAMED_MODEL = "unknown"  # the model label of a GPU lost before it could be asked who it is
 
 
-def identity(index: int, answer: dict) -> GpuIdentity:
+def identity(index: int, answer: DeviceIdentity) -> GpuIdentity:
     """A GPU's identity from the backend's identity() answer."""
-    return GpuIdentity(index, answer["uuid"], answer["model"], answer.get("minor"))
+    return GpuIdentity(index, answer.uuid, answer.model, answer.minor)
 
 
 def unnamed_identity(index: int, pci_bus_id: str | None) -> GpuIdentity:
@@ -485,17 +493,17 @@ def throttle_share(before: tuple | None, seconds: dict, now: float) -> tuple[flo
     return share, (now, dict(seconds))
 
 
-def compute_processes(answer: dict | None) -> tuple[ComputeProcess, ...] | None:
+def compute_processes(answer: ProcessLists | None) -> tuple[ComputeProcess, ...] | None:
     """NVML's compute and MPS process lists as one list with a kind each; None when unknown."""
     if answer is None:
         return None
-    clients = {p["pid"]: p for p in answer.get("mps", ())}
-    everyone = {p["pid"]: p for p in answer.get("compute", ())} | clients
+    clients = {p.pid: p for p in answer.mps}
+    everyone = {p.pid: p for p in answer.compute} | clients
     out = []
     for pid, p in sorted(everyone.items()):
-        kind = vocabulary.MPS_SERVER if p["command"] == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
+        kind = vocabulary.MPS_SERVER if p.command == MPS_SERVER else vocabulary.MPS_CLIENT if pid in clients \
             else vocabulary.TIME_SLICED
-        out.append(ComputeProcess(pid, p["command"], kind))
+        out.append(ComputeProcess(pid, p.command, kind))
     return tuple(out)
 
 

@@ -99,7 +99,7 @@ class XidWatcher:
                 # A wait that returns at once (a closed set) must not spin.
                 self._stop.wait(max(0.0, WAIT_MS / 1000 / 2 - (time.monotonic() - started)))
                 continue
-            index, xid = event["index"], event["xid"]
+            index, xid = event.index, event.xid
             with self._lock:
                 self._counts[(index, xid)] += 1
                 self._last[index] = xid

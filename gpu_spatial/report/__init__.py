@@ -45,8 +45,8 @@ def parser() -> Parser:
     p.add_argument("--end", help="as --start; default now")
     p.add_argument("--last", help="a duration ending at --end, e.g. 7d, 12h, 1w2d (default 7d)")
     p.add_argument("--by", default="namespace", choices=list(group_labels()),
-                   help="group by this (node is the instance label; user: Unix users on hosts without a scheduler; "
-                        "claim: DRA claims; the holder kinds' labels: exporter/holders.py KINDS); default namespace")
+                   help="group by this (node is the instance label; gpu: instance and uuid, with each GPU's ledger; "
+                        "user: Unix users on hosts without a scheduler; claim: DRA claims; the holder kinds' labels: exporter/holders.py KINDS); default namespace")
     p.add_argument("--match", action="append", default=[], metavar="MATCHER",
                    help='label matcher(s) on the workload series, e.g. \'namespace=~"team-.*"\' (repeatable)')
     p.add_argument("--format", default="text", choices=["text", "markdown", "csv", "json", "html"])
@@ -160,7 +160,7 @@ def build(args, now: float):
                         timeout=args.timeout, max_bytes=args.max_response_mib << 20)
     collected = account.collect(api, plan, start, end, progress_reporter(args.progress))
     if not any(q == HELD for row in collected.totals.values() for q, _b in row):
-        raise empty.diagnose_empty(api, plan, start, end)
+        raise empty.diagnose_empty(api, plan, start, end, now)
     if all(not any(group) for group in collected.totals):
         collected.notes.append(account.other_groupings(api, plan, start, end))
     table = summary.summarize(collected.totals, plan.labels)

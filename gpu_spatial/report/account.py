@@ -1,7 +1,8 @@
 """The GPU account: GPU-seconds per group and quantity, read from the workload counters or their rollups.
 
 Two ways to the same numbers (docs/metrics.md, "Workloads"; docs/account.md):
-- counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact whatever the scrape gaps, and
+- counters: `increase(gpu_workload_<q>_gpu_seconds_total[window])` is exact across scrape gaps (to a scrape
+  interval at a series' edges: docs/ledger.md, "How exact"), and
   keeps the `basis` of busy, SM-active and hidden-idle and which held GPU-seconds had no busy or SM series
   (MPS, MIG): those are unknown, never 0. It reads every workload series of the range.
 - rollups (rules/gpu-utilization.rules.yaml, group gpu-workload-recording): one series per group and
@@ -19,14 +20,15 @@ memory grows with the groups, not with the days or queries.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
 from dataclasses import dataclass, field
 
 from exporter.holders import report_groups
-from exporter.vocabulary import (BUSY, CTXSW, CUPTI, EXACT, HELD, HIDDEN_IDLE, LEDGER, NVML, QUANTITIES, SM_ACTIVE,
-                                 TIME_SHARE)  # QUANTITIES, LEDGER: the report's modules read them from here
+from exporter.vocabulary import (BUSY, CTXSW, CUPTI, EXACT, HELD, HIDDEN_IDLE, LEDGER, NVML, QUANTITIES, SM_ACTIVE,  # noqa: F401
+                                 TIME_SHARE, UNOBSERVED)  # QUANTITIES, LEDGER: the report's modules read them from here
 
 from .promapi import PrometheusAPI, ReportError, TooManySamples
 
@@ -35,6 +37,11 @@ from .promapi import PrometheusAPI, ReportError, TooManySamples
 WITH_BASIS = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # the counters with a basis label
 KEY_LABEL = {LEDGER: "cell"}  # the label a quantity is split by (basis for the rest of WITH_BASIS)
 GPU_LEDGER, OBSERVED = "gpu_ledger_gpu_seconds_total", "gpu_ledger_observed_seconds_total"
+LOST_GAUGE = "gpu_lost"  # 1 while the GPU answers GPU_IS_LOST, 0 while it answers (docs/metrics.md)
+SIGHTING_STEP, SIGHTING_POINTS = 15.0, 11000  # Prometheus: a GPU's first sighting read to 1..15 s (sightings)
+SIGHTED_PER_QUERY = 200  # GPUs whose sightings one query asks for (their uuids in one regular expression)
+BOOK = "instance, uuid, gpu, model"  # the labels a GPU's ledger is summed by
+EDGE = 600.0  # a GPU (or its node) seen within this of an edge of the range was there (scrape intervals up to 10 min)
 GPU_LABELS = ("instance", "model", "gpu", "uuid")  # what a per-GPU ledger series is selected by
 COVERED = (BUSY, SM_ACTIVE, HIDDEN_IDLE)  # absent under MPS (and busy/hidden-idle on MIG)
 # Bases of each quantity (docs/metrics.md): time share from NVML samples, GPU context switches or an MPS client's
@@ -44,7 +51,8 @@ BASES = {BUSY: (NVML, CTXSW, CUPTI), SM_ACTIVE: (EXACT, CTXSW, TIME_SHARE, CUPTI
          HIDDEN_IDLE: (EXACT, CTXSW, TIME_SHARE, CUPTI)}
 EXACT_BASES = (EXACT, CTXSW)
 UNLABELLED_BASIS = {BUSY: NVML}  # exporters before the basis label: NVML was the only time share
-GPU_GROUPS = {"node": ("instance",), "model": ("model",)}  # --by choices of the GPUs; the holders' are registered
+# --by choices of the GPUs (gpu: with each GPU's own ledger); the holders' are registered
+GPU_GROUPS = {"node": ("instance",), "gpu": ("instance", "uuid"), "model": ("model",)}
 # The groupings the shipped recording rules roll up (rules/gpu-utilization.rules.yaml; tests/test_report.py checks
 # them against it): the others (pods, a new kind's labels) are read from the raw counters.
 RULED = ("namespace", "hpc_job", "node", "model", "user", "claim")
@@ -186,14 +194,99 @@ class Span:
 
 
 @dataclass
-class GpuLedgerTotals:
-    """The per-GPU ledger over the range, from the counters: every GPU-second that existed in one cell."""
+class GpuBook:
+    """One GPU's ledger over the range (from its counters), and when it existed in it."""
 
-    cells: dict = field(default_factory=dict)       # cell -> GPU-seconds over every GPU selected
-    observed: float = 0.0                             # wall-clock GPU-seconds that existed (the cells' sum)
-    worst: float = 0.0                                # largest |cells - observed| / observed of one GPU
-    gpus: set = field(default_factory=set)            # (instance, uuid) seen
+    instance: str
+    uuid: str
+    gpu: str = ""
+    model: str = ""
+    cells: dict = field(default_factory=dict)  # cell -> GPU-seconds (the exporter's cells, lost included)
+    observed: float = 0.0                        # seconds an exporter accounted it for (the exporter's cells' sum)
+    first: float = math.inf                      # its first and last sample in the range
+    last: float = -math.inf
+    listed_lost: bool = False                    # gpu_lost was 1 at its last sample
+    before: bool = False                         # seen within EDGE before the range: it existed at its start
+    existed: float = 0.0                         # seconds from its first sighting to its end (GpuLedgerTotals.close)
+
+    @property
+    def unobserved(self) -> float:
+        """Existed, and no exporter accounted for it (exporter down, node restarting): never negative."""
+        return max(self.existed - self.observed, 0.0)
+
+    def all_cells(self) -> dict:
+        """The exporter's cells and unobserved: they sum to the seconds it existed."""
+        return {**self.cells, UNOBSERVED: self.unobserved}
+
+
+@dataclass
+class GpuLedgerTotals:
+    """The per-GPU ledger over the range: every GPU-second that existed in one cell. A GPU exists from its
+    first sighting in the range to its last, or to the range's end while its node is up or it is listed lost
+    (docs/ledger.md); what no exporter accounted for of that time is `unobserved`."""
+
+    books: dict = field(default_factory=dict)        # (instance, uuid) -> GpuBook
     skipped: str = ""                                 # why there is none (matchers on holder labels)
+
+    def book(self, metric: dict) -> GpuBook:
+        key = (_label(metric, "instance"), _label(metric, "uuid"))
+        if key not in self.books:
+            if len(self.books) >= MAX_GROUPS:
+                raise ReportError(f"more than {MAX_GROUPS:,} GPUs in the range: narrow --match")
+            self.books[key] = GpuBook(*key)
+        book = self.books[key]
+        book.gpu, book.model = book.gpu or _label(metric, "gpu"), book.model or _label(metric, "model")
+        return book
+
+    def close(self, start: float, end: float, node_seen: dict) -> None:
+        """Each GPU's existence: from the range's start where it was seen within EDGE before it, else from its
+        first sighting; to the range's end where it or its node was seen within EDGE of it (`node_seen`:
+        instance -> last sighting) or it was listed lost at its last sample, else to its last sighting; never
+        less than its exporters observed, never more than the range."""
+        for book in self.books.values():
+            first = start if book.before else book.first
+            last = book.last
+            if end - last <= EDGE or book.listed_lost or end - node_seen.get(book.instance, -math.inf) <= EDGE:
+                last = end
+            # what its exporters accounted for is evidence too (increase() extrapolates past the first sample)
+            book.existed = min(max(last - max(first, start), book.observed), end - start)
+
+    @property
+    def gpus(self) -> set:
+        return set(self.books)
+
+    def sums(self, books=None) -> dict:
+        """cell -> GPU-seconds over `books` (default all), unobserved included."""
+        out: dict = {}
+        for book in self.books.values() if books is None else books:
+            for cell, value in book.all_cells().items():
+                out[cell] = out.get(cell, 0.0) + value
+        return out
+
+    @property
+    def cells(self) -> dict:
+        return self.sums()
+
+    @property
+    def observed(self) -> float:
+        return sum(b.observed for b in self.books.values())
+
+    @property
+    def existed(self) -> float:
+        return sum(b.existed for b in self.books.values())
+
+    @property
+    def worst(self) -> float:
+        """The largest |exporter's cells - observed| / observed of one GPU: how closely its counters add up."""
+        return max((abs(sum(b.cells.values()) - b.observed) / b.observed for b in self.books.values()
+                    if b.observed > 0), default=0.0)
+
+    def by_node(self) -> dict:
+        """instance -> its GPUs' books."""
+        out: dict = {}
+        for book in self.books.values():
+            out.setdefault(book.instance, []).append(book)
+        return out
 
 
 @dataclass
@@ -498,31 +591,86 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
 
 
 def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuLedgerTotals:
-    """Every GPU's cells and observed seconds over the range, from the counters a day at a time (a few series
-    per GPU: exact and cheap). GPUs are selected by the matchers on GPU labels only: a matcher on a holder
-    label selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
+    """Every GPU's cells, observed seconds and sightings over the range, from the counters a day at a time (a
+    few series per GPU). GPUs are selected by the matchers on GPU labels only: a matcher on a holder label
+    selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
     out = GpuLedgerTotals()
     holder_matchers = sorted({label for label, _op, _v in plan.matchers} - set(GPU_LABELS))
     if holder_matchers:
         out.skipped = f"--match on {', '.join(holder_matchers)} selects holders, not GPUs"
         return out
-    per_gpu: dict[tuple, list[float]] = {}
     for a, b in chunks(start, end):
         window = promql_window(b - a)
-        for name, position in ((GPU_LEDGER, 0), (OBSERVED, 1)):
-            expr = f"sum by (instance, uuid{', cell' * (position == 0)}) (increase({name}{plan.selector}[{window}]))"
-            for sample in api.query(expr, b):
-                metric, value = _metric(sample), _value(sample)
-                key = (_label(metric, "instance"), _label(metric, "uuid"))
-                per_gpu.setdefault(key, [0.0, 0.0])[position] += value
-                if position == 0:
-                    cell = _label(metric, "cell") or "unknown"
-                    out.cells[cell] = out.cells.get(cell, 0.0) + value
-                else:
-                    out.observed += value
-    out.gpus = set(per_gpu)
-    out.worst = max((abs(c - o) / o for c, o in per_gpu.values() if o > 0), default=0.0)
+        for sample in api.query(f"sum by ({BOOK}, cell) (increase({GPU_LEDGER}{plan.selector}[{window}]))", b):
+            metric = _metric(sample)
+            book = out.book(metric)
+            cell = _label(metric, "cell") or "unknown"
+            book.cells[cell] = book.cells.get(cell, 0.0) + _value(sample)
+        for sample in api.query(f"sum by ({BOOK}) (increase({OBSERVED}{plan.selector}[{window}]))", b):
+            out.book(_metric(sample)).observed += _value(sample)
+        for sample in api.query(f"max by ({BOOK}) (max_over_time({LOST_GAUGE}{plan.selector}[{window}]))", b):
+            out.book(_metric(sample))  # a GPU its exporter lists, lost or not (gpu_lost 0 or 1)
+    if not out.books:
+        return out
+    edge = promql_window(EDGE)
+    present = f"count by ({BOOK}) (last_over_time({OBSERVED}{plan.selector}[{edge}]) or " \
+              f"last_over_time({LOST_GAUGE}{plan.selector}[{edge}]))"
+    for sample in api.query(present, start):
+        out.book(_metric(sample)).before = True
+    for sample in api.query(present, end):
+        out.book(_metric(sample)).last = end
+    window = promql_window(min(end - start, DAY))
+    for sample in api.query(f"max by ({BOOK}) (last_over_time({LOST_GAUGE}{plan.selector}[{window}]))", end):
+        out.book(_metric(sample)).listed_lost = _value(sample) >= 1
+    node_seen: dict = {}  # a node whose target answered (up 1) or was still scraped (up 0) in the last EDGE
+    for sample in api.query(f"count by (instance) (last_over_time(up{_instance_selector(plan)}[{edge}]))", end):
+        node_seen[_label(_metric(sample), "instance")] = end
+    for book in out.books.values():
+        node_seen[book.instance] = max(node_seen.get(book.instance, -math.inf), book.last)
+    # what the edges do not say: when a GPU that appeared in the range was first seen, when one that left it
+    # with its node was last seen (few GPUs: a sighting costs Prometheus a subquery)
+    wanted = {"min": [b for b in out.books.values() if not b.before],
+              "max": [b for b in out.books.values() if end - node_seen[b.instance] > EDGE and not b.listed_lost]}
+    for which, books in wanted.items():
+        for first in range(0, len(books), SIGHTED_PER_QUERY):
+            uuids = "|".join(re.escape(b.uuid) for b in books[first:first + SIGHTED_PER_QUERY])
+            selector = plan.selector_with(("uuid", "=~", json.dumps(uuids)))
+            for a, b in chunks(start, end):
+                for name in (OBSERVED, LOST_GAUGE):  # the ledger's clock, or a GPU listed by an older exporter
+                    for sample in sightings(api, which, name, selector, b - a, b):
+                        book = out.book(_metric(sample))
+                        if which == "min":
+                            book.first = min(book.first, _value(sample))
+                        else:
+                            book.last = max(book.last, _value(sample))
+    out.close(start, end, node_seen)
     return out
+
+
+def sightings(api: PrometheusAPI, which: str, name: str, selector: str, window_seconds: float,
+              at: float) -> list[dict]:
+    """The first (min) or last (max) sample time of each GPU's series in the window. VictoriaMetrics reads
+    them from the raw samples (tfirst_over_time, tlast_over_time); Prometheus, which has neither, from the
+    sample timestamps at every step of the window (a subquery, at most SIGHTING_POINTS steps of 1 to
+    SIGHTING_STEP seconds: a first sighting is late by up to a step)."""
+    by = BOOK
+    if api.dialect != "promql":
+        metricsql = {"min": "tfirst_over_time", "max": "tlast_over_time"}[which]
+        try:
+            return api.query(f"{which} by ({by}) ({metricsql}({name}{selector}[{promql_window(window_seconds)}]))", at)
+        except ReportError as exc:
+            if metricsql not in str(exc):
+                raise
+            api.dialect = "promql"  # the server does not know the function: Prometheus' PromQL
+    window, step = promql_window(window_seconds), promql_window(min(max(window_seconds / SIGHTING_POINTS, 1.0),
+                                                                    SIGHTING_STEP))
+    return api.query(f"{which} by ({by}) ({which}_over_time(timestamp({name}{selector})[{window}:{step}]))", at)
+
+
+def _instance_selector(plan: Plan) -> str:
+    """The report's matchers on instance alone: what selects the nodes' `up` series."""
+    matchers = [f"{label}{op}{value}" for label, op, value in plan.matchers if label == "instance"]
+    return "{" + ", ".join(matchers) + "}" if matchers else ""
 
 
 def _counters_span(api, plan, start, end, notes, totals: Totals) -> float:

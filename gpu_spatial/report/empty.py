@@ -3,7 +3,8 @@ next scrape (a Prometheus that has just started has scraped the exporter never o
 needs two samples), or point --prometheus at the server that scrapes the exporter."""
 from __future__ import annotations
 
-import time
+import re
+from datetime import datetime
 
 from exporter.vocabulary import HELD
 
@@ -11,14 +12,15 @@ from .account import DAY, Plan, _value, counter
 from .promapi import PrometheusAPI, ReportError
 
 RECENT = 600.0  # seconds before the range's end in which a first scrape is looked for
+JUST_STARTED = 120.0  # seconds: a Prometheus this young may not list its targets yet (it does within ~5 s)
 NAMED_TARGETS = 3
 NEVER_SCRAPED = "unknown"  # a target's health before its first scrape (the /api/v1/targets API)
 
 
-def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> ReportError:
+def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float, now: float) -> ReportError:
     """No exporter at all, one not scraped yet, one scraped once, one without holders, or just this range."""
     workload, gpu = counter(HELD), "gpu_time_utilization_ratio"
-    seen = api.metric_names([workload, gpu], end - 366 * DAY, max(end, time.time()) + DAY)
+    seen = api.metric_names([workload, gpu], end - 366 * DAY, max(end, now) + DAY)
     if workload in seen:
         if scraped_once(api, plan, start, end):
             return ReportError(f"{api.url} has one scrape of the workload counters in the range (a Prometheus that has "
@@ -30,10 +32,16 @@ def diagnose_empty(api: PrometheusAPI, plan: Plan, start: float, end: float) -> 
     if gpu in seen:
         return ReportError(f"{api.url} has this exporter's GPU series but no {workload}: holders are known only on "
                            f"Kubernetes (kubelet PodResources) or Slurm (--hpc-job-mapping-dir)")
-    waiting = never_scraped(api)
+    targets = active_targets(api)
+    waiting = never_scraped(targets)
     if waiting:
         return ReportError(f"{api.url} has not scraped {', '.join(waiting)} yet (it has just started?): run the "
                            f"report again after its first scrapes, within a scrape interval")
+    age = started_ago(api, now)
+    # Prometheus lists the targets of its scrape configurations a few seconds after it starts
+    if not targets and age is not None and age < JUST_STARTED and scrapes_something(api):
+        return ReportError(f"{api.url} started {age:.0f} s ago and lists no scrape target yet: run the report again "
+                           f"after its first scrapes, in a minute")
     return ReportError(f"{api.url} has no series of the gpu-spatial exporter ({workload}): is it the Prometheus "
                        f"(or Thanos/Mimir/VictoriaMetrics) that scrapes or receives it?")
 
@@ -45,13 +53,36 @@ def scraped_once(api: PrometheusAPI, plan: Plan, start: float, end: float) -> bo
     return bool(found) and isinstance(found[0], dict) and _value(found[0]) == 1
 
 
-def never_scraped(api: PrometheusAPI) -> list[str]:
-    """The scrape URLs of the active targets not scraped yet (at most a few named, then a count); none
-    where the server has no targets API (Thanos, Mimir) or answers something else."""
+def active_targets(api: PrometheusAPI) -> list:
+    """The server's active scrape targets; none where it has no targets API (Thanos, Mimir)."""
     try:
-        targets = api.targets()
+        return api.targets()
     except ReportError:
         return []
+
+
+def started_ago(api: PrometheusAPI, now: float) -> float | None:
+    """Seconds since the server started, where it says (Prometheus' runtime information); None elsewhere."""
+    try:
+        info = api.runtime_info()
+        # RFC3339 with nanoseconds: datetime reads up to microseconds (and "Z" only from Python 3.11)
+        started = datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", str(info["startTime"])).replace("Z", "+00:00"))
+    except (ReportError, KeyError, TypeError, ValueError):
+        return None
+    return now - started.timestamp() if started.tzinfo else None
+
+
+def scrapes_something(api: PrometheusAPI) -> bool:
+    """Whether the server's configuration (Prometheus' own rendering of it) has scrape configurations."""
+    try:
+        rendered = api.configuration()
+    except ReportError:
+        return False
+    return "\nscrape_configs:" in "\n" + str(rendered.get("yaml", ""))
+
+
+def never_scraped(targets: list) -> list[str]:
+    """The scrape URLs of the active targets not scraped yet: at most a few named, then a count."""
     urls = [printable(t.get("scrapeUrl")) for t in targets if isinstance(t, dict) and t.get("health") == NEVER_SCRAPED]
     more = len(urls) - NAMED_TARGETS
     return urls[:NAMED_TARGETS] + ([f"{more} more targets"] if more > 0 else [])

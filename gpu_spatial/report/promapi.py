@@ -73,6 +73,7 @@ class PrometheusAPI:
         self.max_bytes = max_bytes
         self.max_values = max_bytes // answers.BYTES_PER_VALUE
         self.requests = 0
+        self.dialect = ""  # "promql" once the server refused a MetricsQL function (account.sightings)
 
     def _call(self, path: str, params: dict, post: bool = True) -> dict:
         """POST where the API allows it (long matchers stay out of URLs and logs), GET elsewhere. The whole
@@ -161,6 +162,16 @@ class PrometheusAPI:
         data = self._call("/api/v1/targets", {"state": "active"}, post=False)
         targets = data.get("activeTargets") if isinstance(data, dict) else None
         return targets if isinstance(targets, list) else []
+
+    def runtime_info(self) -> dict:
+        """Prometheus' runtime information (its start time); ReportError where the server has none."""
+        data = self._call("/api/v1/status/runtimeinfo", {}, post=False)
+        return data if isinstance(data, dict) else {}
+
+    def configuration(self) -> dict:
+        """Prometheus' configuration as it rendered it ({"yaml": ...}); ReportError where the server has none."""
+        data = self._call("/api/v1/status/config", {}, post=False)
+        return data if isinstance(data, dict) else {}
 
     def metric_names(self, names: list[str], start: float, end: float) -> set[str]:
         """Which of `names` have series between start and end (the label values API: a few bytes back)."""

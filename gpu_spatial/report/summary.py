@@ -8,7 +8,8 @@ so a share reads "of the held GPU-hours where it was measured". The physical vie
 the GPU ledger (`ledger_<cell>_gpu_hours`), which add up across groups to at most the GPU-hours that
 existed. Waste is physical: the group's hidden idle + time idle; a lower bound where some of its busy
 time has no SM split (busy_unsplit), its own busy time is unknown (MPS, MIG) or it held GPUs with no
-ledger series (exporters before the ledger).
+ledger series (exporters before the ledger). A group none of whose held time has an SM-active (hidden-idle)
+series has its work (hidden idle) unknown: NaN, "unknown", null in JSON.
 """
 from __future__ import annotations
 
@@ -17,11 +18,12 @@ import math
 import numpy as np
 import pandas as pd
 
-from exporter.vocabulary import BUSY_UNSPLIT, HELD, HIDDEN_IDLE, HOLDER_CELLS, TIME_IDLE
+from exporter.vocabulary import BUSY_UNSPLIT, HELD, HIDDEN_IDLE, HOLDER_CELLS, SM_ACTIVE_WORK, TIME_IDLE
 
 from .account import BASES, COVERED, EXACT_BASES, LEDGER, QUANTITIES, WITH_BASIS
 
 TOTAL = "(all)"
+UNKNOWN_WITHOUT = {SM_ACTIVE_WORK: "sm_active", HIDDEN_IDLE: "hidden_idle"}  # a holder cell, the series it needs
 
 
 def columns() -> list[str]:
@@ -59,8 +61,14 @@ def figures(hours: dict) -> dict:
     cells = {b: v for (q, b), v in hours.items() if q == LEDGER}
     for cell in HOLDER_CELLS:
         row[f"ledger_{cell}_gpu_hours"] = cells.get(cell, 0.0)
-    row["ledger_gpu_hours"] = sum(row[f"ledger_{cell}_gpu_hours"] for cell in HOLDER_CELLS)
-    row["waste_gpu_hours"] = row[f"ledger_{HIDDEN_IDLE}_gpu_hours"] + row[f"ledger_{TIME_IDLE}_gpu_hours"]
+    # a group none of whose held time has an SM (hidden-idle) series cannot have its work (hidden idle) known:
+    # unknown, never 0 (its GPUs' figures are in the unattributed cells)
+    for cell, quantity in UNKNOWN_WITHOUT.items():
+        if math.isnan(row[f"{quantity}_gpu_hours"]) and not cells.get(cell) and held > 0:
+            row[f"ledger_{cell}_gpu_hours"] = math.nan
+    row["ledger_gpu_hours"] = sum(v for cell in HOLDER_CELLS if not math.isnan(v := row[f"ledger_{cell}_gpu_hours"]))
+    row["waste_gpu_hours"] = row[f"ledger_{TIME_IDLE}_gpu_hours"] + \
+        (0.0 if math.isnan(row[f"ledger_{HIDDEN_IDLE}_gpu_hours"]) else row[f"ledger_{HIDDEN_IDLE}_gpu_hours"])
     # a lower bound where some busy time has no SM split, where the group's own busy time is unknown (MPS
     # clients, MIG: the GPU's hidden idle stays unattributed) or where it has no ledger series at all
     row["waste_is_lower_bound"] = bool(row[f"ledger_{BUSY_UNSPLIT}_gpu_hours"] > 1e-9 or (held > 1e-9 and not cells)

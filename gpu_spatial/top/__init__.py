@@ -122,10 +122,14 @@ def main(argv=None) -> int:
     try:
         if args.once:
             return once(feed, args)
-        from gpu_spatial.top.tui import run
+        from gpu_spatial.top.tui import Refused, run
 
         colour = not args.no_color and not os.environ.get("NO_COLOR")
-        return run(feed, args.interval, colour, lines)
+        try:
+            return run(feed, args.interval, colour, lines)
+        except Refused as refused:
+            print(f"gpu-spatial top: {refused}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
         return 0
     finally:

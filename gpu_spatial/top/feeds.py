@@ -6,9 +6,9 @@ import threading
 import time
 import urllib.parse
 
-from hostio import answers
 from gpu_spatial.endpoints import exporter_base, serves_prometheus_api, with_scheme
 from gpu_spatial.top.state import LocalProcesses, ScreenState, mapping, screen_state
+from hostio import answers
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # a snapshot of 8 GPUs with hundreds of processes is ~100 kB
 STALE_AFTER_TICKS = 10  # as the exporter's /healthz
@@ -96,7 +96,7 @@ class HttpFeed:
         if answer.status == 404 and b"--no-api" in answer.body[:4096]:
             raise WrongServer(f"the exporter at {self.url} answers, but its JSON API is off (--no-api): top --url "
                               "reads /api/v1/gpus; start it without --no-api, or run gpu-spatial top on that host")
-        if answer.status == 404 and serves_prometheus_api(self.url, self.timeout):
+        if answer.status in (400, 404) and serves_prometheus_api(self.url, self.timeout):  # VictoriaMetrics: 400
             raise WrongServer(f"{self.url} is a Prometheus query API, not a gpu-spatial exporter: top --url reads "
                               f"the exporter's JSON API (e.g. --url http://127.0.0.1:9478); the account from this "
                               f"Prometheus: gpu-spatial report --prometheus {self.url}")

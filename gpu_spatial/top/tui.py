@@ -18,6 +18,10 @@ PLAIN = {"sel": curses.A_REVERSE, "header": curses.A_REVERSE, "title": curses.A_
          "bad": curses.A_BOLD, "verdict": curses.A_BOLD, "dim": curses.A_DIM}
 
 
+class Refused(Exception):
+    """The URL given is not an exporter top can read (a Prometheus, an exporter with --no-api)."""
+
+
 def attributes(colour: bool) -> dict[str, int]:
     attrs = dict(PLAIN)
     if colour and curses.has_colors():
@@ -85,6 +89,8 @@ def run(feed, interval: float, colour: bool, log_lines) -> int:
             now = time.monotonic()
             if now >= next_draw:
                 state = feed.state()
+                if state.refused:  # a URL no retry helps: said once the terminal is restored
+                    raise Refused(state.problem)
                 view.log = tuple(log_lines)
                 height, width = screen.getmaxyx()
                 paint(screen, render(state, view, width, height), attrs)

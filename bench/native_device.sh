@@ -1,0 +1,69 @@
+#!/bin/bash
+# The native tracer on the device (issue 43), in one call from the repository root (no wheels needed):
+#   bash bench/native_device.sh [PHASES]      # default: cxx,deepqueue,d2d (spins: the MPS spin clients)
+#   TRAINER_PHASES=resnet,resnet_nodetach bash bench/native_device.sh
+# Builds gpu_trace/native/gputrace.c with the system C compiler and bench/spin_inject.cu with nvcc, checks the
+# record offsets gputrace.c reads against the toolkit's cupti_activity.h, starts MPS in its own folders, runs
+# bench/native_tracer_device.py (accuracy and the trainer's cost), then the launch-bound loop's cost traced
+# (bench/cupti_slowdown.py) and under PyTorch's profiler (bench/cupti_overhead.py --mode kineto).
+# Writes into $OUT (or /tmp/native_device): machine.txt, native_device.json, slowdown.json, kineto.json, logs.tgz.
+set -u
+out=${OUT:-/tmp/native_device}
+mkdir -p "$out/logs"
+phases=${1:-cxx,deepqueue,d2d}
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+cuda=$(dirname "$(dirname "$(command -v nvcc)")")
+{ date -u; nvidia-smi -L; python3 --version; echo "cuda $cuda"; } > "$out/machine.txt" 2>&1
+lib=/tmp/libgputrace.so
+gcc -O2 -Wall -fPIC -shared -fvisibility=hidden -o $lib gpu_trace/native/gputrace.c -ldl -lpthread \
+  >> "$out/machine.txt" 2>&1 || { echo "the library did not build" >> "$out/machine.txt"; exit 1; }
+nvcc -O2 -arch=sm_90 -o /tmp/spin_inject bench/spin_inject.cu >> "$out/machine.txt" 2>&1
+header=$(find "$cuda" /usr/local/cuda* -name cupti_activity.h 2>/dev/null | head -1)
+if [ -n "$header" ]; then
+  cat > /tmp/layout.c <<'C'
+#include <stdio.h>
+#include <stddef.h>
+#include <cupti_activity.h>
+#define P(t, f) printf("%s.%s %zu\n", #t, #f, offsetof(t, f))
+int main(void) {
+  P(CUpti_ActivityKernel10, registersPerThread); P(CUpti_ActivityKernel10, start); P(CUpti_ActivityKernel10, deviceId);
+  P(CUpti_ActivityKernel10, streamId); P(CUpti_ActivityKernel10, gridX); P(CUpti_ActivityKernel10, blockX);
+  P(CUpti_ActivityKernel10, staticSharedMemory); P(CUpti_ActivityKernel10, queued);
+  P(CUpti_ActivityMemcpy6, copyKind); P(CUpti_ActivityMemcpy6, start); P(CUpti_ActivityMemcpy6, deviceId);
+  P(CUpti_ActivityMemset4, start); P(CUpti_ActivityMemset4, deviceId);
+  return 0;
+}
+C
+  gcc -I"$(dirname "$header")" -I"$cuda/include" /tmp/layout.c -o /tmp/layout >> "$out/machine.txt" 2>&1 \
+    && /tmp/layout >> "$out/machine.txt"
+fi
+# the toolkit's CUPTI, the driver's version (Nsight Compute ships an older one of its own)
+find / -xdev -name 'libcupti.so*' 2>/dev/null | sed 's/^/found /' >> "$out/machine.txt"
+cupti=$(find -L "$cuda" /usr/local/cuda* /opt/torch -name 'libcupti.so*' 2>/dev/null | grep -v nsight | sort | head -1)
+echo "libcupti $cupti" >> "$out/machine.txt"
+export GPU_SPATIAL_TRACE_LIBRARY=$lib GPU_SPATIAL_CUPTI_LIBRARY=$cupti
+tmp=$(mktemp -d)
+export CUDA_MPS_PIPE_DIRECTORY=$tmp/pipe CUDA_MPS_LOG_DIRECTORY=$tmp/log
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+nvidia-cuda-mps-control -d >> "$out/machine.txt" 2>&1 || echo "MPS did not start" >> "$out/machine.txt"
+# the trainer first (with the tracer's switches where the default stalls it), then the accuracy clients
+timeout 240 python3 bench/native_tracer_device.py "$out/trainer" --lib $lib --phases "${TRAINER_PHASES:-resnet}" \
+  --windows 2 --skip-kineto > "$out/logs/trainer.log" 2>&1
+echo "trainer exit $?" >> "$out/machine.txt"
+timeout 200 python3 bench/native_tracer_device.py "$out" --lib $lib --cxx /tmp/spin_inject --phases "$phases" \
+  --windows 2 > "$out/logs/native.log" 2>&1
+echo "native_tracer_device exit $?" >> "$out/machine.txt"
+mv "$out/trainer/native_device.json" "$out/trainer.json" 2>/dev/null
+# the same trainer under PyTorch's profiler (kineto: CUPTI read in C++), 5 s windows every 10 s
+timeout 60 python3 bench/native_clients.py resnet --seconds 33 --progress "$out/logs/resnet_kineto.txt" \
+  --profile-windows 5:10 --truth "$out/logs/resnet_kineto.json" > "$out/logs/kineto_resnet.log" 2>&1
+echo quit | nvidia-cuda-mps-control
+if [ "${LAUNCH_COST:-1}" = 1 ]; then
+  timeout 90 python3 bench/cupti_slowdown.py "$out/slowdown.json" --kinds launch --window 5 --period 10 --windows 2 \
+    > "$out/logs/slowdown.log" 2>&1
+  timeout 40 python3 bench/cupti_overhead.py "$out/kineto.json" --mode kineto --seconds 3 > "$out/logs/kineto.log" 2>&1
+fi
+cp -r "$out/work"/*.txt "$out/trainer/work"/*.txt "$out/logs/" 2>/dev/null
+rm -rf "$out/work" "$out/trainer"
+tar czf "$out/logs.tgz" -C "$out" logs && rm -rf "$out/logs"
+cat "$out/machine.txt"
