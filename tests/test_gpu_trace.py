@@ -402,3 +402,38 @@ def test_a_process_connects_only_once_it_has_loaded_cuda(tmp_path):
     finally:
         client.stop.set()
         listener.close()
+
+
+class CountedStop(threading.Event):
+    """A stop event that records every back-off the client waits and stops it after `waits` of them."""
+
+    def __init__(self, waits: int, before_first=lambda: None):
+        super().__init__()
+        self.waited: list[float] = []
+        self.waits = waits
+        self.before_first = before_first
+
+    def wait(self, timeout=None):
+        if not self.waited:
+            self.before_first()
+        self.waited.append(timeout)
+        if len(self.waited) >= self.waits:
+            self.set()
+        return self.is_set()
+
+
+def test_the_client_backs_off_while_the_exporter_is_absent_and_starts_over_after_a_connection(tmp_path):
+    client = Client(str(tmp_path / "absent.sock"), pid=5, cuda_check=lambda: True)
+    client.stop = CountedStop(4)
+    client.run()
+    assert client.stop.waited == [1.0, 5.0, 30.0, 30.0]
+    path = str(tmp_path / "cupti.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    accepted = threading.Thread(target=lambda: (listener.accept()[0].close(), listener.close()))
+    accepted.start()  # one connection, closed by the exporter at once; then no exporter
+    client = Client(path, pid=5, cuda_check=lambda: True)
+    client.stop = CountedStop(3, before_first=lambda: accepted.join(30))
+    client.run()
+    assert client.stop.waited == [1.0, 5.0, 30.0]  # the connection started the back-off over

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -346,3 +347,93 @@ def test_the_package_build_compiles_the_library_without_cuda(tmp_path):
     [built] = (tmp_path / "gpu_trace" / "native").glob("_gputrace*.so")
     lib = native.load(built)
     assert lib.gt_blocks_per_sm(64, 32, 65536, 233472, 528, 0, 0) == 3
+
+
+class FakeLibrary:
+    """gt_load and gt_trace as gputrace.c defines them (0 or -1, the body written into `out`), standing in
+    for CUPTI, which CI does not have: the window returns what `body` says, or waits on `release`."""
+
+    def __init__(self, body=b'{"start": 1.0, "end": 2.0, "devices": [], "native": true}', rc=0):
+        self.body, self.rc = body, rc
+        self.release = threading.Event()
+        self.block = False
+        self.saw_stop = False
+
+    def gt_load(self, path):
+        return 0
+
+    def gt_last_error(self):
+        return b"cuptiActivityFlushAll failed"
+
+    def gt_trace(self, seconds, stop, out, cap):
+        if self.block:
+            while not self.release.wait(0.01):
+                if stop._obj.value:
+                    self.saw_stop = True
+                    break
+        out.value = self.body
+        return self.rc
+
+
+def test_the_native_window_answers_the_librarys_body():
+    assert native.NativeTracer(FakeLibrary()).trace(0.01) == {"start": 1.0, "end": 2.0, "devices": [], "native": True}
+
+
+def test_a_failed_native_window_says_what_failed():
+    with pytest.raises(RuntimeError, match="cuptiActivityFlushAll failed"):
+        native.NativeTracer(FakeLibrary(rc=-1)).trace(0.01)
+
+
+def test_a_native_window_that_does_not_return_is_late_and_the_next_is_refused_until_it_does():
+    from gpu_trace.tracer import WindowLate
+
+    lib = FakeLibrary()
+    lib.block = True
+    tracer = native.NativeTracer(lib, close_wait_s=0.05)
+    with pytest.raises(WindowLate, match="had not returned"):
+        tracer.trace(0.01)
+    with pytest.raises(WindowLate, match="have not returned yet"):
+        tracer.trace(0.01)
+    lib.release.set()
+    tracer._worker.join(30)
+    lib.block = False
+    assert tracer.trace(0.01)["native"] is True
+
+
+def test_a_stopped_client_ends_its_native_window():
+    lib = FakeLibrary()
+    lib.block = True
+    stop = threading.Event()
+    stop.set()
+    assert native.NativeTracer(lib, close_wait_s=30).trace(0.01, stop)["native"] is True
+    assert lib.saw_stop
+
+
+def test_libcupti_is_found_in_pytorchs_wheel_unless_named(tmp_path, monkeypatch):
+    wheel = tmp_path / "nvidia" / "cu13" / "lib"
+    wheel.mkdir(parents=True)
+    (wheel / "libcupti.so.13").write_bytes(b"")
+    monkeypatch.delenv("GPU_SPATIAL_CUPTI_LIBRARY", raising=False)
+    monkeypatch.setattr(sys, "path", ["", str(tmp_path / "elsewhere"), str(tmp_path)])
+    assert native.cupti_library() == str(wheel / "libcupti.so.13")
+    monkeypatch.chdir(tmp_path)  # "" on sys.path is the working folder
+    monkeypatch.setattr(sys, "path", [""])
+    assert native.cupti_library() == "nvidia/cu13/lib/libcupti.so.13"
+    monkeypatch.setenv("GPU_SPATIAL_CUPTI_LIBRARY", "/opt/cupti/libcupti.so")
+    assert native.cupti_library() is None  # the library opens the one named itself
+
+
+def test_the_hook_claims_the_process_once(tmp_path, monkeypatch):
+    """The Python hook and the injection share one claim: a second start in the process makes no client."""
+    from gpu_trace import hook
+
+    library = native.build(tmp_path)  # a copy of its own: a fresh claim
+    monkeypatch.setenv("GPU_SPATIAL_TRACE_LIBRARY", str(library))
+    monkeypatch.setattr(hook, "_client", None)
+    first = hook.start(str(tmp_path / "none.sock"))
+    try:
+        assert first is not None and first.is_alive()
+        monkeypatch.setattr(hook, "_client", None)
+        assert hook.start(str(tmp_path / "none.sock")) is None
+    finally:
+        first.stop.set()
