@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.capture_slowdown import read_progress, read_timeline, slowdown  # noqa: E402
+from tests.capture_slowdown import read_progress, read_timeline, slowdown
 
 
 def main(argv=None) -> int:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.http_attacks import Scraper  # noqa: E402
-from bench.scrape_bench import cpu_seconds  # noqa: E402
-from exporter.samplers.dcgm import MAX_BODY_BYTES  # noqa: E402
-from tests.helpers import FIXTURES, Exporter  # noqa: E402
+from bench.http_attacks import Scraper
+from bench.scrape_bench import cpu_seconds
+from exporter.samplers.dcgm import MAX_BODY_BYTES
+from tests.helpers import FIXTURES, Exporter
 
 
 def framed(body: bytes, size: int) -> bytes:
@@ -38,7 +38,7 @@ def framed(body: bytes, size: int) -> bytes:
 
 def serve(answer: bytes) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Transfer-Encoding", "chunked")

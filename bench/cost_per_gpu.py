@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,9 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.ctxsw_live_cost import Meter, environment, peak_memory  # noqa: E402
-from tests.cost_summary import CHILD_COST, settled, summary, table  # noqa: E402
-from tests.helpers import free_port  # noqa: E402
+from bench.ctxsw_live_cost import Meter, environment, peak_memory
+from tests.cost_summary import CHILD_COST, settled, summary, table
+from tests.helpers import free_port
 
 TICKS = os.sysconf("SC_CLK_TCK")
 SCRAPE_EVERY_S = 15.0

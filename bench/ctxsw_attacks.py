@@ -25,9 +25,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests import synthetic_exports as synth  # noqa: E402
-from tests.helpers import Exporter, http_get, parse_metrics  # noqa: E402
-from tests.http_load import MB, RssWatch, Scraper, run_measured  # noqa: E402
+from tests import synthetic_exports as synth
+from tests.helpers import Exporter, http_get, parse_metrics
+from tests.http_load import MB, RssWatch, Scraper, run_measured
 
 # name -> (builder, keyword arguments): the sizes
 CASES = {

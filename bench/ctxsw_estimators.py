@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nsys_ingest.ctxsw import ESTIMATORS, attribute  # noqa: E402
-from nsys_ingest.reader import Export, IngestError  # noqa: E402
+from nsys_ingest.ctxsw import ESTIMATORS, attribute
+from nsys_ingest.reader import Export, IngestError
 
 QUANTITIES = ("sm_active", "sm_occupancy", "tensor_active", "dram_active")
 

@@ -11,8 +11,8 @@ spin: back-to-back kernels on exactly --sms SMs (tests/gpu/workloads.py), in bur
 to back (every SM, tensor cores). launch: a launch-bound loop (tiny kernels, the host in between).
 hold: a CUDA context that launches nothing. On exit prints one JSON line: the work done and its rate,
 which the slowdown runs compare with and without a capture. --progress FILE: the job also
-appends "wall-time done" lines to FILE every 0.2 s (spin: kernels finished at every synchronize), so that one long run can be cut into seconds with and
-without a capture (bench/ctxsw_live_cost.py).
+appends "wall-time done" lines to FILE every 0.2 s (spin: kernels finished at every synchronize), so that one
+long run can be cut into seconds with and without a capture (bench/ctxsw_live_cost.py).
 """
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def progress_writer(path: str | None, every_s: float = 0.2):
     """None, or a callback writing "time done" to `path` at most every `every_s` (0: at every call)."""
     if not path:
         return None
-    out = open(path, "a", buffering=1)  # noqa: SIM115 - open for the job's life
+    out = open(path, "a", buffering=1)
     last = [0.0]
 
     def step(done: int) -> None:

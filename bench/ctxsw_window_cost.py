@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ctxsw_live_cost import JOBS, Meter, environment, find_nsys, stop, workers  # noqa: E402
-from bench.nsys_export_cost import children_cpu  # noqa: E402
-from exporter.samplers.ctxsw import profile_command  # noqa: E402
+from bench.ctxsw_live_cost import JOBS, Meter, environment, find_nsys, stop, workers
+from bench.nsys_export_cost import children_cpu
+from exporter.samplers.ctxsw import profile_command
 
 
 def one(nsys: str, window: float, hz: int, env: dict) -> dict:

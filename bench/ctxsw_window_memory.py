@@ -26,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cost_per_gpu import doing, get, status  # noqa: E402
-from tests.helpers import FIXTURES, free_port  # noqa: E402
+from bench.cost_per_gpu import doing, get, status
+from tests.helpers import FIXTURES, free_port
 
 class Run:
     def __init__(self, code: Path, export: Path, window: float, period: float, work: Path, replay: Path,

@@ -13,8 +13,8 @@ time after this client closed its window, when its loop stalls behind its own fl
 the GIL per buffer), which lowers a count over the union. Both are written. A log without the debug lines
 (the first H200 run's) has no client's own bounds: --asked S then counts over [the union's start, + S], the
 window every client was asked for (each starts it when the command arrives, within milliseconds of the
-others; its end is later by its disable), else over the union. Measured: each job's time_share, sm_active (basis cupti, scaled) and sm_estimate
-(unscaled) in /api/v1/workloads, one value per cupti window; and per window the GPU's SM active (GPM) over
+others; its end is later by its disable), else over the union. Measured: each job's time_share, sm_active (basis
+cupti, scaled) and sm_estimate (unscaled) in /api/v1/workloads, one value per cupti window; and per window the GPU's SM active (GPM) over
 the same window against the scaled sum. Writes OUTDIR/accuracy.json.
 """
 from __future__ import annotations

@@ -3,8 +3,8 @@
     python3 bench/cupti_overhead.py OUT.json --mode count|tracer|kineto [--seconds 3]
 
 The main thread runs x.add_(1) on 16 elements in a loop (tests/gpu/workloads.py `launch`); its rate is
-measured over --seconds with nothing, then with (--mode, one per process): count, CUPTI's kernel activity on and a buffer callback that only counts
-the records (the cost of CUPTI and of cupti-python handing records to Python); tracer, the tracer's own
+measured over --seconds with nothing, then with (--mode, one per process): count, CUPTI's kernel activity on and a
+buffer callback that only counts the records (the cost of CUPTI and of cupti-python handing records to Python); tracer, the tracer's own
 window (gpu_trace.tracer.Tracer: five numbers kept per record; CUPTI detached after it, twice; tracer_attached:
 the same without the detach); kineto, PyTorch's profiler (CUPTI in C++).
 """

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.helpers import RULES, free_port, http_get, wait_for  # noqa: E402
-from tests.workload_scenario import Holder, series  # noqa: E402
+from tests.helpers import RULES, free_port, http_get, wait_for
+from tests.workload_scenario import Holder, series
 
 MIG_SLICES = (3 / 7, 2 / 7, 1 / 7, 1 / 7)
 

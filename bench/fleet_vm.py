@@ -4,7 +4,8 @@ by namespace and by pod (issue 28's fleet target).
     python3 bench/fleet_vm.py --nodes 100 --days 7 --step 300 --out /tmp/fleetvm
 
 The fleet of bench/fleet_sim.py (N nodes x 8 GPUs, the same holder mix, counters wandering +-20% per
-sample; each GPU's ledger counters, gpu_lost and each node's up beside them), written as Prometheus text with millisecond timestamps and pushed through VictoriaMetrics'
+sample; each GPU's ledger counters, gpu_lost and each node's up beside them), written as Prometheus text with
+millisecond timestamps and pushed through VictoriaMetrics'
 import API (`/api/v1/import/prometheus`), then Debian's vmalert replays the project's gpu-workload-recording
 group over the whole range (`-replay.timeFrom/-replay.timeTo`) at --rule-interval, writing the rollups
 back. Each report runs in its own process (`gpu-spatial report ... --format json --output FILE`) under GNU
@@ -27,10 +28,10 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.fleet_sim import fleet  # noqa: E402
-from bench.ingest_bench import write_result  # noqa: E402
-from tests.helpers import RULES, free_port, http_get, wait_for  # noqa: E402
-from tests.workload_scenario import series  # noqa: E402
+from bench.fleet_sim import fleet
+from bench.ingest_bench import write_result
+from tests.helpers import RULES, free_port, http_get, wait_for
+from tests.workload_scenario import series
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -23,9 +23,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.rss_compare import memory  # noqa: E402
-from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from bench.rss_compare import memory
+from bench.soak import cpu_seconds, rss_bytes
+from tests.helpers import free_port, http_get, wait_for
 
 
 def mappings(pid: int, top: int = 12) -> list[tuple[str, int]]:

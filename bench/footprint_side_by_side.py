@@ -29,9 +29,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.cost_per_gpu import status  # noqa: E402
-from bench.soak import cpu_seconds  # noqa: E402
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from bench.cost_per_gpu import status
+from bench.soak import cpu_seconds
+from tests.helpers import free_port, http_get, wait_for
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 SCRAPE_EVERY_S = 15.0

@@ -25,9 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.ingest_bench import write_result  # noqa: E402
-from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value  # noqa: E402
-from tests.test_hostile import peak_rss_mb  # noqa: E402
+from bench.ingest_bench import write_result
+from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value
+from tests.test_hostile import peak_rss_mb
 
 SETTLE_S = 5.0
 

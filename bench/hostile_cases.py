@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
-from bench.ingest_bench import write_result  # noqa: E402
-from make_hostile_corpus import CASES, GENERATED, build_generated  # noqa: E402
-from tests.helpers import Exporter  # noqa: E402
-from tests.test_hostile import CHILD, CORPUS, peak_rss_mb, post  # noqa: E402
+from bench.ingest_bench import write_result
+from make_hostile_corpus import CASES, build_generated
+from tests.helpers import Exporter
+from tests.test_hostile import CHILD, CORPUS, peak_rss_mb, post
 
 UPLOAD_TIMEOUT_S = 600
 

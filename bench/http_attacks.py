@@ -25,8 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
-from tests.http_load import MB, RssWatch, Scraper, pipelining, query_strings, rss  # noqa: E402
+from tests.helpers import free_port, http_get, wait_for
+from tests.http_load import MB, RssWatch, Scraper, pipelining, query_strings, rss
 
 
 class Exporter:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.synthetic_exports import grown  # noqa: E402
+from tests.synthetic_exports import grown
 
 CHILD = """
 import json, resource, sqlite3, sys, time
@@ -61,7 +61,8 @@ else:
     rows = con.execute("select max(rowid) from GPU_METRICS").fetchone()[0]
     con.execute("select typeId, metricId, avg(value) from GPU_METRICS group by typeId, metricId").fetchall()
 seconds = time.perf_counter() - t
-print(json.dumps({{"kind": kind, "rows": rows, **({{"verdicts": verdicts}} if kind == "diagnose" else {{}}), "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
+print(json.dumps({{"kind": kind, "rows": rows, **({{"verdicts": verdicts}} if kind == "diagnose" else {{}}),
+                  "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds),
                   "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}}))
 """
 

@@ -12,8 +12,10 @@ separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every secon
 the run the pod `leaver` leaves the kubelet's list. Two cases are a kubelet's answers at the exporter's
 16 MiB receive cap: GetAllocatableResources listing 1.5 million device IDs (`allocatable_16mib`), and List
 with one pod holding as many (`list_16mib`), both in one tick (`both_16mib`); and an API server whose ResourceSlice list is ten pages of
-60,000 devices each (`slice_devices_600k`), listed again every 10 s for a device no slice names. Scraper and client run in a process of their own. Reported: the exporter's RSS (VmRSS before the
-attack, its peak VmHWM), its CPU seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests made, the last
+60,000 devices each (`slice_devices_600k`), listed again every 10 s for a device no slice names. Scraper and client
+run in a process of their own. Reported: the exporter's RSS (VmRSS before the attack, its peak VmHWM), its CPU
+seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests
+made, the last
 kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
 intervals of grace), the log's lines about the API server and its tracebacks. Reports, never asserts
 on time (tests/test_dra.py asserts what holds on any machine).
@@ -31,11 +33,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.scrape_bench import cpu_seconds  # noqa: E402
-from tests.helpers import Exporter, http_get, parse_metrics, wait_for  # noqa: E402
-from tests.http_load import Every, Scraper  # noqa: E402
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, pod  # noqa: E402
-from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,  # noqa: E402
+from bench.scrape_bench import cpu_seconds
+from tests.helpers import Exporter, http_get, parse_metrics, wait_for
+from tests.http_load import Every, Scraper
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, pod
+from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,
                                          resource_slice, slice_pages)
 
 KUBELET_INTERVAL = 5.0

@@ -13,10 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from exporter.__main__ import build_engine  # noqa: E402
-from exporter.config import parse_args  # noqa: E402
-from exporter.samplers.dra import MAX_CONTAINERS  # noqa: E402
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod  # noqa: E402
+from exporter.__main__ import build_engine
+from exporter.config import parse_args
+from exporter.samplers.dra import MAX_CONTAINERS
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, kubernetes_node, pod
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from tests.helpers import free_port, http_get, wait_for
 
 TOLERANCE = 0.05
 EDGE_S = (2.0, 1.0)  # left out at a phase's start and end: ramps, not the phase's steady state
@@ -172,7 +172,7 @@ def cmd_report(args) -> int:
             snaps = [r for r in readings if r["gpus"] and r["gpus"][0]["spatial"]
                      and lo <= r["gpus"][0]["spatial"]["window_end"] <= hi]
             gpus = [r["gpus"][0] for r in snaps]
-            mean = lambda values: round(statistics.mean(values), 4) if values else None  # noqa: E731
+            mean = lambda values: round(statistics.mean(values), 4) if values else None
             exporter = {
                 "time_utilization": mean([g["time_utilization"] for g in gpus if g["time_utilization"] is not None]),
                 "sm_active": mean([g["spatial"]["sm_active"] for g in gpus]),

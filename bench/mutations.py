@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests  # noqa: E402
+from tests.mutants import Mutant, NotApplicable, apply, locate, operator_mutants, resolve_tests
 
 TIMEOUT_S = 600
 
@@ -725,9 +725,24 @@ ROUND_39 = (
        "min(bases, key=HELD_SHARE_BASES.index, default=WHOLE)", HOLDERS, "the weakest basis is said",
        function="weakest_basis"),
     _m("holders-claim-owner-keeps-claim", "exporter/holders.py",
-       "return Holder._unchecked(**{label: value for label, value in self._values if label not in through})",
-       "return self", HOLDERS,
-       "a claim's processes are its container's", function="Holder.owner"),
+       'self if not through & self._map.keys() else', 'self if True else', HOLDERS,
+       "a claim's processes are its container's", function="Holder._made_for_registry"),
+    # issue 44: the registries and the vocabulary refuse at construction
+    _m("holders-unknown-label-accepted", "exporter/holders.py", "        if unknown:\n", "        if False:\n",
+       ("tests/test_holder_registry.py",), "a label no kind declares is refused"),
+    _m("holders-positional-overflow", "exporter/holders.py", "if len(values) > len(order):",
+       "if len(values) > len(order) + 1:", ("tests/test_holder_registry.py",), "more values by position than labels"),
+    _m("holders-label-meaning-last-wins", "exporter/holders.py", "                meaning.setdefault(label, what)\n",
+       "                meaning[label] = what\n", ("tests/test_holder_registry.py",), "the first kind's meaning of a shared label"),
+    _m("owner-labels-keep-held-through", "exporter/holders.py",
+       "return tuple(label for label in labels() if label not in through)", "return labels()",
+       ("tests/test_holder_registry.py", "tests/test_exporter_e2e.py"), "the process series' owners: a claim is not one"),
+    _m("sources-profiler-ignored", "exporter/sources.py", 'if getattr(module := _module(name), "HOLDS_PROFILER", False)}',
+       'if getattr(module := _module(name), "HOLDS_PROFILER", True)}', ("tests/test_source_registry.py",),
+       "only a source that holds the profiler excludes captures"),
+    _m("vocabulary-check-optional-always", "exporter/vocabulary.py",
+       "if word not in allowed and not (optional and word is None):", "if word not in allowed and word is not None:",
+       ("tests/test_vocabulary.py",), "None is a word only where the field is optional"),
     _m("holders-kinds-order", "exporter/holders.py",
        'KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",',
        'KINDS = {"slurm": "exporter.samplers.slurm", "kubelet": "exporter.samplers.kubelet",', HOLDERS,
@@ -1198,9 +1213,13 @@ ROUND_37_COST = (
     _m("uploads-always", "exporter/samplers/nsys.py", "from pathlib import Path\n",
        "from pathlib import Path\n\nfrom exporter.uploads import UploadSpool  # noqa: F401\n",
        DEFAULT_IMPORTS, "the upload spool is loaded with its flag"),
+    _m("nsys-reader-always", "exporter/samplers/nsys.py", "from exporter.sources import profiled_by\n",
+       "from exporter.sources import profiled_by\nfrom nsys_ingest.reader import Export  # noqa: F401\n", DEFAULT_IMPORTS,
+       "the nsys source's module (its flags) loads no export reader"),
+    # (the nsys source's module is loaded for its flags since issue 44; what its reading needs is not)
     _m("serves-from-nsys", "exporter/samplers/nvml.py", "        from exporter.samplers.gpm import engine_busy\n",
-       "        from exporter.samplers.gpm import engine_busy\n        from exporter.samplers.nsys import serves\n",
-       DEFAULT_IMPORTS, "the NVML sampler does not load the nsys source", function="NvmlSampler._engine_busy_measured"),
+       "        from exporter.samplers.gpm import engine_busy\n        from nsys_ingest.reader import Export  # noqa: F401\n",
+       DEFAULT_IMPORTS, "the NVML sampler loads no export reader", function="NvmlSampler._engine_busy_measured"),
     _m("attribution-at-import", "exporter/samplers/ctxsw.py",
        "from exporter.vocabulary import ACTIVE, CTXSW, ERROR, MPS_CLIENT, MPS_SERVER, STANDBY, UNSUPPORTED\n",
        "from exporter.vocabulary import ACTIVE, CTXSW, ERROR, MPS_CLIENT, MPS_SERVER, STANDBY, UNSUPPORTED\n"

@@ -206,7 +206,7 @@ def gpm_sampler(stop: threading.Event, out: list):
             m = nvml.gpm_metrics(0)
             if m:
                 out.append((time.time(), m))
-    except Exception as exc:  # GPM is a side measurement here
+    except Exception as exc:  # noqa: BLE001 - GPM is a side measurement here
         out.append((time.time(), {"error": repr(exc)}))
 
 
@@ -240,7 +240,7 @@ def resnet(args, work, variant="default", env=None):
     inside = rates(progress, lambda a, b: any(lo + 0.2 <= a and b <= hi for lo, hi in marks))
     outside = rates(progress, lambda a, b: a >= started + WARM_S - 4 and all(b <= lo - 0.2 or a >= hi + 0.5
                                                                              for lo, hi in marks))
-    mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731 - one line
+    mean = lambda v: sum(v) / len(v) if v else None
     gpm_out = [m.get("sm_active") for t, m in gpm if "sm_active" in m and all(t <= lo or t - 1 >= hi for lo, hi in marks)
                and t > started + WARM_S]
     rows = []
@@ -293,7 +293,7 @@ def main(argv=None) -> int:
     for name in args.phases.split(","):
         try:
             results.append(phases[name](args, work))
-        except Exception as exc:  # one phase's failure leaves the others' figures
+        except Exception as exc:  # noqa: BLE001 - one phase's failure leaves the others' figures
             results.append({"phase": name, "failed": f"{type(exc).__name__}: {exc}"})
         print(json.dumps({k: v for k, v in results[-1].items() if k != "stderr"})[:3000], flush=True)
         (out / "native_device.json").write_text(json.dumps(results, indent=1))

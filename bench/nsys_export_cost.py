@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.ctxsw_live_cost import environment, find_nsys  # noqa: E402
-from exporter.samplers.ctxsw import profile_command  # noqa: E402
+from bench.ctxsw_live_cost import environment, find_nsys
+from exporter.samplers.ctxsw import profile_command
 
 
 def children_cpu() -> float:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.nvml import Nvml, NvmlError  # noqa: E402
+from exporter.nvml import Nvml, NvmlError
 
 
 _SAMPLE = []

@@ -11,11 +11,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.engine import Engine  # noqa: E402
-from exporter.nvml import Nvml  # noqa: E402
-from exporter.samplers.gpm import GpmSource  # noqa: E402
-from exporter.samplers.mps import MpsSampler  # noqa: E402
-from exporter.samplers.nvml import NvmlSampler  # noqa: E402
+from exporter.engine import Engine
+from exporter.nvml import Nvml
+from exporter.samplers.gpm import GpmSource
+from exporter.samplers.mps import MpsSampler
+from exporter.samplers.nvml import NvmlSampler
 
 
 def main() -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.http_load import run_measured  # noqa: E402
-from tests.test_report_hostile import HostilePrometheus  # noqa: E402
+from tests.http_load import run_measured
+from tests.test_report_hostile import HostilePrometheus
 
 REPORT = ["-m", "gpu_spatial", "report", "--last", "1h", "--prometheus"]
 # name -> (arguments after the URL's path, the path): the cases and sizes

@@ -21,9 +21,9 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.fleet_vm import report, start_victoria_metrics, stop_victoria_metrics  # noqa: E402
-from bench.ingest_bench import write_result  # noqa: E402
-from tests.helpers import http_get  # noqa: E402
+from bench.fleet_vm import report, start_victoria_metrics, stop_victoria_metrics
+from bench.ingest_bench import write_result
+from tests.helpers import http_get
 
 STEP = 300
 HOUR = 3600

@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from tests.helpers import free_port, http_get, wait_for
 
 STATUS_FIELDS = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
 ROLLUP_FIELDS = ("Private_Clean", "Private_Dirty", "Shared_Clean", "Shared_Dirty")

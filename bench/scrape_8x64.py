@@ -30,10 +30,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.ctxsw_live_cost import stop  # noqa: E402
-from bench.scrape_bench import scrape_latencies  # noqa: E402
-from exporter.nvml_replay import cut  # noqa: E402
-from tests.helpers import FIXTURES, free_port, http_get, wait_for  # noqa: E402
+from bench.ctxsw_live_cost import stop
+from bench.scrape_bench import scrape_latencies
+from exporter.nvml_replay import cut
+from tests.helpers import FIXTURES, free_port, http_get, wait_for
 
 PIDS = (417, 418, 419, 420)  # the recording's four processes
 

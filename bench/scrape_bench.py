@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.helpers import free_port, http_get, wait_for  # noqa: E402
+from tests.helpers import free_port, http_get, wait_for
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

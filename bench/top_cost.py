@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.soak import cpu_seconds, rss_bytes  # noqa: E402
+from bench.soak import cpu_seconds, rss_bytes
 
 SOCKET = "top-cost"
 COLS, ROWS = 160, 48
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
         started = time.monotonic()
         time.sleep(args.window)
         elapsed = time.monotonic() - started
-        result = {"window_s": round(elapsed, 1), "terminal": type(windows).__name__, "load_processes": args.load, "top_args": top_args, "tools": {}}
+        result = {"window_s": round(elapsed, 1), "terminal": type(windows).__name__, "load_processes": args.load,
+                  "top_args": top_args, "tools": {}}
         for name, pid in pids.items():
             used = cpu_seconds(pid) - before[name]
             result["tools"][name] = {"cpu_seconds": round(used, 3), "cpu_percent_of_core": round(100 * used / elapsed, 2),

@@ -16,8 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.http_attacks import ATTACKER, MB, Exporter, RssWatch, Scraper, rss  # noqa: E402
-from tests.helpers import http_get  # noqa: E402
+from bench.http_attacks import ATTACKER, MB, Exporter, RssWatch, Scraper, rss
+from tests.helpers import http_get
 
 
 def readers(port: int, path: str, connections: int, pipelined: int, seconds: float) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.verdict_recordings import RECORDINGS, live_diagnoses, offline, rejudge  # noqa: E402
+from tests.verdict_recordings import RECORDINGS, live_diagnoses, offline, rejudge
 
 
 def _most(counter: Counter) -> str:

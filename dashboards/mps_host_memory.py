@@ -44,7 +44,8 @@ def build() -> Dashboard:
                     (f"mps_daemon_up{{{HOST}}}", "{{instance}} {{role}} up")],
                    (8, 12, 12, 16), unit="short", ratio=False, empty=NO_MPS),
         timeseries("MPS daemons: minor page faults / s and CPU",
-                   [(f"rate(mps_daemon_minor_page_faults_total{{{HOST}}}[$__rate_interval])", "{{instance}} {{role}} {{user}} minor faults"),
+                   [(f"rate(mps_daemon_minor_page_faults_total{{{HOST}}}[$__rate_interval])",
+                     "{{instance}} {{role}} {{user}} minor faults"),
                     (f"rate(mps_daemon_cpu_seconds_total{{{HOST}}}[$__rate_interval])", "{{instance}} {{role}} {{user}} CPU (cores)")],
                    (8, 24, 0, 24), unit="short", ratio=False, empty=NO_MPS),
     ]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from exporter.sampler import SamplerDefaults
 from exporter.snapshot import CollectorHealth
-from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401
+from exporter.vocabulary import CAPACITY, EVEN_SPLIT, HELD_SHARE_BASES, MIG, REPLICAS, WHOLE, check  # noqa: F401 - re-exported
 
 
 def weakest_basis(bases) -> str:
@@ -31,23 +31,26 @@ class Holder:
     "c")` fills the labels in their registered order. A label no kind declares is refused here, where the
     holder is built, not published as a new series."""
 
-    __slots__ = ("_values", "_order", "_key")
+    __slots__ = ("_values", "_map", "_order", "_key", "_owner")
 
     def __init__(self, *values: str, **named: str):
         order = labels()
-        if len(values) > len(order):
-            raise TypeError(f"Holder takes at most {len(order)} labels by position ({', '.join(order)})")
-        named = {**dict(zip(order, values)), **named}
-        unknown = sorted(set(named) - set(order))
+        if values:
+            if len(values) > len(order):
+                raise TypeError(f"Holder takes at most {len(order)} labels by position ({', '.join(order)})")
+            named = {**dict(zip(order, values)), **named}
+        unknown = named.keys() - _declarations()[4]
         if unknown:
-            raise ValueError(f"no holder kind declares the label(s) {', '.join(unknown)}; declared: "
+            raise ValueError(f"no holder kind declares the label(s) {', '.join(sorted(unknown))}; declared: "
                              f"{', '.join(order)} (a kind's LABELS, exporter/holders.py KINDS)")
         self._set({label: str(value) for label, value in named.items() if value})
 
     def _set(self, values: dict) -> None:
         object.__setattr__(self, "_values", tuple(sorted(values.items())))
-        object.__setattr__(self, "_order", None)
+        object.__setattr__(self, "_map", dict(self._values))
+        object.__setattr__(self, "_order", None)  # the registry's labels its sort key and owner were made for
         object.__setattr__(self, "_key", ())
+        object.__setattr__(self, "_owner", None)
 
     @classmethod
     def _unchecked(cls, **values: str) -> "Holder":
@@ -59,7 +62,7 @@ class Holder:
     def __getattr__(self, name: str) -> str:
         if name.startswith("_") or name not in labels():
             raise AttributeError(name)
-        return dict(self._values).get(name, "")
+        return self._map.get(name, "")
 
     def __setattr__(self, name, value):
         raise AttributeError("a Holder is immutable")
@@ -72,12 +75,18 @@ class Holder:
 
     def _sort_key(self) -> tuple:
         """Its values in the registered label order (the order holders are listed in)."""
+        self._made_for_registry()
+        return self._key
+
+    def _made_for_registry(self) -> None:
+        """Its sort key and owner for the registry now (made once: the join compares owners per process)."""
         order = labels()
         if self._order is not order:
-            values = dict(self._values)
-            object.__setattr__(self, "_key", tuple(values.get(label, "") for label in order))
+            through = held_through_labels()
+            object.__setattr__(self, "_key", tuple(self._map.get(label, "") for label in order))
+            object.__setattr__(self, "_owner", self if not through & self._map.keys() else Holder._unchecked(
+                **{label: value for label, value in self._values if label not in through}))
             object.__setattr__(self, "_order", order)
-        return self._key
 
     def __lt__(self, other: "Holder") -> bool:
         return self._sort_key() < other._sort_key()
@@ -103,8 +112,7 @@ class Holder:
 
     def values_of(self, names) -> tuple[str, ...]:
         """Its values of `names` (empty where it has none)."""
-        values = dict(self._values)
-        return tuple(values.get(name, "") for name in names)
+        return tuple(self._map.get(name, "") for name in names)
 
     def to_json(self) -> dict:
         return dict(zip(labels(), self.labels()))
@@ -112,10 +120,8 @@ class Holder:
     def owner(self) -> "Holder":
         """Who runs the holder's processes: a claim is held by its container, whose cgroup the pids name
         (the labels a kind declares HELD_THROUGH name what the GPU is held through, not who runs)."""
-        through = held_through_labels()
-        if not any(label in through for label, _ in self._values):
-            return self
-        return Holder._unchecked(**{label: value for label, value in self._values if label not in through})
+        self._made_for_registry()
+        return self._owner
 
 
 def _rebuild(values) -> Holder:
@@ -179,8 +185,9 @@ class HolderSampler(SamplerDefaults):
 
 # Kind -> its module, which declares
 # - LABELS: the labels its holders set, label -> what it names (kinds may share one: an LSF job is an
-#   hpc_job too; the first kind's meaning is published), and HELD_THROUGH (optional): those of them that name what the GPU is held through rather than who runs
-#   the processes (a DRA claim): the process series' owners go without them (Holder.owner());
+#   hpc_job too; the first kind's meaning is published), and HELD_THROUGH (optional): those of them that
+#   name what the GPU is held through rather than who runs the processes (a DRA claim): the process
+#   series' owners go without them (Holder.owner());
 #   and GROUPS (optional): what `gpu-spatial report --by` groups by, name -> labels (a pod needs its
 #   namespace), where not every label is a grouping alone (the default);
 # - SCHEDULER: True for a scheduler's allocations; under --holders auto the kinds that are no scheduler
@@ -191,12 +198,11 @@ class HolderSampler(SamplerDefaults):
 # two kinds claim one pid, and their labels come first.
 KINDS = {"kubelet": "exporter.samplers.kubelet", "slurm": "exporter.samplers.slurm",
          "users": "exporter.samplers.users"}
-_declared: dict[tuple, tuple] = {}  # KINDS' items -> (labels, label -> meaning, held-through labels, groups)
+_declared: list = [None, None]  # [a copy of KINDS, (labels, label -> meaning, held-through, groups, label set)]
 
 
 def _declarations() -> tuple:
-    key = tuple(KINDS.items())
-    if key not in _declared:
+    if _declared[0] != KINDS:  # first use, or a kind registered since (cheap: read per holder compared)
         meaning, through, groups = {}, set(), {}
         for module in map(importlib.import_module, KINDS.values()):
             for label, what in module.LABELS.items():
@@ -204,9 +210,9 @@ def _declarations() -> tuple:
             through.update(getattr(module, "HELD_THROUGH", ()))
             for name, grouped in getattr(module, "GROUPS", {label: (label,) for label in module.LABELS}).items():
                 groups.setdefault(name, tuple(grouped))
-        _declared.clear()  # one registry at a time: the label tuple's identity marks the holders' sort keys
-        _declared[key] = (tuple(meaning), meaning, frozenset(through), groups)
-    return _declared[key]
+        # one registry at a time: the label tuple's identity marks what holders made for it (sort key, owner)
+        _declared[:] = [dict(KINDS), (tuple(meaning), meaning, frozenset(through), groups, frozenset(meaning))]
+    return _declared[1]
 
 
 def holder_name(values) -> str:

@@ -22,7 +22,9 @@ STEP_TAIL_BYTES = 64 << 10  # bytes of a step's output read back by default: its
 
 def spatial_reading(row, start: float, end: float) -> SpatialReading:
     """A bucket of nsys_ingest.analysis.bucket_means (which already sums DRAM read and write)."""
-    value = lambda name: as_ratio(row.get(name))  # noqa: E731
+    def value(name):
+        return as_ratio(row.get(name))
+
     return SpatialReading(source="nsys", window_start=start, window_end=end, sm_active=value("sm_active"),
                           sm_occupancy=value("sm_occupancy"), graphics_engine_active=value("gr_active"),
                           tensor_active=value("tensor_active"), dram_active=value("dram_active"),

@@ -185,7 +185,9 @@ class Nvml:
         with self._lock:
             self._handles.pop(index, None)
             self._names.pop(index, None)
-            mine = lambda key: key == index or (isinstance(key, tuple) and key[0] == index)  # noqa: E731
+            def mine(key) -> bool:
+                return key == index or (isinstance(key, tuple) and key[0] == index)
+
             previous = [self._gpm_previous.pop(k)[0] for k in [k for k in self._gpm_previous if mine(k)]]
             spare = [self._gpm_spare.pop(k) for k in [k for k in self._gpm_spare if mine(k)]]
         for sample in (*previous, *spare):
@@ -211,7 +213,7 @@ class Nvml:
         self._gpm_spare.clear()
         try:
             self._nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - shutting down: nothing NVML answers then changes what follows
             pass
 
     def device_count(self) -> int:

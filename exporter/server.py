@@ -18,7 +18,8 @@ Anything on the pod network can reach the exporter, so every connection is held 
 - a connection closed by a deadline drops what it had not sent (a client that does not read would
   otherwise hold its buffers until it left); where the answers waiting on clients that stopped reading
   hold more than MAX_UNSENT_BYTES in all, those waiting longest are closed the same way at once (400
-  clients asking for the 1.5 MB Swagger UI script and never reading held 41 MB, 101 MB pipelined); an answer that closes the connection before the request
+  clients asking for the 1.5 MB Swagger UI script and never reading held 41 MB, 101 MB pipelined); an answer that
+  closes the connection before the request
   body arrived (401, 413 to an upload) first reads and drops the rest of the body (at most
   DRAIN_MAX_BYTES, within the body deadline), so a client still sending sees the answer, not a reset.
 The guard hooks uvicorn's httptools protocol (measured against uvicorn's h11: bench/RESULTS.md,

@@ -6,7 +6,7 @@ import re
 import threading
 from dataclasses import dataclass, field
 
-from exporter.vocabulary import ACTIVE, DISABLED, ERROR, OK, PENDING, PUBLISHED_STATES, STANDBY, UNSUPPORTED  # noqa: F401
+from exporter.vocabulary import ACTIVE, DISABLED, ERROR, OK, PENDING, PUBLISHED_STATES, STANDBY, UNSUPPORTED  # noqa: F401 - re-exported
 from exporter.vocabulary import PROCESS_KINDS, SOURCE_STATES, check
 
 SPATIAL_FIELDS = ("sm_active", "sm_occupancy", "graphics_engine_active", "tensor_active", "dram_active")

@@ -89,7 +89,7 @@ class Client(threading.Thread):
         if self._broken is None and self._tracer is None:
             try:
                 self._tracer = (self._factory or default_tracer)()
-            except Exception as exc:  # CuptiUnavailable, or CUPTI's own error at registration
+            except Exception as exc:  # noqa: BLE001 - CuptiUnavailable, or CUPTI's own error at registration
                 self._broken = str(exc)
                 say_once(self.said, "cupti", f"CUPTI is not available, this process is not traced: {exc}")
         if self._broken is not None:
@@ -99,7 +99,7 @@ class Client(threading.Thread):
         except WindowLate as exc:  # CUPTI is still busy with a window: answered on time, with the reason
             say_once(self.said, "late", f"window {window} not reported: {exc}")
             return {**head, "error": str(exc)[:500]}
-        except Exception as exc:  # a CUPTI call failed mid-window: say it, keep the application running
+        except Exception as exc:  # noqa: BLE001 - a CUPTI call failed mid-window: say it, keep the application running
             say_once(self.said, f"trace {type(exc).__name__}", f"a window failed: {exc}")
             return {**head, "error": f"window failed: {type(exc).__name__}: {exc}"[:500]}
         self.windows += 1

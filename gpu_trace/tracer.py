@@ -75,9 +75,9 @@ class CuptiApi:
 
     def __init__(self):
         try:
-            import cupti.cupti as cupti  # noqa: PLC0415 - loaded only when a window is asked for
+            import cupti.cupti as cupti
             from cuda.bindings import driver
-        except Exception as exc:  # ImportError, or OSError from a missing libcupti
+        except Exception as exc:  # noqa: BLE001 - ImportError, or OSError from a missing libcupti
             raise CuptiUnavailable(f"cupti-python is not importable ({type(exc).__name__}: {exc})") from None
         self._cupti, self._driver = cupti, driver
         kinds = cupti.ActivityKind
@@ -121,7 +121,7 @@ class CuptiApi:
         out = {}
         for ordinal in range(call(d.cuDeviceGetCount())):
             dev = call(d.cuDeviceGet(ordinal))
-            get = lambda a: int(call(d.cuDeviceGetAttribute(a, dev)))  # noqa: E731
+            get = lambda a: int(call(d.cuDeviceGetAttribute(a, dev)))  # noqa: E731 - bound to this device's loop turn
             limits = DeviceLimits(
                 sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
                 max_warps_per_sm=get(attr.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) // 32,
@@ -215,7 +215,7 @@ class Tracer:
                 window.closed.set()
             time.sleep(self.settle_s)
             window.step("flush", self.api.flush)
-        except Exception as exc:  # a CUPTI call failed: the answering thread says so
+        except Exception as exc:  # noqa: BLE001 - a CUPTI call failed: the answering thread says so
             window.error = exc
         finally:
             window.closed.set()
@@ -225,7 +225,7 @@ class Tracer:
             if self.detach:
                 try:
                     window.step("detach", self.api.detach)
-                except Exception:  # the next window registers again either way
+                except Exception:  # noqa: BLE001 - the next window registers again either way
                     pass
                 self._registered = False
             window.phase = "finished"

@@ -5,8 +5,9 @@ GPU_CONTEXT_SWITCH_EVENTS(tag, vmId, seqNo, contextId, timestamp, globalPid, gpu
 resident on its GPU from its RESTORE_START to its SAVE_END (tags named in ENUM_GPU_CTX_SWITCH), one
 context at a time, ~2 ms per slice. A GPU_METRICS sample stamped t describes [t, t'), up to the next
 sample t' of its GPU (measured on the H200 at 10 kHz: the sample stamped 50 us after the matmul's
-RESTORE_START, following a launch loop at ~1 % SM, reads 99.6 %; the one 50 us before it reads 48 %). So per process: its resident time (exact), and the SM activity (and occupancy,
-tensor, DRAM, GR) of its own slices. This is the one place that attribution is computed: the
+RESTORE_START, following a launch loop at ~1 % SM, reads 99.6 %; the one 50 us before it reads 48 %). So per
+process: its resident time (exact), and the SM activity (and occupancy, tensor, DRAM, GR) of its own slices. This
+is the one place that attribution is computed: the
 `workloads` command and the exporter's live source (exporter/samplers/ctxsw.py) both call attribute().
 
 Estimators (how a sample's value is given to the slices; docs/workloads.md):
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from nsys_ingest.attribution import Attribution, GpuAttribution, ProcessAttribution  # noqa: F401 - re-exported
+from nsys_ingest.attribution import Attribution, GpuAttribution, ProcessAttribution
 from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Budget, Export, IngestError, _column,
                                  number, numbers_only, text, window_clauses)
 

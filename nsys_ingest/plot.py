@@ -4,10 +4,10 @@ from __future__ import annotations
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display needed
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from nsys_ingest.analysis import bucket_means  # noqa: E402
-from nsys_ingest.reader import Export, IngestError  # noqa: E402
+from nsys_ingest.analysis import bucket_means
+from nsys_ingest.reader import Export, IngestError
 
 MAX_POINTS = 1200
 

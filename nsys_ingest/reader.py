@@ -534,7 +534,9 @@ class Export:
 
     def empty_window(self, start_ns, end_ns, what: str = "GPU metric samples") -> IngestError:
         """The error for a window that holds nothing: it says where the capture's data lies."""
-        shown = lambda ns: "..." if ns is None else f"{ns / 1e9:.3f} s"  # noqa: E731
+        def shown(ns) -> str:
+            return "..." if ns is None else f"{ns / 1e9:.3f} s"
+
         asked = f"{shown(start_ns)} to {shown(end_ns)}" if (start_ns, end_ns) != (None, None) else "the whole capture"
         span = self.span()
         if span is None:
@@ -542,7 +544,9 @@ class Export:
         low, high = span
         where = f"{low / 1e9:.3f}-{high / 1e9:.3f} s from the capture start"
         if self.start_ns is not None:
-            stamp = lambda ns: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((self.start_ns + ns) / 1e9))  # noqa: E731
+            def stamp(ns) -> str:
+                return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime((self.start_ns + ns) / 1e9))
+
             where += f" ({stamp(low)} to {stamp(high)})"
         return IngestError(f"no {what} in this window ({asked}): the capture's data spans {where}; "
                            "give --start/--end inside it")

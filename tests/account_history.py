@@ -4,7 +4,8 @@ held its GPU while its exporter ran.
 
 Cases: holders whole / time-sliced (SM time_share) / a MIG slice (no busy) / two MPS clients (no busy, no
 SM: unknown) / an idle notebook / a Unix user's process on a host without a scheduler / a DRA claim / a Slurm job
-measured from context switches (busy and SM basis ctxsw) that ends at hour 20 / a holder that starts at hour 33.25 / fifteen short jobs (10-26 min) /
+measured from context switches (busy and SM basis ctxsw) that ends at hour 20 / a holder that starts at hour 33.25 /
+fifteen short jobs (10-26 min) /
 node-a's exporter restarting at hour 36 (down 60 s, its counters start again from 0) / a scrape and rules
 outage from hour 40 to 41 (the exporters keep counting) / rollups only from hour 30 (rules added later).
 Issue 45 (node-e): its exporter down for 10 minutes at hour 12 / its GPU 0 lost at hour 30 (GPU_IS_LOST)
@@ -19,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series  # noqa: F401 (FAMILIES: for the tests)
+from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series  # noqa: F401 - FAMILIES: re-exported for the tests
 
 HOUR = 3600.0
 LENGTH = 48 * HOUR
@@ -287,7 +288,8 @@ def prometheus_text(t0: float):
 
 
 GROUP_OF = {"namespace": lambda h: (h.namespace,), "hpc_job": lambda h: (h.hpc_job,),
-            "node": lambda h: (h.instance,), "model": lambda h: (h.model,), "user": lambda h: (h.user,), "claim": lambda h: (h.claim,), "pod": lambda h: (h.namespace, h.pod)}
+            "node": lambda h: (h.instance,), "model": lambda h: (h.model,), "user": lambda h: (h.user,),
+            "claim": lambda h: (h.claim,), "pod": lambda h: (h.namespace, h.pod)}
 
 
 def truth(by: str) -> dict[tuple, dict]:

@@ -71,7 +71,7 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
         # types the exporter's own reader refuses (protobuf would put its fields in order again)
         self.raw: bytes | None = None
 
-    def List(self, request, context):  # noqa: N802 - the API's name
+    def List(self, request, context):
         self.calls += 1
         self.answering.wait(60)
         time.sleep(self.delay)
@@ -79,7 +79,7 @@ class PodResources(pb_grpc.PodResourcesListerServicer):
             return self.raw
         return pb.ListPodResourcesResponse(pod_resources=self.pods)
 
-    def GetAllocatableResources(self, request, context):  # noqa: N802 - the API's name
+    def GetAllocatableResources(self, request, context):
         if self.allocatable is None:
             context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources is not enabled")
         if isinstance(self.allocatable, pb.AllocatableResourcesResponse):

@@ -85,7 +85,7 @@ class FakeApiServer:
             def log_message(self, *args):
                 pass
 
-            def do_GET(self):  # noqa: N802 - http.server's name
+            def do_GET(self):
                 server.requests.append(self.path)
                 server.authorizations.append(self.headers.get("Authorization"))
                 time.sleep(server.delay)

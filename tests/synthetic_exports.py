@@ -389,8 +389,9 @@ KERNEL_COLUMNS = ("start, end, deviceId, contextId, streamId, globalPid, demangl
 
 
 def grown(target: Path, rows: int, kernels: bool = False) -> None:
-    """A big export of `rows` rows (bench/ingest_bench.py, tests/test_hostile.py): a fixture whose rows are doubled (kernels: and the GPU metrics beside them) with timestamps shifted past the
-    previous copies, so the rows stay in time order as nsys writes them."""
+    """A big export of `rows` rows (bench/ingest_bench.py, tests/test_hostile.py): a fixture whose rows are doubled
+    (kernels: and the GPU metrics beside them) with timestamps shifted past the previous copies, so the rows stay in
+    time order as nsys writes them."""
     shutil.copyfile(KERNEL_SOURCE if kernels else METRICS_SOURCE, target)
     con = sqlite3.connect(target)
     con.execute("pragma journal_mode=off")

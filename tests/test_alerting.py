@@ -15,7 +15,7 @@ import yaml
 from tests.helpers import FIXTURES, ROOT, Exporter, Prometheus, free_port, http_get, wait_for
 
 CONFIG = ROOT / "deploy" / "alertmanager.yaml"
-needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
+needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")
 
 
 @needs("amtool")
@@ -42,7 +42,7 @@ class Webhook:
         received = self.notifications
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
                 self.send_response(200)
                 self.end_headers()
@@ -197,7 +197,7 @@ def test_inhibitions_as_configured(tmp_path):
                                             urllib.request.quote(f'case="{number}"'))[1])
                 return {tuple(sorted(a["labels"].items())): a["status"]["state"] for a in found}
 
-            key = lambda a: tuple(sorted(a.items()))  # noqa: E731
+            key = lambda a: tuple(sorted(a.items()))
             want = {key(source): "active", **{key(a): "suppressed" for a in silenced},
                     **{key(a): "active" for a in spared}}
             wait_for(lambda: states() == want, 15, 0.2, f"inhibition case {number}: {source['alertname']}")

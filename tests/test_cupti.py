@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +24,7 @@ from exporter.samplers import cupti as source_module
 from exporter.samplers.cupti import BadReport, ClientReport, CuptiSource, DeviceReport, gpu_windows, parse_report
 from gpu_trace.client import Client
 from gpu_trace.tracer import Tracer
-from tests.test_gpu_trace import FIXTURE, UUID, ReplayCupti, window
+from tests.test_gpu_trace import UUID, ReplayCupti, window
 
 ROOT = Path(__file__).resolve().parent.parent
 OTHER_GPU = "GPU-00000000-0000-0000-0000-000000000001"
@@ -632,12 +631,13 @@ def test_flags_refuse_a_window_over_half_the_period(capsys):
 
 
 # -- the join: per-client shares of an MPS GPU, exact figures ---------------------------------------------
-from exporter.holders import Held, Holdings  # noqa: E402
-from exporter.sampler import ProcessShare, ProcessWindow  # noqa: E402
-from exporter.snapshot import SpatialReading  # noqa: E402
-from exporter.workloads import (CUPTI, EXACT, MPS_REASON, SmHistory, WorkloadAccountant, cupti_gpu,  # noqa: E402
+# (its imports stay with it, as the section it came from had them)
+from exporter.holders import Held, Holdings  # noqa: E402 - the section's own imports
+from exporter.sampler import ProcessShare, ProcessWindow  # noqa: E402 - the section's own imports
+from exporter.snapshot import SpatialReading  # noqa: E402 - the section's own imports
+from exporter.workloads import (CUPTI, EXACT, MPS_REASON, SmHistory, WorkloadAccountant, cupti_gpu,  # noqa: E402 - the section's own
                                 gpu_shares)
-from tests.test_workloads import GPU0, IDLE, NOTEBOOK, TRAINER, view  # noqa: E402
+from tests.test_workloads import GPU0, IDLE, NOTEBOOK, TRAINER, view  # noqa: E402 - the section's own imports
 
 MPS = dict(processes={99: 1.0}, compute={99: "mps_server", 501: "mps", 502: "mps", 503: "mps"}, mode="mps")
 MPS_OWNERS = {501: TRAINER, 502: TRAINER, 503: NOTEBOOK}

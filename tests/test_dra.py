@@ -507,7 +507,7 @@ def test_an_api_server_turning_hostile_is_its_own_error_and_pods_that_leave_stil
                       for ns, name, share in (("team-a", "a-gpu", "s1"), ("team-b", "b-gpu", "s2"),
                                               ("team-d", "d-gpu", "s3"))}
         with Exporter(*args, "--kubernetes-api", api.url, env={"NODE_NAME": "node-a"}) as exporter:
-            success = lambda s: {l["collector"]: v for l, v in s["gpu_exporter_collector_success"]}  # noqa: E731
+            success = lambda s: {l["collector"]: v for l, v in s["gpu_exporter_collector_success"]}
             wait_for(lambda: success(scrape(exporter)).get("kubernetes_api") == 1.0 and pods_of(scrape(exporter)),
                      15, 0.2, "a good API server read")
             asked = len(api.requests)

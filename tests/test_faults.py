@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, Exporter, free_port, http_get, parse_metrics, sample_value, wait_for
+from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, sample_value, wait_for
 
 SLICED = FIXTURES / "nvml_h100_time_sliced.json"
 H100 = json.loads(SLICED.read_text())["calls"]["identity/0"][0]["value"]["uuid"]
@@ -287,7 +287,7 @@ def test_watched_exports_that_are_half_written_garbage_or_deleted(tmp_path):
     good = FIXTURES / "h100_quarter_sms_50hz.sqlite"
     aged(Path(shutil.copy(good, watch / "good.sqlite")), 60)
     with Exporter("--no-nvml", "--no-mps", "--interval", "0.2", "--nsys-watch-dir", str(watch)) as e, Scraper(e):
-        stamp = lambda m: sample_value(m, "gpu_spatial_sample_timestamp_seconds", source="nsys")  # noqa: E731
+        stamp = lambda m: sample_value(m, "gpu_spatial_sample_timestamp_seconds", source="nsys")
         published = wait_for(lambda: stamp(samples(e)), 15, 0.1, "good export published")
 
         half = watch / "half.sqlite"

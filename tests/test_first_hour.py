@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
 from pathlib import Path
 
 import pytest

@@ -81,10 +81,10 @@ def test_a_claim_is_not_its_processes_owner():
 
 def test_report_and_top_read_a_registered_kinds_labels(ray_registered):
     from gpu_spatial.report import parser
-    from gpu_spatial.report.account import Plan, group_labels
+    from gpu_spatial.report.account import GPU_GROUPS, Plan, group_labels
 
     by = parser()._option_string_actions["--by"].choices
-    assert {"ray_job", "ray_actor", "namespace", "pod", "claim", "hpc_job", "user", "node", "model"} == set(by)
+    assert {"ray_job", "ray_actor", "namespace", "pod", "claim", "hpc_job", "user", *GPU_GROUPS} == set(by)
     assert group_labels()["pod"] == ("namespace", "pod") and group_labels()["ray_actor"] == ("ray_actor",)
     assert Plan("ray_actor").rules_unusable() == "no recording rule groups by ray_actor"  # the counters answer
     assert holders.holder_name({"ray_job": "j1", "ray_actor": "a"}) == "a"

@@ -143,7 +143,7 @@ def test_a_stuck_or_raising_sampler_has_its_values_withdrawn_and_comes_back(tmp_
     slurm = FailingMount(str(mapping), nvml, proc_root=str(proc), interval=0.1)
     engine = Engine(nvml, [GpmSource(nvml), slurm], interval=0.1, workloads=WorkloadAccountant())
     engine.tick_deadline = 1.0
-    jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}  # noqa: E731
+    jobs = lambda: {w.holder.hpc_job for w in engine.snapshot.workloads}
     caplog.set_level(logging.INFO, logger="exporter.engine")
     engine.start()
     try:

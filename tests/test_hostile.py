@@ -24,7 +24,7 @@ from tests.helpers import FIXTURES, ROOT, Exporter, free_port, wait_for
 from tests.test_faults import Scraper  # /metrics answers in under a second throughout, or it fails
 
 sys.path.insert(0, str(ROOT / "tools"))
-from make_hostile_corpus import CASES, DIAGNOSE_REFUSES, GENERATED, UUID, build_generated  # noqa: E402
+from make_hostile_corpus import CASES, DIAGNOSE_REFUSES, GENERATED, UUID, build_generated
 
 CORPUS = FIXTURES / "hostile"
 QUARTER = FIXTURES / "h100_quarter_sms_50hz.sqlite"
@@ -225,7 +225,8 @@ def test_every_table_read_is_checked_whichever_module_reads_it(tmp_path):
     con.commit()
     con.close()
     with Export(path) as export:
-        for sql, why in (("select start from CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION.pad is a generated column"),
+        for sql, why in (("select start from CUPTI_ACTIVITY_KIND_SYNCHRONIZATION",
+                          "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION.pad is a generated column"),
                          ("select timestamp from LATER_TABLE", "LATER_TABLE is a view, not a table")):
             export.guard.refused = None
             with pytest.raises(sqlite3.DatabaseError) as raised:
@@ -366,7 +367,7 @@ def test_the_dram_read_only_upload_is_published_with_its_dram(tmp_path):
 def test_a_gpu_goes_when_no_export_publishes_it_any_more(tmp_path):
     spool = tmp_path / "spool"
     with uploading_exporter(spool) as exporter:
-        uuids = lambda: {g["uuid"] for g in exporter.gpus()["gpus"]}  # noqa: E731
+        uuids = lambda: {g["uuid"] for g in exporter.gpus()["gpus"]}
         assert post(exporter.url + "/api/v1/nsys", QUARTER.read_bytes())[0] == 201
         wait_for(lambda: uuids() == {QUARTER_UUID}, 15, what="first upload published")
         time.sleep(1.1)  # a newer mtime for the next upload

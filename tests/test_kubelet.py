@@ -296,7 +296,7 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
 
     server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})],
                                       [(GPU, [f"{UUID}::{i}" for i in range(MAX_DEVICES)])])
-    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share  # noqa: E731
+    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share
     cut = f"GetAllocatableResources lists more than {MAX_DEVICES} device IDs: it is read no further"
     try:
         sampler.tick()
@@ -357,7 +357,7 @@ def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog)
     counted = f"the kubelet lists {walked + 1} device IDs: only the first {MAX_DEVICES} are read"
     cut = f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} fields (1 pods read whole): " \
           "the pod it stopped in and what it lists after it are neither read nor counted"
-    big = lambda count: pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(1, count + 1)])]})  # noqa: E731
+    big = lambda count: pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(1, count + 1)])]})
     server, sampler = kubelet_sampler(tmp_path, [ok, big(walked)])
     only_ok = (PodRef("ns", "ok", "c", GPU),)
     try:

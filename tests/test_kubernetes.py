@@ -14,7 +14,7 @@ from tests.helpers import ROOT
 BASE = ROOT / "deploy" / "kubernetes"
 KUBERNETES_VERSION = "1.35.0"  # DRA's GA release (resource.k8s.io/v1, which the exporter reads)
 BUILT_IN = {"Namespace", "ServiceAccount", "Service", "DaemonSet", "ConfigMap", "ClusterRole", "ClusterRoleBinding"}
-needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
+needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from tests.helpers import RULES, ROOT, free_port, http_get, wait_for
 from tests.workload_scenario import DURATION, SCENARIO, exposition, gpu_hours_by_group, write_openmetrics
 
 BACKFILL_STEP = 10.0  # seconds between samples: rate5m at the kinks of a hold is off by a fraction of a step
-needs = lambda *tools: pytest.mark.skipif(  # noqa: E731
+needs = lambda *tools: pytest.mark.skipif(
     any(shutil.which(t) is None for t in tools), reason=f"{', '.join(tools)} not installed (see .ci/run)")
 GROUP_OF = {"namespace": lambda h: (h.namespace,), "pod": lambda h: (h.namespace, h.pod),
             "hpc_job": lambda h: (h.hpc_job,), "node": lambda h: (h.instance,), "model": lambda h: (h.model,)}
@@ -426,7 +426,7 @@ def test_remote_write_to_victoria_metrics_gives_the_same_report(scenario_server,
                                        "--by", "namespace")
             assert set(stores[name]["source"]["hours"]) == {"counters"}  # no rollups recorded here: the fallback
             check_groups(stores[name], "namespace")
-        strip = lambda d: json.dumps([d["groups"], d["total"]], sort_keys=True)  # noqa: E731
+        strip = lambda d: json.dumps([d["groups"], d["total"]], sort_keys=True)
         assert strip(stores["prometheus"]) == strip(stores["victoria-metrics"])
     finally:
         if prometheus:

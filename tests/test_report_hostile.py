@@ -139,7 +139,8 @@ def hostile():
     ("nested", [], "not the Prometheus JSON API (JSON nested too deeply)"),  # RecursionError escaped
     ("list-label", [], "answered label 'namespace' as a list, not a string"),  # TypeError escaped
     ("labelless", [], "answered one series twice in one answer"),  # 951 MB, 118 s
-    ("values", ["--max-response-mib", "1"], "answered one query with JSON of more than 65536 values (--max-response-mib 1 allows 1048576 bytes and 65536"),
+    ("values", ["--max-response-mib", "1"],
+     "answered one query with JSON of more than 65536 values (--max-response-mib 1 allows 1048576 bytes and 65536"),
     ("header-drip", ["--timeout", "1"], "took longer than 1 s to answer one query"),  # ran past 80 s with --timeout 5
     ("timeline", ["--format", "html"], "a range sample that is not a time and a number"),  # ValueError escaped
 ])

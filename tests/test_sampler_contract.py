@@ -189,7 +189,7 @@ def test_a_new_holder_kind_is_one_module_and_reaches_metrics_and_api(tmp_path):
     (tmp_path / "jobs").write_text("417 77\n418 77\n419 88\n")
     with Exporter("--nvml-replay", str(tmp_path / "nvml.json"), "--no-mps", "--interval", "0.2", "--holders", "lsf",
                   "--lsf-job-file", str(tmp_path / "jobs"), module="tests.dummy_holder") as running:
-        workloads = lambda: json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]  # noqa: E731
+        workloads = lambda: json.loads(http_get(running.url + "/api/v1/workloads")[1])["workloads"]
         found = wait_for(lambda: len(workloads()) == 2 and workloads(), 20, what="two LSF jobs")
         samples = parse_metrics(running.metrics())
         gpus = running.gpus()

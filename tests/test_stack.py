@@ -21,7 +21,7 @@ from tests.test_cupti import traced_mps_client
 from tests.test_health import health_replay
 
 DASHBOARDS = sorted((ROOT / "dashboards" / "generated").glob("*.json"))
-needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")  # noqa: E731
+needs = lambda tool: pytest.mark.skipif(shutil.which(tool) is None, reason=f"{tool} not installed (see .ci/run)")
 
 
 def run(*cmd):

@@ -97,7 +97,7 @@ def test_bar_cells_and_hidden_idle():
 
 
 def test_processes_sorted_marked_and_mps_client_without_time_share():
-    rows = lambda text: [line.split()[0] if line[0] == " " else line.split()[1]  # noqa: E731
+    rows = lambda text: [line.split()[0] if line[0] == " " else line.split()[1]
                          for line in text.splitlines() if re.match(r"^[ MS]\s*\d+ ", line)]
     assert rows(screen(snapshot())) == ["12", "11", "13"]  # time share, biggest first; n/a last
     view = View()
@@ -450,7 +450,7 @@ def test_over_http_matches_the_api_keys_and_recovery(width, height):
 @needs_tmux
 def test_mps_clients_marked_and_sort_keys_over_http():
     with Exporter(*MPS) as exporter, tmux(["--url", exporter.url], 80, 24) as pane:
-        first = lambda t: re.search(r"^([MS ])\s*(\d+) ", t.split("PID", 1)[-1].split("\n", 1)[-1], re.M)  # noqa: E731
+        first = lambda t: re.search(r"^([MS ])\s*(\d+) ", t.split("PID", 1)[-1].split("\n", 1)[-1], re.M)
         text = pane.wait(lambda t: first(t), what="the process table")
         assert first(text).groups() == ("S", "588")  # time share: the MPS server (NVML charges it)
         assert re.search(r"^M\s+518 ", text, re.M) and "mode mps" in text

@@ -25,6 +25,8 @@ def workload(**bases) -> WorkloadView:
     (lambda: workload(held_share_basis="replica"), "held-share basis 'replica'"),
     (lambda: workload(time_share_basis="nvml_scaled"), "time-share basis 'nvml_scaled'"),
     (lambda: workload(sm_active_basis="timeshare"), "SM-active basis 'timeshare'"),
+    (lambda: Held(1.0, None), "held-share basis None"),  # None is a word only where the field is optional
+    (lambda: ComputeProcess(7, "python3", None), "process kind None"),
 ])
 def test_a_word_outside_the_vocabulary_is_refused_where_the_record_is_built(build, word):
     with pytest.raises(ValueError, match=word):

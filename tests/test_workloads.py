@@ -136,7 +136,7 @@ def test_held_shares_of_replicas_whole_gpus_and_mig_devices():
     telemetry = {"GPU-cccc": DeviceTelemetry(gpus[2], 0.0, mig_enabled=True, mig_sm_count=132,
                                              mig_devices=(MigDevice("MIG-big", 1, 0, 60), MigDevice("MIG-small", 2, 0, 16)))}
     devices = DeviceMap(gpus, telemetry)
-    ref = lambda ns, name: PodRef(ns, name, "c", GPU)  # noqa: E731
+    ref = lambda ns, name: PodRef(ns, name, "c", GPU)
     claims = [("GPU-aaaa", "GPU-aaaa", ref("a", "whole")),
               ("GPU-bbbb::0", "GPU-bbbb", ref("b", "one")), ("GPU-bbbb::1", "GPU-bbbb", ref("b", "two")),
               ("GPU-bbbb::2", "GPU-bbbb", ref("b", "two")), ("GPU-bbbb::3", "GPU-bbbb", ref("b", "three")),
@@ -164,7 +164,7 @@ def test_counters_integrate_each_updates_rates_until_the_next_and_idle_is_timed(
 
     shares = {TRAINER: 0.5, IDLE: 0.25}
     owners = {417: TRAINER, 418: TRAINER}
-    Kubelet = lambda: kubelet(shares, owners)  # noqa: E731
+    Kubelet = lambda: kubelet(shares, owners)
 
     busy = view(**TIME_SLICED)  # trainer: time 0.396, SM 0.02; idle holder: nothing
     first = {w.holder: w for w in acc.update(100.0, (busy,), Kubelet())}
@@ -260,7 +260,7 @@ def test_replicas_across_pods_time_shares_bases_and_held_idle_over_http(node):
         assert trainer["pids"] == [417, 418] and not trainer["held_idle"] and trainer["idle_seconds"] == 0.0
 
         samples = parse_metrics(exporter.metrics())
-        by_pod = lambda name, **extra: {l["pod"]: v for l, v in samples[name] if all(l.get(k) == x for k, x in extra.items())}  # noqa: E731
+        by_pod = lambda name, **extra: {l["pod"]: v for l, v in samples[name] if all(l.get(k) == x for k, x in extra.items())}
         assert by_pod("gpu_workload_held_share_ratio") == {"train-0": 0.5, "notebook": 0.25, "idle": 0.25}
         assert by_pod("gpu_workload_held_idle") == {"train-0": 0.0, "notebook": 0.0, "idle": 1.0}
         assert by_pod("gpu_workload_processes") == {"train-0": 2.0, "notebook": 1.0, "idle": 0.0}
@@ -425,7 +425,7 @@ def test_holders_beyond_the_limit_fold_into_other_and_every_second_counts_once()
     spare = Holder("team-d", "spare", "c")
     shares = {TRAINER: 0.25, NOTEBOOK: 0.25, IDLE: 0.25, spare: 0.25}
     owners = dict(OWNERS)
-    holdings = lambda: [Holdings(gpus={"GPU-aaaa": {h: Held(v, REPLICAS) for h, v in shares.items()}},  # noqa: E731
+    holdings = lambda: [Holdings(gpus={"GPU-aaaa": {h: Held(v, REPLICAS) for h, v in shares.items()}},
                                  owners=owners)]
     busy = view(**TIME_SLICED)
 

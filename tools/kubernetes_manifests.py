@@ -16,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # a script in tools/: the project's packages from this checkout
-from dashboards.generate import write_or_check  # noqa: E402
+from dashboards.generate import write_or_check  # noqa: E402 - after the sys.path line above
 
 RULES = ROOT / "rules" / "gpu-utilization.rules.yaml"
 ALERTMANAGER = ROOT / "deploy" / "alertmanager.yaml"

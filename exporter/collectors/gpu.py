@@ -15,7 +15,8 @@ GPU_LABELS = ["gpu", "uuid", "model"]
 SPATIAL_HELP = {
     "sm_active": "Share of SMs with at least one warp resident, averaged over the window (DCGM SM_ACTIVE, GPM SM_UTIL, nsys SMs Active).",
     "sm_occupancy": "Resident warps over the SM maximum (DCGM SM_OCCUPANCY, GPM SM_OCCUPANCY, nsys Compute Warps in Flight).",
-    "graphics_engine_active": "Share of time the graphics/compute engine was busy (DCGM GR_ENGINE_ACTIVE, GPM GRAPHICS_UTIL, nsys GR Active).",
+    "graphics_engine_active": "Share of time the graphics/compute engine was busy (DCGM GR_ENGINE_ACTIVE, GPM "
+                              "GRAPHICS_UTIL, nsys GR Active).",
     "tensor_active": "Share of cycles the tensor pipes were busy (DCGM PIPE_TENSOR_ACTIVE, GPM ANY_TENSOR_UTIL, nsys Tensor Active).",
     "dram_active": "Share of peak DRAM bandwidth used (DCGM DRAM_ACTIVE, GPM DRAM_BW_UTIL, nsys DRAM read + write).",
 }

@@ -467,7 +467,7 @@ class CuptiSource(LatestWindows):
                                  "name another process now)")
         try:
             return parse_report(line, client.pid, self._window, asked_at, self.window_s, self.clock(), gpus)
-        except Exception as exc:  # whatever a report makes of the parser is that client's refusal, never the tick's
+        except Exception as exc:  # noqa: BLE001 - whatever a report makes of the parser is that client's refusal, never the tick's
             return self._refused(client, "bad report", str(exc) if isinstance(exc, BadReport) else
                                  f"unreadable ({type(exc).__name__})")
 

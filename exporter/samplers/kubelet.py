@@ -317,7 +317,7 @@ class ClaimDevice:  # ClaimResource
     device_name: str = ""
     share_id: str | None = None
 
-    def HasField(self, name: str) -> bool:  # noqa: N802 - protobuf's name, which attribute_claims calls
+    def HasField(self, name: str) -> bool:
         return getattr(self, name) is not None
 
 

@@ -46,7 +46,8 @@ def parser() -> Parser:
     p.add_argument("--last", help="a duration ending at --end, e.g. 7d, 12h, 1w2d (default 7d)")
     p.add_argument("--by", default="namespace", choices=list(group_labels()),
                    help="group by this (node is the instance label; gpu: instance and uuid, with each GPU's ledger; "
-                        "user: Unix users on hosts without a scheduler; claim: DRA claims; the holder kinds' labels: exporter/holders.py KINDS); default namespace")
+                        "user: Unix users on hosts without a scheduler; claim: DRA claims; the holder kinds' labels: "
+                        "exporter/holders.py KINDS); default namespace")
     p.add_argument("--match", action="append", default=[], metavar="MATCHER",
                    help='label matcher(s) on the workload series, e.g. \'namespace=~"team-.*"\' (repeatable)')
     p.add_argument("--format", default="text", choices=["text", "markdown", "csv", "json", "html"])

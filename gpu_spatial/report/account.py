@@ -27,7 +27,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from exporter.holders import report_groups
-from exporter.vocabulary import (BUSY, CTXSW, CUPTI, EXACT, HELD, HIDDEN_IDLE, LEDGER, NVML, QUANTITIES, SM_ACTIVE,  # noqa: F401
+from exporter.vocabulary import (BUSY, CTXSW, CUPTI, EXACT, HELD, HIDDEN_IDLE, LEDGER, NVML, QUANTITIES, SM_ACTIVE,
                                  TIME_SHARE, UNOBSERVED)  # QUANTITIES, LEDGER: the report's modules read them from here
 
 from .promapi import PrometheusAPI, ReportError, TooManySamples

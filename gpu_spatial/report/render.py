@@ -15,7 +15,7 @@ from exporter.vocabulary import (BUSY_UNSPLIT, GPU_CELLS, HIDDEN_IDLE, HOLDER_CE
                                  UNATTRIBUTED_SM_ACTIVE_WORK, UNATTRIBUTED_TIME_IDLE, UNHELD, UNMEASURED, UNOBSERVED,
                                  UNSPLIT_CELLS, WASTE_CELLS)
 
-from .account import BASES, COVERED, EXACT_BASES, QUANTITIES, WITH_BASIS, Collected
+from .account import BASES, EXACT_BASES, QUANTITIES, WITH_BASIS, Collected
 from .summary import TOTAL, columns, group_name, top_wasters
 from .terminal import Column, figure, fit, share, unit, width, wrap
 

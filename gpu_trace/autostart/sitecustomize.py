@@ -8,14 +8,14 @@ import sys
 _here = os.path.dirname(os.path.abspath(__file__))
 if os.environ.get("GPU_SPATIAL_TRACE") == "1":
     try:
-        import gpu_trace  # noqa: F401
+        import gpu_trace  # noqa: F401 - only whether it imports
     except ImportError:  # mounted beside the application (a hostPath): the package is two folders up
         sys.path.append(os.path.dirname(os.path.dirname(_here)))
     try:
         from gpu_trace.hook import start
 
         start()
-    except Exception as exc:  # never stop the application for the tracer
+    except Exception as exc:  # noqa: BLE001 - never stop the application for the tracer
         print(f"gpu_trace: not started: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
 
 _next = importlib.machinery.PathFinder.find_spec(

@@ -120,7 +120,7 @@ def test_mps_daemons_clients_and_major_faults():
             # A second client makes the server run code it had not touched since the drop.
             subprocess.run([sys.executable, str(ROOT / "tests" / "gpu" / "workloads.py"), "--phases", "4:1"], env=env,
                            stdout=subprocess.DEVNULL, check=False, timeout=60)
-            faults = lambda: (_server(exporter.gpus()["mps"]) or {}).get("major_faults", 0)  # noqa: E731
+            faults = lambda: (_server(exporter.gpus()["mps"]) or {}).get("major_faults", 0)
             time.sleep(2)
             after_drop = faults()
             how = "drop_caches"

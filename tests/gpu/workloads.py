@@ -162,7 +162,8 @@ def run_phases(spec: str) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--phases", required=True, help="comma-separated KIND:SECONDS (idle, matmul, triad, copy, launch, oneblock, or a number of SMs)")
+    parser.add_argument("--phases", required=True, help="comma-separated KIND:SECONDS (idle, matmul, triad, copy, "
+                                                         "launch, oneblock, or a number of SMs)")
     args = parser.parse_args(argv)
     json.dump({"sm_count": sm_count(), "phases": run_phases(args.phases)}, sys.stdout, indent=1)
     print()
