@@ -598,8 +598,9 @@ def collect(api: PrometheusAPI, plan: Plan, start: float, end: float, progress=N
 
 def gpu_ledger(api: PrometheusAPI, plan: Plan, start: float, end: float) -> GpuLedgerTotals:
     """Every GPU's cells, observed seconds and sightings over the range, from the counters (a few series per
-    GPU: a day at a time for --by gpu and --by node, else summed by the server over the range). GPUs are selected by the matchers on GPU labels only: a matcher on a holder label
-    selects holders, not GPUs, so the GPU ledger is left out (and says why)."""
+    GPU: a day at a time for --by gpu and --by node, else summed by the server over the range). GPUs are
+    selected by the matchers on GPU labels only: a matcher on a holder label selects holders, not GPUs, so the
+    GPU ledger is left out (and says why)."""
     out = GpuLedgerTotals()
     holder_matchers = sorted({label for label, _op, _v in plan.matchers} - set(GPU_LABELS))
     if holder_matchers:
