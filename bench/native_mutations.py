@@ -46,7 +46,7 @@ MUTANTS = [
      "b->start - a->end < QUEUE_GAP_MAX_NS"),
     ("any gap counted", "add_queue_gaps", "&& b->start - a->end <= QUEUE_GAP_MAX_NS", ""),
     ("gaps across streams", "add_queue_gaps", "|| a->stream != b->stream ", ""),
-    ("a gap holds SMs", "add_queue_gaps", "keep(gaps[2 * i], gaps[2 * i + 1], 0.0f", "keep(gaps[2 * i], gaps[2 * i + 1], 1.0f"),
+    ("a gap holds SMs", "add_queue_gaps", "a->end, b->start, 0, 0.0f,", "a->end, b->start, 0, 1.0f,"),
     ("intervals not clipped to the window", "sweep", "int64_t s = r->start < lo ? lo : r->start, e = r->end > hi ? hi : r->end;",
      "int64_t s = r->start, e = r->end;"),
     ("the SM load not capped", "sweep", "load > 1.0 ? 1.0 : load", "load"),

@@ -247,6 +247,11 @@ def resnet(args, work, variant="default", env=None):
     for n, reports in enumerate(windows):
         for report in reports:
             rows.append({"window": n, **(compare(report, {}) if "error" not in report else {"error": report["error"]})})
+    result = {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
+              "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
+              "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]), "stderr": err[-3000:]}
+    if args.skip_kineto:
+        return result
     # the same job under PyTorch's profiler (CUPTI read in C++ by kineto), windows of the same length
     progress_k = work / "resnet_kineto.txt"
     truth_k = work / "resnet_kineto.json"
@@ -258,16 +263,9 @@ def resnet(args, work, variant="default", env=None):
     k_in = rates(progress_k, lambda a, b: any(lo + 0.2 <= a and b <= hi for lo, hi in k_marks))
     k_out = rates(progress_k, lambda a, b: all(b <= lo - 0.2 or a >= hi + 0.5 for lo, hi in k_marks) and a > k_marks[0][0] - 4
                   if k_marks else False)
-    if args.skip_kineto:
-        return {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
-                "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
-                "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]), "stderr": err[-3000:]}
-    return {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
-            "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
-            "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]),
-            "kineto": {"steps_per_s_inside": mean(k_in), "steps_per_s_outside": mean(k_out),
-                       "windows": kineto.get("profiler_windows")},
-            "stderr": err[-3000:]}
+    result["kineto"] = {"steps_per_s_inside": mean(k_in), "steps_per_s_outside": mean(k_out),
+                        "windows": kineto.get("profiler_windows")}
+    return result
 
 
 def main(argv=None) -> int:

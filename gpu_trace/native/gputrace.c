@@ -363,24 +363,19 @@ static int add_queue_gaps(void) {
   for (size_t i = 0; i < total; i++)
     if (W.records[i].kind == REC_KERNEL || W.records[i].kind == REC_SM_COPY) order[n++] = &W.records[i];
   qsort(order, n, sizeof *order, stream_order);
-  int64_t *gaps = malloc((n ? n : 1) * 2 * sizeof *gaps);  /* kept apart: keep() may move the records */
+  record_t *gaps = malloc((n ? n : 1) * sizeof *gaps);  /* kept apart first: keep() may move the records */
+  if (!gaps) { free(order); set_error("no memory for the queue gaps of %zu records", total); return -1; }
   size_t g = 0;
-  int16_t *devices = malloc((n ? n : 1) * sizeof *devices);
-  uint32_t *streams = malloc((n ? n : 1) * sizeof *streams);
-  if (!gaps || !devices || !streams) { free(order); free(gaps); free(devices); free(streams); return -1; }
   for (size_t i = 1; i < n; i++) {
     const record_t *a = order[i - 1], *b = order[i];
     if (a->device != b->device || a->stream != b->stream || b->queued <= 0) continue;
-    if (b->queued <= a->end && b->start > a->end && b->start - a->end <= QUEUE_GAP_MAX_NS) {
-      gaps[2 * g] = a->end;
-      gaps[2 * g + 1] = b->start;
-      devices[g] = a->device;
-      streams[g++] = a->stream;
-    }
+    if (b->queued <= a->end && b->start > a->end && b->start - a->end <= QUEUE_GAP_MAX_NS)
+      gaps[g++] = (record_t){a->end, b->start, 0, 0.0f, a->stream, a->device, REC_QUEUE_GAP};
   }
   free(order);
-  for (size_t i = 0; i < g; i++) keep(gaps[2 * i], gaps[2 * i + 1], 0.0f, devices[i], REC_QUEUE_GAP, streams[i], 0);
-  free(gaps); free(devices); free(streams);
+  for (size_t i = 0; i < g; i++)
+    keep(gaps[i].start, gaps[i].end, gaps[i].sm, (uint32_t)gaps[i].device, gaps[i].kind, gaps[i].stream, 0);
+  free(gaps);
   return 0;
 }
 
