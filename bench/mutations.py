@@ -1518,8 +1518,41 @@ CADENCE_47 = (
        "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
+ATTRIBUTION_COST = ("tests/test_ctxsw.py", "-k", "recorded or pandas or grouped or text_among or null_in or dram_active "
+                    "or combined_samples")
+CHILD_COST = ("tests/test_cost.py", "-k", "windows_cost or sources_state")
+CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its samples grouped by SQLite
+    _m("attribution-imports-pandas", "nsys_ingest/ctxsw.py", "import numpy as np\n",
+       "import numpy as np\nimport pandas  # noqa: F401\n", ATTRIBUTION_COST, "the attribution loads no pandas"),
+    _m("grouped-fetch-unbounded", "nsys_ingest/reader.py", "per_fetch = max(1, chunk_rows * 4 // (2 + 2 * width))",
+       "per_fetch = max(1, chunk_rows)", ATTRIBUTION_COST, "a fetch holds as many cells as chunk_rows rows of 4",
+       function="Export.sample_arrays"),
+    _m("grouped-text-summed", "nsys_ingest/reader.py", "        self._refuse_non_numbers(type_ids, metric_ids, where, params)\n",
+       "", ATTRIBUTION_COST, "text among the metrics is refused, not summed as 0", function="Export.sample_arrays"),
+    _m("grouped-scale-dropped", "nsys_ingest/reader.py", '"when typeId = ? and metricId = ? then value * ?"',
+       '"when typeId = ? and metricId = ? then value + 0 * ?"', ATTRIBUTION_COST, "a percentage reads as a ratio",
+       function="Export.sample_arrays"),
+    _m("switch-null-named-none", "nsys_ingest/ctxsw.py", "        if any(value is None for value in column):\n"
+       "            raise IngestError(f\"{where} holds NULL where a number belongs: {NOT_NSYS}\") from None\n", "",
+       ATTRIBUTION_COST, "a NULL in the switch table is named NULL", function="_integers"),
+    _m("text-pid-kept", "nsys_ingest/ctxsw.py", "        pass\n    return -1", "        pass\n    return 0", ATTRIBUTION_COST,
+       "a pid that is no number is unknown", function="_pid"),
+    _m("dram-not-clipped", "nsys_ingest/ctxsw.py",
+       "columns.append(np.minimum(sum(np.nan_to_num(means[:, i], nan=0.0) for i in dram), 1.0) if dram",
+       "columns.append(sum(np.nan_to_num(means[:, i], nan=0.0) for i in dram) if dram", ATTRIBUTION_COST,
+       "DRAM read + write is at most 1", function="_wide"),
+    _m("dram-read-alone-unsampled", "nsys_ingest/ctxsw.py",
+       'dram = [READ.index(d) for d in ("dram_read", "dram_write") if counts[:, READ.index(d)].any()]',
+       'dram = [READ.index(d) for d in ("dram_write",) if counts[:, READ.index(d)].any()]', ATTRIBUTION_COST,
+       "either DRAM quantity alone gives dram_active", function="_wide"),
+    _m("combined-nan-as-zero", "nsys_ingest/ctxsw.py", "np.where(sampled, groups, 0.0).sum(axis=1) / np.where(counts > 0, counts, 1)",
+       "np.where(sampled, groups, 0.0).sum(axis=1) / groups.shape[1]", ATTRIBUTION_COST,
+       "a combined sample is the mean of what was sampled", function="_nanmean"),
+    _m("child-startup-unsaid", "exporter/samplers/ctxsw.py", '+ (f" ({startup:.2f} s of it start-up)" if startup is not None else "")',
+       '+ ""', CHILD_COST, "the child's start-up is said apart", function="CtxswSampler._attribution_cost"),
+)
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + CTXSW_COST_47)
 
 
 def _is_test_path(arg: str) -> bool:
