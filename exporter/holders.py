@@ -140,6 +140,9 @@ class Held:
     share: float | None  # GPU-equivalents; None: the scheduler's share cannot be known (the sampler logs why)
     basis: str = WHOLE  # one of HELD_SHARE_BASES
     mig: tuple[str, ...] = ()  # MIG devices (UUIDs) it holds whole: their instances' SM activity is its own
+    # what the scheduler handed the share out as (the kubelet's device-plugin resource names, a DRA driver),
+    # sorted; gpu_pod_info's `resource`
+    resources: tuple[str, ...] = ()
 
     def __post_init__(self):
         check(self.basis, HELD_SHARE_BASES, "held-share basis")
@@ -149,7 +152,9 @@ class Held:
 class Holdings:
     """One tick of one holder sampler. On failure it is empty with `error` set: never frozen."""
 
-    gpus: dict[str, dict[Holder, Held]] = field(default_factory=dict)  # GPU UUID -> holder -> held
+    # GPU UUID -> holder -> held; a GPU the kind looked at and found no holder of may map to {} (it is known
+    # to hold none: gpu_pods 0)
+    gpus: dict[str, dict[Holder, Held]] = field(default_factory=dict)
     owners: dict[int, Holder] = field(default_factory=dict)  # host pid -> the holder running it (Holder.owner())
     error: str = ""
 
@@ -157,6 +162,8 @@ class Holdings:
         """/api/v1/gpus `holders`: what one kind holds, the first API_HOLDERS_PER_GPU holders of each GPU."""
         gpus, omitted = {}, {}
         for uuid, held in self.gpus.items():
+            if not held:
+                continue
             ranked = sorted(held.items())
             gpus[uuid] = [{**holder.to_json(), "held_share": h.share, "held_share_basis": h.basis, "mig": list(h.mig)}
                           for holder, h in ranked[:API_HOLDERS_PER_GPU]]
@@ -295,6 +302,11 @@ def join_owners(holdings) -> dict[int, Holder]:
             for pid, holder in h.owners.items():
                 owners.setdefault(pid, holder)
     return owners
+
+
+def kinds_declaring(label: str) -> set[str]:
+    """The registered kinds whose holders may set `label` (a holder sampler's name is its kind's key)."""
+    return {kind for kind, module in KINDS.items() if label in importlib.import_module(module).LABELS}
 
 
 def join_gpu(uuid: str, holdings) -> dict[Holder, Held]:

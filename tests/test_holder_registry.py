@@ -23,7 +23,7 @@ def ray_registered(monkeypatch):
     monkeypatch.setattr(holders, "KINDS", {**holders.KINDS, **RAY})
 
 
-def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_and_process_owners(tmp_path):
+def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_process_owners_and_top(tmp_path, ray_registered):
     from exporter.nvml_replay import cut
 
     cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)  # pids 417-420: 30/10/40/20 %
@@ -48,6 +48,12 @@ def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_and_process_ow
     for model in ("Workload", "HolderRef", "HeldShare"):
         assert {"ray_job", "ray_actor", "namespace", "hpc_job"} <= set(schemas[model]["properties"]), model
     assert schemas["HolderRef"]["properties"]["ray_actor"]["description"] == "the Ray actor holding the GPU"
+    # top, from the same API: each process's holder and the GPU's holders, named by the kind's own labels
+    from gpu_spatial.top.state import gpu_from_json
+
+    gpu = gpu_from_json(0, gpus["gpus"][0], gpus, None)
+    assert {p.pid: p.holder for p in gpu.processes} == {417: "a", 418: "a", 419: "b", 420: ""}
+    assert sorted(gpu.holders) == ["a", "b"]
 
 
 def test_a_label_no_kind_declares_is_refused_where_the_holder_is_built(ray_registered, monkeypatch):
@@ -175,3 +181,52 @@ def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
     assert weakest_basis([CAPACITY, EVEN_SPLIT]) == EVEN_SPLIT
     assert weakest_basis([WHOLE, MIG]) == MIG and weakest_basis([MIG, REPLICAS]) == REPLICAS
     assert weakest_basis([REPLICAS, CAPACITY]) == CAPACITY and weakest_basis([]) == WHOLE
+
+
+# -- gpu_pod_info and gpu_pods: the one join, not the kubelet's own snapshot ---------------------------------
+class _Published:
+    """What the collectors read from an engine: its latest snapshot, the process-series setting, the holder limit."""
+
+    process_series = ("container", 20)
+
+    def __init__(self, snapshot, series_limit=None):
+        self.snapshot = snapshot
+        self.workloads = type("Accountant", (), {"series_limit": series_limit})()
+
+
+def _pod_series(holdings: dict, series_limit=None) -> tuple[dict, dict]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.snapshot import GpuIdentity, GpuView, Snapshot
+
+    views = tuple(GpuView(GpuIdentity(i, uuid, "H100"), None, None, None, None, None, None, ())
+                  for i, uuid in enumerate(("GPU-a", "GPU-b", "GPU-c")))
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(_Published(Snapshot(1, 0.0, gpus=views, holdings=holdings), series_limit)))
+    samples = parse_metrics(generate_latest(registry).decode())
+    info = {(l["uuid"], l["namespace"], l["pod"], l["container"], l["resource"]): v for l, v in samples.get("gpu_pod_info", [])}
+    return info, {l["uuid"]: v for l, v in samples.get("gpu_pods", [])}
+
+
+def test_gpu_pod_info_is_the_joined_holders_that_are_pods_once_per_resource_and_gpu_pods_0_where_none_holds():
+    """The kubelet's holdings (no KubeletSnapshot at all), a Slurm job beside them: each container once per
+    resource it holds the GPU through (its claim is no series), a GPU the kubelet found held by none reads
+    gpu_pods 0, a GPU it did not answer for has neither; a failed kubelet withdraws them all. Mutants: the
+    pods counted by container or by series; the error check dropped; another kind's
+    holders listed."""
+    both = Holder("ml", "train", "c", claim="gpu-0")
+    kubelet = Holdings(gpus={"GPU-a": {Holder("ml", "nb", "c"): Held(0.25, REPLICAS, resources=("nvidia.com/gpu",)),
+                                       Holder("ml", "nb", "d"): Held(0.25, REPLICAS, resources=("nvidia.com/gpu",)),
+                                       both: Held(0.5, CAPACITY, resources=("gpu.nvidia.com", "nvidia.com/gpu"))},
+                             "GPU-b": {}})
+    slurm = Holdings(gpus={"GPU-a": {Holder(hpc_job="42"): Held(1.0)}, "GPU-c": {Holder(hpc_job="43"): Held(1.0)}})
+    info, pods = _pod_series({"kubelet": kubelet, "slurm": slurm})
+    assert info == {("GPU-a", "ml", "nb", "c", "nvidia.com/gpu"): 1.0, ("GPU-a", "ml", "nb", "d", "nvidia.com/gpu"): 1.0,
+                    ("GPU-a", "ml", "train", "c", "gpu.nvidia.com"): 1.0,
+                    ("GPU-a", "ml", "train", "c", "nvidia.com/gpu"): 1.0}
+    assert pods == {"GPU-a": 2.0, "GPU-b": 0.0}  # GPU-c: no kind of pods answered for it
+    assert _pod_series({"kubelet": Holdings(gpus=kubelet.gpus, error="gone"), "slurm": slurm}) == ({}, {})
+    # beyond the holder limit the rest is one pod="other" series with their count; gpu_pods counts them all
+    info, pods = _pod_series({"kubelet": kubelet}, series_limit=2)
+    assert len(info) == 3 and info[("GPU-a", "", "other", "", "")] == 2.0 and pods["GPU-a"] == 2.0
