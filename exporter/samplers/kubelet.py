@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
-from exporter.config import api_server, duration
+from exporter.config import api_server, at_least, duration, size
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, MAX_PROBLEMS, NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims,
@@ -36,13 +36,17 @@ RESOURCE_PREFIX = "nvidia.com/"
 # The JSON API lists at most this many holders per GPU (and says how many it left out): a kubelet may
 # answer 16 MB of pods, and every GET would serialise them all. /metrics folds them (--holder-series-limit).
 API_PODS_PER_GPU = 256
-# What gRPC receives of one answer. 250 pods of two containers answer 23 KB, but a device plugin
-# offering one device per MiB of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch)
-# lists tens of thousands of IDs per pod; the kubelet and containerd give their own gRPC clients 16 MiB.
-# At the cap, measured from outside: a List answer of one pod of 1.5 million IDs (walked, its first
-# LIST_FIELDS fields) takes the exporter to 128-136 MB at its peak, an Allocatable answer to 135 MB
-# (bench/RESULTS.md): what is left is gRPC receiving the answer.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What gRPC receives of one answer, by default (--kubelet-max-answer-bytes). gRPC refuses a longer one
+# from its length prefix, before buffering it (a 40 MiB answer over a 1 MiB cap: +1.3 MB RSS); one it
+# takes costs ~3 times its size at the peak (its slices, then Python bytes: 2 MiB +6.6 MB, 16 MiB +46 MB,
+# bench/RESULTS.md), under the 10 MB a hostile kubelet may cost. A large real node answers far less: 110
+# pods of three containers with exclusive CPUs, 8 GPUs of 16 time-slicing replicas each, ~60 KB; 250
+# such pods ~130 KB (`python3 bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB
+# of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and
+# pays its cost.
+MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+ANSWER_FLAG = "--kubelet-max-answer-bytes"
+GRPC_MAX_BYTES = 2**31 - 1  # gRPC's own limit: a message length is an int32
 # read_allocatable's walk: an entry per device (and NUMA node) of resource name, ID and topology, twice
 # over for a device on two NUMA nodes.
 ALLOCATABLE_FIELDS_PER_DEVICE = 8
@@ -476,7 +480,8 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
     `limit`, and whether it lists more. Walked on the wire, never parsed whole: 16 MiB of IDs would be
     millions of Python strings. The walk also stops after ALLOCATABLE_FIELDS_PER_DEVICE * `limit` fields
     of any kind (the kubelet sends an entry of 3 fields per device and NUMA node), so an answer costs
-    what `limit` devices cost, whatever its size."""
+    what `limit` devices cost, whatever its size. An ID longer than MAX_DEVICE_ID_BYTES is no GPU's: it
+    is kept as List shows it (WireWalk.shown), never decoded whole nor counted as a GPU's replica."""
     ids: dict[str, None] = {}  # an ordered set: a device on two NUMA nodes is listed twice
     reader = WireWalk(answer, ALLOCATABLE_FIELDS_PER_DEVICE * limit)
     try:
@@ -492,7 +497,7 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
             if not resource.startswith(RESOURCE_PREFIX):
                 continue
             for field in listed:
-                device_id = reader.text(field)
+                device_id = reader.shown(field)  # as List shows it: one too long is no GPU's, never decoded
                 if device_id not in ids and len(ids) == limit:
                     return list(ids), True
                 ids[device_id] = None
@@ -571,8 +576,9 @@ class KubeletSampler(HolderSampler):
     name = "kubelet"
 
     def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,
-                 interval: float = 5.0, timeout: float = 2.0, api=None):
+                 interval: float = 5.0, timeout: float = 2.0, api=None, max_answer_bytes: int = MAX_MESSAGE_BYTES):
         self.socket_path = socket_path
+        self.max_answer_bytes = max_answer_bytes
         self.api = api  # exporter.kubernetes_api.KubernetesApi, or None (--kubernetes-api off, or no cluster)
         self._api_view = ApiView()
         self.nvml = nvml
@@ -594,7 +600,7 @@ class KubeletSampler(HolderSampler):
             from exporter.kubelet import podresources_pb2
 
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                ("grpc.max_receive_message_length", self.max_answer_bytes)])
             self._list = self._channel.unary_unary(  # the answer's bytes: read_pods walks them
                 "/v1.PodResourcesLister/List",
                 request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString)
@@ -635,6 +641,10 @@ class KubeletSampler(HolderSampler):
         problems.extend(found.problems)
         return found
 
+    def over_cap(self) -> str:
+        return (f"an answer over {self.max_answer_bytes} bytes: raise {ANSWER_FLAG} where a device plugin lists "
+                "a device per MiB of GPU memory (it costs ~3 times the cap at its peak)")
+
     def list_pods(self, refused: list[str] | None = None) -> tuple[list[Pod], Unread]:
         """The pods of a List answer that are read, and whether it lists more (read_pods, `refused` too)."""
         grpc = import_grpc()
@@ -647,6 +657,8 @@ class KubeletSampler(HolderSampler):
             if not os.path.exists(self.socket_path):
                 raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
+            if code == "RESOURCE_EXHAUSTED":  # gRPC's words name its option, not our flag
+                detail = self.over_cap()
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
         try:
             return read_pods(answer, refused=refused)
@@ -663,8 +675,7 @@ class KubeletSampler(HolderSampler):
             answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
-            why = (f"an answer over {MAX_MESSAGE_BYTES} bytes, as from a device plugin offering a device per MiB "
-                   "of memory" if code == "RESOURCE_EXHAUSTED" else
+            why = (self.over_cap() if code == "RESOURCE_EXHAUSTED" else
                    "KubeletPodResourcesGetAllocatable gate off, or a kubelet older than 1.23")
             self._log.problem("kubelet allocatable", f"GetAllocatableResources failed ({code}): the share of a "
                               f"time-slicing or MPS replica is unknown ({why})", kind=code)
@@ -778,6 +789,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--kubelet-container-logs", default="/var/log/containers",
                    help="the kubelet's container log links, whose names map a process's container ID to its pod "
                         "(only names are read); 'none' to label processes by command only")
+    g.add_argument(ANSWER_FLAG, type=at_least(size, 4096, "a size", GRPC_MAX_BYTES), default=MAX_MESSAGE_BYTES,
+                   help="the largest List or GetAllocatableResources answer read from the kubelet; a larger one is "
+                        "refused before it is received (List: no pods attributed, one log line). Raise it for a "
+                        "device plugin that lists a device per MiB of GPU memory: an answer costs ~3 times its size")
     g.add_argument("--kubernetes-api", type=api_server, default="auto",
                    help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
                         "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
@@ -801,7 +816,7 @@ def build(args, nvml, explicit: bool = False):
 
     return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
                           interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval),
-                          api=kubernetes_api.build(args))
+                          api=kubernetes_api.build(args), max_answer_bytes=args.kubelet_max_answer_bytes)
 
 
 class KubeletError(Exception):
