@@ -1518,8 +1518,38 @@ CADENCE_47 = (
        "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
+# Issue 42's gaps: the kubelet's receive cap (2 MiB by default, --kubelet-max-answer-bytes) and Allocatable's
+# over-long device IDs (tests/test_kubelet.py, the real gRPC kubelet and the real exporter).
+CAP = ("tests/test_kubelet.py", "-k", "receive_cap or default_cap or caps_flag or past_its_bound")
+KUBELET_CAP_42 = (
+    _m("cap-back-to-16mib", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 16 * 1024 * 1024", CAP, "an answer at the default cap costs under 10 MB"),
+    _m("cap-off-by-one-up", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 2 * 1024 * 1024 + 1", CAP, "one byte past the default cap is refused"),
+    _m("cap-off-by-one-down", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 2 * 1024 * 1024 - 1", CAP, "an answer of exactly the default cap is read"),
+    _m("cap-too-low", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 512 * 1024", CAP, "a large real node fits the default cap tenfold"),
+    _m("cap-flag-unused-by-grpc", "exporter/samplers/kubelet.py", '("grpc.max_receive_message_length", self.max_answer_bytes)',
+       '("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)', CAP, "gRPC receives what the flag says",
+       function="KubeletSampler._connect"),
+    _m("cap-flag-not-passed", "exporter/samplers/kubelet.py", ", max_answer_bytes=args.kubelet_max_answer_bytes)", ")",
+       CAP, "the flag reaches the sampler", function="build"),
+    _m("cap-refusal-unnamed", "exporter/samplers/kubelet.py", '            if code == "RESOURCE_EXHAUSTED":',
+       '            if code == "UNAVAILABLE":', CAP, "the refusal names the flag", function="KubeletSampler.list_pods"),
+    _m("cap-allocatable-refusal-unnamed", "exporter/samplers/kubelet.py", 'why = (self.over_cap() if code == "RESOURCE_EXHAUSTED" else',
+       'why = (self.over_cap() if code == "UNAVAILABLE" else', CAP, "Allocatable's refusal names the flag",
+       function="KubeletSampler.allocatable_devices"),
+    _m("cap-flag-floor", "exporter/samplers/kubelet.py", "type=at_least(size, 4096,", "type=at_least(size, 4095,", CAP,
+       "a cap under 4 KiB is refused", function="add_arguments"),
+    _m("cap-flag-ceiling", "exporter/samplers/kubelet.py", "GRPC_MAX_BYTES = 2**31 - 1", "GRPC_MAX_BYTES = 2**31", CAP,
+       "a cap past gRPC's int32 is refused"),
+    _m("allocatable-ids-decoded-whole", "exporter/samplers/kubelet.py",
+       "device_id = reader.shown(field)", "device_id = reader.text(field)", CAP,
+       "an over-long Allocatable ID is no GPU's replica, never decoded whole", function="read_allocatable"),
+)
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + KUBELET_CAP_42)
 
 
 def _is_test_path(arg: str) -> bool:

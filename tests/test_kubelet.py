@@ -716,6 +716,17 @@ def test_the_receive_cap_is_the_flags_from_outside(node):
         settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "the cap's size read again")
 
 
+def test_the_receive_caps_flag_is_refused_past_its_bounds():
+    """At least 4 KiB (a smaller cap refuses every real answer), at most gRPC's int32 message length."""
+    from exporter.config import parse_args
+
+    for accepted, value in (("4096", 4096), ("4K", 4096), ("16M", 16 << 20), (str(2**31 - 1), 2**31 - 1)):
+        assert parse_args(["--kubelet-max-answer-bytes", accepted]).kubelet_max_answer_bytes == value
+    for refused in ("4095", str(2**31), "2G", "lots"):
+        with pytest.raises(SystemExit):
+            parse_args(["--kubelet-max-answer-bytes", refused])
+
+
 def test_the_default_cap_holds_a_large_node_tenfold_and_costs_under_10_mb():
     """A pessimistic large node (250 pods of three containers, exclusive CPUs, 8 GPUs of 48 replicas) answers
     71 KB: the default cap holds ten times that. An answer at the cap costs the exporter ~3 times its size
