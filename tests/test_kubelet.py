@@ -9,7 +9,7 @@ import pytest
 
 from exporter.kubelet import podresources_pb2 as pb
 from exporter.samplers.dra import MAX_CONTAINERS, MAX_DEVICES
-from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, DeviceMap, PodRef, attribute,
+from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, MAX_RESOURCE_NAME_BYTES, DeviceMap, PodRef, attribute,
                                        cgroup_container_id, read_allocatable, read_pods)
 from exporter.samplers.kubelet import held_shares, mig_holdings
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
@@ -267,6 +267,13 @@ def test_an_allocatable_answer_is_walked_up_to_its_bounds():
     assert read_allocatable(b"\x20\x01" * (2 * ALLOCATABLE_FIELDS_PER_DEVICE - 4) + one, limit=2) == ([], True)
     twice = allocatable(("nvidia.com/gpu", ["a", "b"]), ("nvidia.com/gpu", ["b"]))  # the limit, then one listed again
     assert read_allocatable(twice, limit=2) == (["a", "b"], False)
+    # an entry keeps `limit` spans until its name is known: one more ID (a duplicate too) lists more than is read
+    assert read_allocatable(allocatable(("nvidia.com/gpu", ["a", "a"])), limit=2) == (["a"], False)
+    assert read_allocatable(allocatable(("nvidia.com/gpu", ["a", "a", "b"])), limit=2) == (["a"], True)
+    # a resource name of Kubernetes' longest is read, one byte longer is no resource's
+    longest = "nvidia.com/" + "g" * (MAX_RESOURCE_NAME_BYTES - len("nvidia.com/"))
+    assert read_allocatable(allocatable((longest, ["a"])), limit=2) == (["a"], False)
+    assert read_allocatable(allocatable((longest + "g", ["a"])), limit=2) == ([], False)
     for garbage in (answer[:-1], b"\x0d\x00\x00\x00\x00", b"\x0a" + b"\xff" * 11, b"\x0a\x03\x12\x05ab",
                     b"\x0a\x04\x0a\x02\xff\xfe"):  # cut, fixed32, a long varint, an ID past its entry, no UTF-8
         with pytest.raises((ValueError, IndexError)):
@@ -326,8 +333,8 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
                f"{MAX_MESSAGE_BYTES} bytes" in caplog.records[-1].getMessage()
         answer = hostile.SerializeToString()
         (ids, more), peak = traced_peak(read_allocatable, answer)
-        # what a bounded walk keeps: MAX_DEVICES strings, or the spans of as many fields as it walks (4 MB)
-        assert more and len(ids) <= MAX_DEVICES and peak < 8 * 1024 * 1024, peak
+        # what a bounded walk keeps: MAX_DEVICES strings or spans (0.5 MB); a span per field walked was 4 MB
+        assert more and len(ids) <= MAX_DEVICES and peak < 1024 * 1024, peak
     finally:
         sampler.close()
         server.stop()
@@ -601,6 +608,11 @@ def test_pid_series_are_opt_in_and_the_limit_folds_the_rest(node):
     ("claim name", 253, lambda n: claim_pod("ns", "p", {"c": [(n, [("gpu-0", None)])]})),
     ("claim namespace", 63, lambda n: pb.PodResources(namespace="ns", name="p", containers=[pb.ContainerResources(
         name="c", dynamic_resources=[pb.DynamicResource(claim_name="x", claim_namespace=n)])])),
+    # a claim device's strings, decoded whole before: a DRA driver, pool or device name, a share's UID
+    ("driver name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", None)], n, "pool")]})),
+    ("pool name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", None)], "gpu.nvidia.com", n)]})),
+    ("device name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [(n, None)])]})),
+    ("share id", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", n)])]})),
 ])
 def test_a_name_longer_than_kubernetes_allows_refuses_its_pod(what, bound, build):
     """Kubernetes bounds a pod or claim name at 253 bytes, a namespace or container name at 63, a

@@ -37,13 +37,13 @@ RESOURCE_PREFIX = "nvidia.com/"
 # answer 16 MB of pods, and every GET would serialise them all. /metrics folds them (--holder-series-limit).
 API_PODS_PER_GPU = 256
 # What gRPC receives of one answer, by default (--kubelet-max-answer-bytes). gRPC refuses a longer one
-# from its length prefix, before buffering it (a 40 MiB answer over a 1 MiB cap: +1.3 MB RSS); one it
-# takes costs ~3 times its size at the peak (its slices, then Python bytes: 2 MiB +6.6 MB, 16 MiB +46 MB,
-# bench/RESULTS.md), under the 10 MB a hostile kubelet may cost. A large real node answers far less: 110
-# pods of three containers with exclusive CPUs, 8 GPUs of 16 time-slicing replicas each, ~60 KB; 250
-# such pods ~130 KB (`python3 bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB
-# of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and
-# pays its cost.
+# from its length prefix, before buffering it (40 MiB over a 2 MiB cap: +1.4 MB RSS); one it takes costs
+# ~3 times its size at the peak, its slices and then Python bytes (2 MiB +6.1 MB, 16 MiB +48 MB:
+# `python3 bench/kubelet_list_memory.py --cap ...`), so the default keeps a hostile kubelet under 10 MB.
+# A large real node answers far less: 110 pods of three containers with exclusive CPUs and 8 GPUs of 16
+# time-slicing replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3
+# bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB of GPU memory (volcano's
+# vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and pays what it costs.
 MAX_MESSAGE_BYTES = 2 * 1024 * 1024
 ANSWER_FLAG = "--kubelet-max-answer-bytes"
 GRPC_MAX_BYTES = 2**31 - 1  # gRPC's own limit: a message length is an int32
@@ -439,7 +439,8 @@ class ListReader(WireWalk):
     def claim_device(self, span, device: ClaimDevice) -> None:
         for number, inner in self.walk(span):
             if inner is not NO_SPAN and number in CLAIM_DEVICE_FIELDS:
-                setattr(device, CLAIM_DEVICE_FIELDS[number], self.text(inner))
+                what = CLAIM_DEVICE_FIELDS[number]  # a driver, pool or device name, a share's UID: none is longer
+                setattr(device, what, self.name(inner, MAX_NAME_BYTES, what.replace("_", " ")))
 
 
 CLAIM_DEVICE_FIELDS = {2: "driver_name", 3: "pool_name", 4: "device_name", 5: "share_id"}  # 1: CDI devices, unread
@@ -480,20 +481,25 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
     `limit`, and whether it lists more. Walked on the wire, never parsed whole: 16 MiB of IDs would be
     millions of Python strings. The walk also stops after ALLOCATABLE_FIELDS_PER_DEVICE * `limit` fields
     of any kind (the kubelet sends an entry of 3 fields per device and NUMA node), so an answer costs
-    what `limit` devices cost, whatever its size. An ID longer than MAX_DEVICE_ID_BYTES is no GPU's: it
-    is kept as List shows it (WireWalk.shown), never decoded whole nor counted as a GPU's replica."""
+    what `limit` devices cost, whatever its size; an entry listing more than `limit` IDs (duplicates
+    too) lists more. An ID longer than MAX_DEVICE_ID_BYTES is no GPU's: it is kept as List shows it
+    (WireWalk.shown), never decoded whole nor counted as a GPU's replica; an entry whose resource name is
+    longer than Kubernetes allows is no NVIDIA resource's."""
     ids: dict[str, None] = {}  # an ordered set: a device on two NUMA nodes is listed twice
     reader = WireWalk(answer, ALLOCATABLE_FIELDS_PER_DEVICE * limit)
     try:
         for number, span in reader.walk((0, len(answer))):
             if number != 1 or span is NO_SPAN:  # cpu_ids, memory: not read
                 continue
-            resource, listed = "", []
+            resource, listed, cut = "", [], False
             for inner, field in reader.walk(span):
                 if inner == 1 and field is not NO_SPAN:  # resource_name: the last one counts, as in protobuf
-                    resource = reader.text(field)
-                elif inner == 2 and field is not NO_SPAN:  # device_ids
-                    listed.append(field)
+                    too_long = field[1] - field[0] > MAX_RESOURCE_NAME_BYTES  # no resource's: its IDs are skipped
+                    resource = "" if too_long else reader.text(field)
+                elif inner == 2 and field is not NO_SPAN:  # device_ids, kept until the name is known
+                    cut = cut or len(listed) == limit  # at most `limit` spans, not one per ID walked (4 MB)
+                    if not cut:
+                        listed.append(field)
             if not resource.startswith(RESOURCE_PREFIX):
                 continue
             for field in listed:
@@ -501,6 +507,8 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
                 if device_id not in ids and len(ids) == limit:
                     return list(ids), True
                 ids[device_id] = None
+            if cut:  # an entry listing more than `limit` IDs lists more than are read
+                return list(ids), True
     except _WalkSpent:
         return list(ids), True
     return list(ids), False
