@@ -10,7 +10,7 @@ once, then as the case says (and a third shared claim makes the exporter ask), a
 (`python -m exporter` from --code, default intervals: 1 s, kubelet 5 s) runs for --seconds. A
 separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
 the run the pod `leaver` leaves the kubelet's list. Three cases are a kubelet's answers at the old 16 MiB
-receive cap, past the default 2 MiB one since issue 42 (refused): GetAllocatableResources listing 1.5
+receive cap, past the default 1 MiB one since issue 42 (refused): GetAllocatableResources listing 1.5
 million device IDs (`allocatable_16mib`), and List with one pod holding as many (`list_16mib`), both in one
 tick (`both_16mib`); the `*_at_cap` cases are the same just under the default cap, `large_node` a large
 real node's answers (250 pods, 384 replicas); and an API server whose ResourceSlice list is ten pages of

@@ -1283,8 +1283,8 @@ ROUND_39_KUBECAPS = (
     _m("alloc-other-resources-read", "exporter/samplers/kubelet.py",
        "            if not resource.startswith(RESOURCE_PREFIX):\n                continue\n            for field in listed:",
        "            for field in listed:", WALKS, "only nvidia.com/ IDs are read", function="read_allocatable"),
-    _m("alloc-first-name-counts", "exporter/samplers/kubelet.py", "resource = reader.text(field)",
-       "resource = resource or reader.text(field)", WALKS, "a field sent twice: the last counts",
+    _m("alloc-first-name-counts", "exporter/samplers/kubelet.py", 'resource = "" if too_long else reader.text(field)',
+       'resource = resource or ("" if too_long else reader.text(field))', WALKS, "a field sent twice: the last counts",
        function="read_allocatable"),
     _m("alloc-garbled-uncaught", "exporter/samplers/kubelet.py",
        "except Exception as exc:  # noqa: BLE001 - whatever a garbled answer", "except KeyError as exc:  # whatever a garbled answer",
@@ -1518,17 +1518,20 @@ CADENCE_47 = (
        "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
-# Issue 42's gaps: the kubelet's receive cap (2 MiB by default, --kubelet-max-answer-bytes) and Allocatable's
+# Issue 42's gaps: the kubelet's receive cap (1 MiB by default, --kubelet-max-answer-bytes) and Allocatable's
 # over-long device IDs (tests/test_kubelet.py, the real gRPC kubelet and the real exporter).
 CAP = ("tests/test_kubelet.py", "-k", "receive_cap or default_cap or caps_flag or past_its_bound")
+ALLOCATABLE = ("tests/test_kubelet.py", "-k", "allocatable_answer")
 KUBELET_CAP_42 = (
-    _m("cap-back-to-16mib", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+    _m("cap-back-to-16mib", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 1024 * 1024",
        "MAX_MESSAGE_BYTES = 16 * 1024 * 1024", CAP, "an answer at the default cap costs under 10 MB"),
-    _m("cap-off-by-one-up", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
-       "MAX_MESSAGE_BYTES = 2 * 1024 * 1024 + 1", CAP, "one byte past the default cap is refused"),
-    _m("cap-off-by-one-down", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
-       "MAX_MESSAGE_BYTES = 2 * 1024 * 1024 - 1", CAP, "an answer of exactly the default cap is read"),
-    _m("cap-too-low", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 2 * 1024 * 1024",
+    _m("cap-2mib", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 2 * 1024 * 1024", CAP, "both answers at the default cap in one tick cost under 10 MB"),
+    _m("cap-off-by-one-up", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 1024 * 1024 + 1", CAP, "one byte past the default cap is refused"),
+    _m("cap-off-by-one-down", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 1024 * 1024",
+       "MAX_MESSAGE_BYTES = 1024 * 1024 - 1", CAP, "an answer of exactly the default cap is read"),
+    _m("cap-too-low", "exporter/samplers/kubelet.py", "MAX_MESSAGE_BYTES = 1024 * 1024",
        "MAX_MESSAGE_BYTES = 512 * 1024", CAP, "a large real node fits the default cap tenfold"),
     _m("cap-flag-unused-by-grpc", "exporter/samplers/kubelet.py", '("grpc.max_receive_message_length", self.max_answer_bytes)',
        '("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)', CAP, "gRPC receives what the flag says",
@@ -1547,6 +1550,24 @@ KUBELET_CAP_42 = (
     _m("allocatable-ids-decoded-whole", "exporter/samplers/kubelet.py",
        "device_id = reader.shown(field)", "device_id = reader.text(field)", CAP,
        "an over-long Allocatable ID is no GPU's replica, never decoded whole", function="read_allocatable"),
+    _m("allocatable-spans-unbounded", "exporter/samplers/kubelet.py", "cut = cut or len(listed) == limit", "cut = False",
+       ALLOCATABLE, "an entry keeps at most `limit` spans, not one per ID walked", function="read_allocatable"),
+    _m("allocatable-spans-off-by-one", "exporter/samplers/kubelet.py", "cut = cut or len(listed) == limit",
+       "cut = cut or len(listed) == limit - 1", ALLOCATABLE, "an entry of exactly `limit` IDs is read whole",
+       function="read_allocatable"),
+    _m("allocatable-cut-unsaid", "exporter/samplers/kubelet.py", "            if cut:  # an entry listing",
+       "            if False:  # an entry listing", ALLOCATABLE, "an entry listing more IDs than kept lists more",
+       function="read_allocatable"),
+    _m("allocatable-resource-name-unbounded", "exporter/samplers/kubelet.py",
+       "too_long = field[1] - field[0] > MAX_RESOURCE_NAME_BYTES", "too_long = False", ALLOCATABLE,
+       "a resource name past Kubernetes' bound is no NVIDIA resource's", function="read_allocatable"),
+    _m("allocatable-resource-name-boundary", "exporter/samplers/kubelet.py",
+       "too_long = field[1] - field[0] > MAX_RESOURCE_NAME_BYTES", "too_long = field[1] - field[0] >= MAX_RESOURCE_NAME_BYTES",
+       ALLOCATABLE, "a resource name of Kubernetes' longest is read", function="read_allocatable"),
+    _m("claim-device-strings-unbounded", "exporter/samplers/kubelet.py",
+       "setattr(device, what, self.name(inner, MAX_NAME_BYTES, what.replace(\"_\", \" \")))",
+       "setattr(device, what, self.text(inner))", NAMES, "a claim device's strings are bounded, never decoded whole",
+       function="ListReader.claim_device"),
 )
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
            + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + KUBELET_CAP_42)

@@ -38,13 +38,14 @@ RESOURCE_PREFIX = "nvidia.com/"
 API_PODS_PER_GPU = 256
 # What gRPC receives of one answer, by default (--kubelet-max-answer-bytes). gRPC refuses a longer one
 # from its length prefix, before buffering it (40 MiB over a 2 MiB cap: +1.4 MB RSS); one it takes costs
-# ~3 times its size at the peak, its slices and then Python bytes (2 MiB +6.1 MB, 16 MiB +48 MB:
-# `python3 bench/kubelet_list_memory.py --cap ...`), so the default keeps a hostile kubelet under 10 MB.
-# A large real node answers far less: 110 pods of three containers with exclusive CPUs and 8 GPUs of 16
-# time-slicing replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3
-# bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB of GPU memory (volcano's
+# ~3 times its size at the peak, its slices and then Python bytes (1 MiB +3.8 MB, 2 MiB +5.9 MB, 16 MiB
+# +48 MB: `python3 bench/kubelet_list_memory.py --cap ...`), a List and an Allocatable answer at the cap
+# in one tick ~5 times (the first one's freed memory stays resident: 2 MiB +10.6 MB, 1 MiB +5.6 MB in the
+# exporter, bench/kube_attacks.py), so the default keeps a hostile kubelet under 10 MB. A large real node
+# answers far less: 110 pods of three containers with exclusive CPUs and 8 GPUs of 16 time-slicing
+# replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3 bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB of GPU memory (volcano's
 # vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and pays what it costs.
-MAX_MESSAGE_BYTES = 2 * 1024 * 1024
+MAX_MESSAGE_BYTES = 1024 * 1024
 ANSWER_FLAG = "--kubelet-max-answer-bytes"
 GRPC_MAX_BYTES = 2**31 - 1  # gRPC's own limit: a message length is an int32
 # read_allocatable's walk: an entry per device (and NUMA node) of resource name, ID and topology, twice
