@@ -1518,8 +1518,56 @@ CADENCE_47 = (
        "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
+# Issue 44, the gaps: gpu_pod_info from the one join, typed NVML answers, rules and dashboards from the registry.
+REGISTRY = "tests/test_holder_registry.py"
+POD_INFO = REGISTRY + "::test_gpu_pod_info_is_the_joined_holders_that_are_pods_once_per_resource_and_gpu_pods_0_where_none_holds"
+GENERATED = (REGISTRY + "::test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_generator_makes",
+             REGISTRY + "::test_regenerating_the_rules_and_dashboards_gives_the_committed_files_byte_for_byte")
+ISSUE_44_JOIN = (
+    _m("pod-info-every-holder", "exporter/collectors/gpu.py", "if holder.values_of((\"pod\",))[0]", "if True", (POD_INFO,),
+       "only holders with a pod are gpu_pod_info's", function="pod_refs"),
+    _m("pod-info-one-resource", "exporter/collectors/gpu.py", "for resource in h.resources or (\"\",)",
+       "for resource in h.resources[:1] or (\"\",)", (POD_INFO,), "a container once per resource", function="pod_refs"),
+    _m("pods-known-despite-error", "exporter/collectors/gpu.py", "if name in pod_kinds and not h.error",
+       "if name in pod_kinds", (POD_INFO,), "a failed kind's GPUs have no gpu_pods", function="GpuCollector.collect"),
+    _m("pods-known-any-kind", "exporter/collectors/gpu.py", "if name in pod_kinds and not h.error", "if not h.error",
+       (POD_INFO,), "gpu_pods only where a kind of pods answered", function="GpuCollector.collect"),
+    _m("pods-counted-by-container", "exporter/collectors/gpu.py", "len({ref[:2] for ref in refs})",
+       "len({ref[:3] for ref in refs})", (POD_INFO,), "pods, not containers", function="GpuCollector.collect"),
+    _m("pods-held-by-none-left-out", "exporter/samplers/kubelet.py", "held = {uuid: {} for uuid in pods} | merge(",
+       "held = {} | merge(", ("tests/test_kubelet.py",), "a GPU held by none reads gpu_pods 0", function="KubeletSampler.tick"),
+    _m("api-lists-gpus-held-by-none", "exporter/holders.py", "            if not held:\n                continue\n", "",
+       (POD_INFO,), "the API lists what is held, as before", function="Holdings.to_json"),
+    _m("claim-resources-of-device-plugin-lost", "exporter/samplers/dra.py",
+       "resources = tuple(sorted({*resources, *before.resources}))", "pass", ("tests/test_dra.py",),
+       "a container holding a GPU both ways is held through both resources", function="merge"),
+    _m("device-plugin-resources-dropped", "exporter/samplers/kubelet.py", "tuple(sorted(resources[(uuid, key)])))",
+       "())", ("tests/test_kubelet.py",), "gpu_pod_info's resource from the device plugin's", function="device_plugin_holdings"),
+    _m("pod-kinds-inverted", "exporter/holders.py", "if label in importlib.import_module(module).LABELS",
+       "if label not in importlib.import_module(module).LABELS", (POD_INFO,), "kinds declaring the label",
+       function="kinds_declaring"),
+    _m("pci-bus-ids-recorded-mapping", "exporter/nvml_answers.py", "return tuple(cls(int(index), value) for index, value in data.items())",
+       "return tuple(cls(index, value) for index, value in data.items())", ("tests/test_nvml_answers.py", "tests/test_nvml_lost.py"),
+       "a recording's index is a string", function="_per_gpu"),
+    _m("xid-registered-refusal-lost", "exporter/nvml.py", "out.append(XidRegistration(index, exc.reason))",
+       "out.append(XidRegistration(index))", ("tests/test_nvml_answers.py",), "why a GPU is not watched",
+       function="Nvml.xid_open"),
+    _m("ruled-groupings-of-several", "gpu_spatial/report/account.py", "if len(labels) == 1", "if len(labels) >= 1",
+       (REGISTRY,), "a pod (with its namespace) is not rolled up", function="ruled"),
+    _m("rollup-without-basis", "dashboards/rules.py", "if quantity in WITH_BASIS else label",
+       "if quantity not in WITH_BASIS else label", GENERATED, "busy, SM active, hidden idle keep their basis",
+       function="rollups"),
+    _m("lookup-misses-a-label", "dashboards/rules.py", "keys = (\"instance\", \"uuid\", *labels())",
+       "keys = (\"instance\", \"uuid\", *labels()[:-1])", GENERATED, "lookups on every label", function="_lookup"),
+    _m("alert-kinds-reordered", "dashboards/rules.py", "for kind in reversed(kind_views()):", "for kind in kind_views():",
+       GENERATED, "the first kind with its label set names the holder", function="held_idle_annotations"),
+    _m("holder-tables-one-per-row", "dashboards/workloads.py", "alone = i == len(wanted) - 1 and i % 2 == 0",
+       "alone = True", GENERATED, "two tables to a row", function="holder_tables"),
+    _m("legend-misses-a-kind", "dashboards/workloads.py", "for kind in kind_views())", "for kind in kind_views()[:-1])",
+       GENERATED, "a holder of any kind named in the legends", function="holder_legend"),
+)
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + ISSUE_44_JOIN)
 
 
 def _is_test_path(arg: str) -> bool:

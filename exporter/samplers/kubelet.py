@@ -772,6 +772,11 @@ LABELS = {"namespace": "the Kubernetes namespace of a container holder", "pod": 
           "container": "the container", "claim": "the DRA ResourceClaim the container holds the GPU through"}
 HELD_THROUGH = ("claim",)  # a DRA claim: held by its container, whose cgroup names the processes
 GROUPS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "claim": ("claim",)}  # report --by (not container)
+# the workloads dashboard's tables of GPU-hours: grouping -> (its groups called, where they come from, why none)
+PANELS = {"namespace": ("Namespaces", "", "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources "
+                                          "socket) no pod is known."),
+          "pod": ("Pods", "Each pod's own numbers, from its own processes: never its GPU's total.",
+                  "no pod held a GPU in the range (outside Kubernetes no pod is known).")}
 
 
 def add_arguments(parser) -> None:
