@@ -145,18 +145,20 @@ def test_the_report_rollups_are_the_shipped_rules():
 RULES_FILE = ROOT / "rules" / "gpu-utilization.rules.yaml"
 
 
-def _generated() -> tuple[str, str]:
-    """The rules file and the workloads dashboard as `python3 -m dashboards` makes them from the registry now."""
-    from dashboards import rules, workloads
+def _generated() -> tuple[str, str, str]:
+    """The rules file, the workloads and the GPU utilization dashboards as `python3 -m dashboards` makes them from
+    the registry now."""
+    from dashboards import gpu_utilization, rules, workloads
     from dashboards.__main__ import render
 
-    return rules.render(RULES_FILE.read_text()), render(workloads)
+    return rules.render(RULES_FILE.read_text()), render(workloads), render(gpu_utilization)
 
 
 def test_regenerating_the_rules_and_dashboards_gives_the_committed_files_byte_for_byte():
-    made_rules, made_dashboard = _generated()
+    made_rules, made_workloads, made_utilization = _generated()
     assert made_rules == RULES_FILE.read_text()
-    assert made_dashboard == (ROOT / "dashboards" / "generated" / "workloads.json").read_text()
+    assert made_workloads == (ROOT / "dashboards" / "generated" / "workloads.json").read_text()
+    assert made_utilization == (ROOT / "dashboards" / "generated" / "gpu-utilization.json").read_text()
 
 
 def test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_generator_makes(ray_registered, tmp_path):
@@ -167,7 +169,7 @@ def test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_g
     import shutil
     import subprocess
 
-    made_rules, made_dashboard = _generated()
+    made_rules, made_dashboard, made_utilization = _generated()
     assert made_rules != RULES_FILE.read_text()
     recorded = {rule["record"]: rule["expr"] for group in yaml.safe_load(made_rules)["groups"] for rule in group["rules"]
                 if group["name"] == "gpu-workload-recording"}
@@ -193,6 +195,8 @@ def test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_g
     assert "sum by (ray_actor) (increase(gpu_workload_held_gpu_seconds_total{instance=~\\\"$host\\\", ray_actor!=" in made_dashboard
     assert "{{namespace}}/{{pod}}{{hpc_job}}{{user}}{{ray_job}}/{{ray_actor}} time" in made_dashboard
     assert "on (instance, uuid, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor)" in made_dashboard
+    assert "sum by (instance, gpu, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor, basis)" in \
+        made_utilization  # holders by their own hidden idle
     if shutil.which("promtool"):
         (tmp_path / "rules.yaml").write_text(made_rules)
         done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
