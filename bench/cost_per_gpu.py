@@ -16,11 +16,13 @@ Each side-by-side phase: --warmup seconds, then CPU from /proc (utime+stime+cuti
 the same --measure seconds, both scraped every 15 s, VmRSS/VmHWM/threads at the end. A ctxsw phase: the exporter's
 tree CPU (its nsys steps and the attribution child) plus nsys processes outside it (the agent: bench/ctxsw_live_cost.py's
 Meter) from start until every GPU's window is attributed, less this exporter's own CPU rate of the loaded phase;
-the attribution child's CPU and peak from the source's state reason. Also bench/nvml_call_cost.py on GPU 0.
+the attribution child's CPU (of it start-up) and peak from the source's state reason; per GPU at the default duty
+(exporter.samplers.ctxsw: a WINDOW_S capture every PERIOD_S). Also bench/nvml_call_cost.py on GPU 0.
 
 Writes DIR/cost_per_gpu.json after every phase (what was measured so far), each process's log under DIR/logs/,
-and prints the summary table. Every step has a timeout; a failing step is recorded and the next one runs; only
-processes this script started are stopped. Never asserts.
+and prints the summary tables: the side-by-side phases, then the context-switch source's own phases. Every step
+has a timeout; a failing step is recorded and the next one runs; only processes this script started are stopped.
+Never asserts.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.ctxsw_live_cost import Meter, environment, peak_memory
-from tests.cost_summary import CHILD_COST, settled, summary, table
+from exporter.samplers.ctxsw import PERIOD_S, WINDOW_S
+from tests.cost_summary import child_cost, settled, summary, table
 from tests.helpers import free_port
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -262,9 +265,9 @@ def ctxsw_window(started: Started, out: Path, name: str, one_gpu: bool, gpus: in
             "baseline_percent_of_core": baseline_percent,
             "exporter_timeline": [{"s": t, "step": step, **mem} for t, step, mem in timeline],
         })
-        found = [m for m in (CHILD_COST.search(s.get("reason") or "") for s in states) if m]
+        found = [cost for cost in (child_cost(s.get("reason")) for s in states) if cost]
         if found:
-            result["attribution_child"] = {"cpu_s": float(found[0].group(1)), "peak_mib": int(found[0].group(2))}
+            result["attribution_child"] = found[0]
     finally:
         started.stop(proc)
     return result
@@ -359,7 +362,8 @@ def main(argv=None) -> int:
     kinds = ["ours"] + ([] if args.no_nvitop else ["nvitop"])
     gpus = gpu_count() if not args.nvml_replay else 1
     report: dict = {"started": time.time(), "gpus": gpus, "cpus": os.cpu_count(), "measure_s": args.measure,
-                    "warmup_s": args.warmup, "workers_per_gpu": args.workers_per_gpu, "ctxsw_period_s": 180.0,
+                    "warmup_s": args.warmup, "workers_per_gpu": args.workers_per_gpu, "ctxsw_period_s": PERIOD_S,
+                    "ctxsw_window_s": WINDOW_S,
                     "phases": {}}
     started = Started()
     try:

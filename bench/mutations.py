@@ -592,7 +592,7 @@ EDGE = (
     "tests/test_cupti.py::test_no_client_left_means_no_window_and_a_line_past_the_cap_is_refused_even_when_it_ends",
     "tests/test_ledger.py::test_ledger_cells_at_their_edges",
 )
-NOT_SLOW = ("-k", "not ten_million")  # the 10 M-row switch table: 26 s, and chunking has its own test
+NOT_SLOW = ("-k", "not millions_of_switch")  # the 2.5 M-row switch table: 8 s, and chunking has its own test
 CTXSW_INGEST = (*EDGE, "tests/test_ctxsw.py", *NOT_SLOW)
 CTXSW_LIVE = (*EDGE, "tests/test_ctxsw_live.py")
 WORKLOADS = (*EDGE, *GUARDS, "tests/test_workloads.py", "tests/test_ctxsw_live.py")
@@ -1518,6 +1518,87 @@ CADENCE_47 = (
        "        self.engine.unwatched_interval = self.engine.unwatched_interval  #",
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
+ATTRIBUTION_COST = ("tests/test_ctxsw.py", "-k", "recorded or pandas or grouped or text_among or null_in or dram_active "
+                    "or combined_samples")
+CHILD_COST = ("tests/test_cost.py", "-k", "windows_cost or sources_state")
+CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its samples grouped by SQLite
+    _m("attribution-imports-pandas", "nsys_ingest/ctxsw.py", "import numpy as np\n",
+       "import numpy as np\nimport pandas  # noqa: F401\n", ATTRIBUTION_COST, "the attribution loads no pandas"),
+    _m("grouped-fetch-unbounded", "nsys_ingest/reader.py", "per_fetch = max(1, chunk_rows * 4 // (2 + 2 * width))",
+       "per_fetch = max(1, chunk_rows)", ATTRIBUTION_COST, "a fetch holds as many cells as chunk_rows rows of 4",
+       function="Export.sample_arrays"),
+    _m("grouped-text-summed", "nsys_ingest/reader.py", "        self._refuse_non_numbers(type_ids, metric_ids, where, params)\n",
+       "", ATTRIBUTION_COST, "text among the metrics is refused, not summed as 0", function="Export.sample_arrays"),
+    _m("grouped-scale-dropped", "nsys_ingest/reader.py", '"when typeId = ? and metricId = ? then value * ?"',
+       '"when typeId = ? and metricId = ? then value + 0 * ?"', ATTRIBUTION_COST, "a percentage reads as a ratio",
+       function="Export.sample_arrays"),
+    _m("switch-null-named-none", "nsys_ingest/ctxsw.py", "        if any(value is None for value in column):\n"
+       "            raise IngestError(f\"{where} holds NULL where a number belongs: {NOT_NSYS}\") from None\n", "",
+       ATTRIBUTION_COST, "a NULL in the switch table is named NULL", function="_integers"),
+    _m("text-pid-kept", "nsys_ingest/ctxsw.py", "        pass\n    return -1", "        pass\n    return 0", ATTRIBUTION_COST,
+       "a pid that is no number is unknown", function="_pid"),
+    _m("dram-not-clipped", "nsys_ingest/ctxsw.py",
+       "columns.append(np.minimum(sum(np.nan_to_num(means[:, i], nan=0.0) for i in dram), 1.0) if dram",
+       "columns.append(sum(np.nan_to_num(means[:, i], nan=0.0) for i in dram) if dram", ATTRIBUTION_COST,
+       "DRAM read + write is at most 1", function="_wide"),
+    _m("dram-read-alone-unsampled", "nsys_ingest/ctxsw.py",
+       'dram = [READ.index(d) for d in ("dram_read", "dram_write") if counts[:, READ.index(d)].any()]',
+       'dram = [READ.index(d) for d in ("dram_write",) if counts[:, READ.index(d)].any()]', ATTRIBUTION_COST,
+       "either DRAM quantity alone gives dram_active", function="_wide"),
+    _m("combined-nan-as-zero", "nsys_ingest/ctxsw.py", "np.where(sampled, groups, 0.0).sum(axis=1) / np.where(counts > 0, counts, 1)",
+       "np.where(sampled, groups, 0.0).sum(axis=1) / groups.shape[1]", ATTRIBUTION_COST,
+       "a combined sample is the mean of what was sampled", function="_nanmean"),
+    _m("child-startup-unsaid", "exporter/samplers/ctxsw.py", '+ (f" ({startup:.2f} s of it start-up)" if startup is not None else "")',
+       '+ ""', CHILD_COST, "the child's start-up is said apart", function="CtxswSampler._attribution_cost"),
+)
+# Issue 44, the gaps: gpu_pod_info from the one join, typed NVML answers, rules and dashboards from the registry.
+REGISTRY = "tests/test_holder_registry.py"
+POD_INFO = REGISTRY + "::test_gpu_pod_info_is_the_joined_holders_that_are_pods_once_per_resource_and_gpu_pods_0_where_none_holds"
+GENERATED = (REGISTRY + "::test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_generator_makes",
+             REGISTRY + "::test_regenerating_the_rules_and_dashboards_gives_the_committed_files_byte_for_byte")
+ISSUE_44_JOIN = (
+    _m("pod-info-every-holder", "exporter/collectors/gpu.py", "if holder.values_of((\"pod\",))[0]", "if True", (POD_INFO,),
+       "only holders with a pod are gpu_pod_info's", function="pod_refs"),
+    _m("pod-info-one-resource", "exporter/collectors/gpu.py", "for resource in h.resources or (\"\",)",
+       "for resource in h.resources[:1] or (\"\",)", (POD_INFO,), "a container once per resource", function="pod_refs"),
+    _m("pods-known-despite-error", "exporter/collectors/gpu.py", "if name in pod_kinds and not h.error",
+       "if name in pod_kinds", (POD_INFO,), "a failed kind's GPUs have no gpu_pods", function="GpuCollector.collect"),
+    _m("pods-known-any-kind", "exporter/collectors/gpu.py", "if name in pod_kinds and not h.error", "if not h.error",
+       (POD_INFO,), "gpu_pods only where a kind of pods answered", function="GpuCollector.collect"),
+    _m("pods-counted-by-container", "exporter/collectors/gpu.py", "len({ref[:2] for ref in refs})",
+       "len({ref[:3] for ref in refs})", (POD_INFO,), "pods, not containers", function="GpuCollector.collect"),
+    _m("pods-held-by-none-left-out", "exporter/samplers/kubelet.py", "held = {uuid: {} for uuid in pods} | merge(",
+       "held = {} | merge(", ("tests/test_kubelet.py",), "a GPU held by none reads gpu_pods 0", function="KubeletSampler.tick"),
+    _m("api-lists-gpus-held-by-none", "exporter/holders.py", "            if not held:\n                continue\n", "",
+       (POD_INFO,), "the API lists what is held, as before", function="Holdings.to_json"),
+    _m("claim-resources-of-device-plugin-lost", "exporter/samplers/dra.py",
+       "resources = tuple(sorted({*resources, *before.resources}))", "pass", ("tests/test_dra.py",),
+       "a container holding a GPU both ways is held through both resources", function="merge"),
+    _m("device-plugin-resources-dropped", "exporter/samplers/kubelet.py", "tuple(sorted(resources[(uuid, key)])))",
+       "())", ("tests/test_kubelet.py",), "gpu_pod_info's resource from the device plugin's", function="device_plugin_holdings"),
+    _m("pod-kinds-inverted", "exporter/holders.py", "if label in importlib.import_module(module).LABELS",
+       "if label not in importlib.import_module(module).LABELS", (POD_INFO,), "kinds declaring the label",
+       function="kinds_declaring"),
+    _m("pci-bus-ids-recorded-mapping", "exporter/nvml_answers.py", "return tuple(cls(int(index), value) for index, value in data.items())",
+       "return tuple(cls(index, value) for index, value in data.items())", ("tests/test_nvml_answers.py", "tests/test_nvml_lost.py"),
+       "a recording's index is a string", function="_per_gpu"),
+    _m("xid-registered-refusal-lost", "exporter/nvml.py", "out.append(XidRegistration(index, exc.reason))",
+       "out.append(XidRegistration(index))", ("tests/test_nvml_answers.py",), "why a GPU is not watched",
+       function="Nvml.xid_open"),
+    _m("ruled-groupings-of-several", "gpu_spatial/report/account.py", "if len(labels) == 1", "if len(labels) >= 1",
+       (REGISTRY,), "a pod (with its namespace) is not rolled up", function="ruled"),
+    _m("rollup-without-basis", "dashboards/rules.py", "if quantity in WITH_BASIS else label",
+       "if quantity not in WITH_BASIS else label", GENERATED, "busy, SM active, hidden idle keep their basis",
+       function="rollups"),
+    _m("lookup-misses-a-label", "dashboards/rules.py", "keys = (\"instance\", \"uuid\", *labels())",
+       "keys = (\"instance\", \"uuid\", *labels()[:-1])", GENERATED, "lookups on every label", function="_lookup"),
+    _m("alert-kinds-reordered", "dashboards/rules.py", "for kind in reversed(kind_views()):", "for kind in kind_views():",
+       GENERATED, "the first kind with its label set names the holder", function="held_idle_annotations"),
+    _m("holder-tables-one-per-row", "dashboards/workloads.py", "alone = i == len(wanted) - 1 and i % 2 == 0",
+       "alone = True", GENERATED, "two tables to a row", function="holder_tables"),
+    _m("legend-misses-a-kind", "dashboards/workloads.py", "for kind in kind_views())", "for kind in kind_views()[:-1])",
+       GENERATED, "a holder of any kind named in the legends", function="holder_legend"),
+)
 # Issue 42's gaps: the kubelet's receive cap (1 MiB by default, --kubelet-max-answer-bytes) and Allocatable's
 # over-long device IDs (tests/test_kubelet.py, the real gRPC kubelet and the real exporter).
 CAP = ("tests/test_kubelet.py", "-k", "receive_cap or default_cap or caps_flag or past_its_bound")
@@ -1570,7 +1651,7 @@ KUBELET_CAP_42 = (
        function="ListReader.claim_device"),
 )
 MUTANTS = (MUTANTS + ROUND_39 + ROUND_39_NEW + ROUND_39_CUPTI + ISSUE_42_CUPTI + ROUND_39_LEDGER + ROUND_39_KUBECAPS + ROUND_37_COST + KUBELIST
-           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + KUBELET_CAP_42)
+           + LOST_GPU + ROUND_42_HOSTILE + CADENCE_47 + ROUND_45 + CTXSW_COST_47 + ISSUE_44_JOIN + KUBELET_CAP_42)
 
 
 def _is_test_path(arg: str) -> bool:

@@ -12,8 +12,10 @@ run inside it. d2d: device-to-device copies of 512 MiB (`copy_`), 20 at a time, 
 one anchor event recorded after a synchronize: the union of those intervals is the time the GPU ran the
 client's work, whatever the tracer sees.
 resnet: torchvision ResNet-50 training, bf16 autocast, batch 64, SGD; appends "wall steps" after every
-step to --progress. --profile-windows W:P: PyTorch's profiler (CUPTI through kineto, C++) records W s every
-P s instead, and the kernels' union inside each window is written to --truth (its kernel-busy).
+step to --progress (the host's), and with --gpu-progress the wall time the GPU finished each step (events:
+the host runs up to 50 steps ahead, so only the GPU's times give the rate inside a window).
+--profile-windows W:P: PyTorch's profiler (CUPTI through kineto, C++) records W s every P s instead, and
+the kernels' union inside each window is written to --truth (its kernel-busy).
 """
 from __future__ import annotations
 
@@ -100,7 +102,8 @@ def resnet(args) -> dict:
 
     for _ in range(10):
         step()
-    torch.cuda.synchronize()
+    anchor = anchored()
+    done = []  # (steps, event recorded after that step's work): when the GPU finished it
     windows, profiled = [], None
     if args.profile_windows:
         window_s, period_s = (float(v) for v in args.profile_windows.split(":"))
@@ -117,6 +120,9 @@ def resnet(args) -> dict:
             window = windows.pop(0)
         step().item() if steps % 50 == 0 else step()
         steps += 1
+        if args.gpu_progress:
+            done.append((steps, torch.cuda.Event(enable_timing=True)))
+            done[-1][1].record()
         if out:
             out.write(f"{time.time():.6f} {steps}\n")
         if profiled is not None and time.time() >= window[1]:
@@ -127,6 +133,10 @@ def resnet(args) -> dict:
     torch.cuda.synchronize()
     if out:
         out.close()
+    if args.gpu_progress:  # the host runs up to 50 steps ahead: the GPU's own finishing times are the rate
+        event0, wall0 = anchor
+        with open(args.gpu_progress, "w") as f:
+            f.writelines(f"{wall0 + event0.elapsed_time(e) / 1e3:.6f} {n}\n" for n, e in done)
     return {"kind": "resnet", "steps": steps, "profiler_windows": truth}
 
 
@@ -160,6 +170,7 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--truth", default=None)
     p.add_argument("--progress", default=None)
+    p.add_argument("--gpu-progress", default=None, help="resnet: 'wall steps' when the GPU finished each step")
     p.add_argument("--profile-windows", default=None)
     p.add_argument("--stacks-after", type=float, default=0, help="print every thread's stack and exit after S s")
     args = p.parse_args(argv)

@@ -67,11 +67,13 @@ class Asker:
         self.source = cupti.CuptiSource(SimpleNamespace(gpus=[SimpleNamespace(uuid=self.uuid, index=0)]), sock,
                                         window, period)
         self.source.open()
+        self.asked: list[float] = []  # when each window was asked for
 
     def windows(self, count: int, period: float, started: float) -> list[list[dict]]:
         out = []
         for i in range(count):
             self.raw.clear()
+            self.asked.append(time.time())
             self.source.tick()
             out.append(list(self.raw))
             time.sleep(max(0.0, started + WARM_S + (i + 1) * period - time.time()))
@@ -102,8 +104,8 @@ def compare(report: dict, truth: dict) -> dict:
            "sm": round(d.get("sm_seconds", 0.0) / length, 4)}
     return {"window_s": round(length, 3), "reported": got, "truth": truth,
             "error": {k: round(got[k] - truth[k], 4) for k in truth if truth.get(k) is not None},
-            "detail": {k: d.get(k) for k in ("kernels", "kernel_busy_s", "backlog_busy_s", "sm_copy_busy_s",
-                                             "copy_busy_s", "sms", "gpu_sms")},
+            "detail": {k: d.get(k) for k in ("kernels", "kernel_busy_s", "backlog_busy_s", "queue_gap_s",
+                                             "sm_copy_busy_s", "copy_busy_s", "sms", "gpu_sms")},
             "native": report.get("native"), "records": report.get("records")}
 
 
@@ -150,8 +152,8 @@ def spins(args, work):
     return phase_accuracy("spins", clients, args, work)
 
 
-def events_phase(kind, args, work):
-    truth_file = work / f"{kind}_truth.json"
+def events_phase(kind, args, work, env=None):
+    truth_file = work / f"{kind}{'_env' if env else ''}_truth.json"
     seconds = str(WARM_S + args.windows * args.period + 3)
     truth_cache = {}
 
@@ -166,10 +168,10 @@ def events_phase(kind, args, work):
 
     clients = {kind: ([sys.executable, "bench/native_clients.py", kind, "--seconds", seconds, "--truth",
                        str(truth_file)], {}, True, truth)}
-    sock = str(work / f"{kind}.sock")
+    sock = str(work / f"{kind}{'_env' if env else ''}.sock")
     asker = Asker(sock, args.window, args.period)
     started = time.time()
-    proc = traced(clients[kind][0], sock)
+    proc = traced(clients[kind][0], sock, env)
     time.sleep(WARM_S)
     windows = asker.windows(args.windows, args.period, started)
     _, err = proc.communicate(timeout=120)
@@ -181,7 +183,7 @@ def events_phase(kind, args, work):
                 rows.append({"window": n, "error": report["error"]})
             else:
                 rows.append({"window": n, "client": kind, **compare(report, truth(report))})
-    return {"phase": kind, "rows": rows, "stderr": err[-600:]}
+    return {"phase": kind + ("_queued" if env else ""), "rows": rows, "stderr": err[-600:]}
 
 
 def cxx(args, work):
@@ -210,22 +212,56 @@ def gpm_sampler(stop: threading.Event, out: list):
         out.append((time.time(), {"error": repr(exc)}))
 
 
-def resnet(args, work, variant="default", env=None):
-    """The trainer traced (env: the tracer's switches, GPU_SPATIAL_TRACE_DETACH / _LATENCY), each CUPTI step
-    logged (GPU_SPATIAL_TRACE_DEBUG); a trainer that stops stepping is killed and its stacks kept."""
-    from cupti_slowdown import rates
+def finished_between(times: list[float], lo: float, hi: float) -> int:
+    return sum(1 for t in times if lo <= t < hi)
 
+
+def step_rates(gpu_progress: Path, marks: list[tuple[float, float]], first: float) -> dict:
+    """Steps the GPU finished per second inside each window against the spans outside (0.5 s after a window
+    and 0.2 s before the next left out: the tracer's start and end), counted, not averaged per step: the host
+    runs ahead, so only the GPU's finishing times say how fast the job went."""
+    times = [float(line.split()[0]) for line in gpu_progress.read_text().splitlines() if line.strip()]
+    if not times or not marks:
+        return {}
+    marks = sorted(marks)
+    gaps = [(first, marks[0][0] - 0.2)] + [(a[1] + 0.5, b[0] - 0.2) for a, b in zip(marks, marks[1:])] + \
+        [(marks[-1][1] + 0.5, times[-1])]
+    gaps = [(lo, hi) for lo, hi in gaps if hi - lo > 1.0]
+    rate = lambda spans: (sum(finished_between(times, lo, hi) for lo, hi in spans) / sum(hi - lo for lo, hi in spans)
+                          if spans else None)
+    inside, outside = rate(marks), rate(gaps)
+    per_window = []
+    for lo, hi in marks:  # each window against the spans just before and after it
+        near = [g for g in gaps if abs(g[1] - lo) < 1.0 or abs(g[0] - hi) < 1.0]
+        r_in, r_out = rate([(lo, hi)]), rate(near)
+        per_window.append(round(r_in / r_out, 4) if r_out else None)
+    # inside a window, second by second: a cost at the window's start (CUPTI attaching) or all along
+    seconds = int(min(hi - lo for lo, hi in marks))
+    profile = [round(sum(finished_between(times, lo + k, lo + k + 1) for lo, _ in marks) / len(marks) / outside, 4)
+               if outside else None for k in range(seconds)]
+    return {"steps_per_s_inside": round(inside, 3), "steps_per_s_outside": round(outside, 3) if outside else None,
+            "inside_over_outside": round(inside / outside, 4) if outside else None, "per_window": per_window,
+            "by_second_of_window": profile}
+
+
+def resnet(args, work, variant="default", env=None, traced_run=True):
+    """The trainer (env: the tracer's switches, GPU_SPATIAL_TRACE_DETACH / _QUEUED), each CUPTI step logged
+    (GPU_SPATIAL_TRACE_DEBUG); untraced (traced_run False) the same schedule of windows is asked of nobody:
+    the noise of the inside/outside comparison itself. A trainer that stops stepping is killed, stacks kept."""
     seconds = WARM_S + args.windows * args.period + 3
-    progress = work / f"resnet_{variant}.txt"
+    progress, gpu_progress = work / f"resnet_{variant}.txt", work / f"resnet_{variant}_gpu.txt"
     sock = str(work / f"resnet_{variant}.sock")
     asker = Asker(sock, args.window, args.period)
     gpm, stop = [], threading.Event()
     sampler = threading.Thread(target=gpm_sampler, args=(stop, gpm), daemon=True)
     sampler.start()
     started = time.time()
-    proc = traced([sys.executable, "-X", "faulthandler", "bench/native_clients.py", "resnet", "--seconds", str(seconds),
-                   "--progress", str(progress), "--stacks-after", str(seconds + 15)], sock,
-                  {"GPU_SPATIAL_TRACE_DEBUG": "1", **(env or {})})
+    command = [sys.executable, "-X", "faulthandler", "bench/native_clients.py", "resnet", "--seconds", str(seconds),
+               "--progress", str(progress), "--gpu-progress", str(gpu_progress), "--stacks-after", str(seconds + 15)]
+    if traced_run:
+        proc = traced(command, sock, {"GPU_SPATIAL_TRACE_DEBUG": "1", **(env or {})})
+    else:
+        proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(WARM_S)
     windows = asker.windows(args.windows, args.period, started)
     try:
@@ -236,10 +272,10 @@ def resnet(args, work, variant="default", env=None):
         err = "KILLED: the trainer did not finish\n" + err
     stop.set()
     asker.source.close()
-    marks = [(r["start"], r["end"]) for reports in windows for r in reports if "error" not in r]
-    inside = rates(progress, lambda a, b: any(lo + 0.2 <= a and b <= hi for lo, hi in marks))
-    outside = rates(progress, lambda a, b: a >= started + WARM_S - 4 and all(b <= lo - 0.2 or a >= hi + 0.5
-                                                                             for lo, hi in marks))
+    if traced_run:
+        marks = [(r["start"], r["end"]) for reports in windows for r in reports if "error" not in r]
+    else:  # when a traced client's window would have run
+        marks = [(t + 0.05, t + 0.05 + args.window) for t in asker.asked]
     mean = lambda v: sum(v) / len(v) if v else None
     gpm_out = [m.get("sm_active") for t, m in gpm if "sm_active" in m and all(t <= lo or t - 1 >= hi for lo, hi in marks)
                and t > started + WARM_S]
@@ -247,25 +283,98 @@ def resnet(args, work, variant="default", env=None):
     for n, reports in enumerate(windows):
         for report in reports:
             rows.append({"window": n, **(compare(report, {}) if "error" not in report else {"error": report["error"]})})
-    result = {"phase": f"resnet_{variant}", "rows": rows, "steps_per_s": {"inside": mean(inside), "outside": mean(outside)},
-              "inside_over_outside": round(mean(inside) / mean(outside), 4) if inside and outside else None,
+    # the first window is left out: the untraced control ran at 0.29 of its later rate there (cuDNN's autotune
+    # and the allocator settling after the warm-up steps), whatever the tracer does
+    rates = step_rates(gpu_progress, marks[1:], marks[0][1] + 0.5) if gpu_progress.exists() and marks else {}
+    result = {"phase": f"resnet_{variant}", "rows": rows, **rates, "marks": marks,
               "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]), "stderr": err[-3000:]}
-    if args.skip_kineto:
+    if args.skip_kineto or not traced_run:
         return result
     # the same job under PyTorch's profiler (CUPTI read in C++ by kineto), windows of the same length
-    progress_k = work / "resnet_kineto.txt"
-    truth_k = work / "resnet_kineto.json"
+    progress_k, gpu_k, truth_k = work / "resnet_kineto.txt", work / "resnet_kineto_gpu.txt", work / "resnet_kineto.json"
     k = subprocess.run([sys.executable, "bench/native_clients.py", "resnet", "--seconds", str(seconds), "--progress",
-                        str(progress_k), "--profile-windows", f"{args.window:g}:{args.period:g}", "--truth",
-                        str(truth_k)], cwd=ROOT, capture_output=True, text=True, timeout=240)
+                        str(progress_k), "--gpu-progress", str(gpu_k), "--profile-windows",
+                        f"{args.window:g}:{args.period:g}", "--truth", str(truth_k)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=240)
     kineto = json.loads(truth_k.read_text()) if truth_k.exists() else {"stderr": k.stderr[-600:]}
     k_marks = [tuple(w["window"]) for w in kineto.get("profiler_windows", [])]
-    k_in = rates(progress_k, lambda a, b: any(lo + 0.2 <= a and b <= hi for lo, hi in k_marks))
-    k_out = rates(progress_k, lambda a, b: all(b <= lo - 0.2 or a >= hi + 0.5 for lo, hi in k_marks) and a > k_marks[0][0] - 4
-                  if k_marks else False)
-    result["kineto"] = {"steps_per_s_inside": mean(k_in), "steps_per_s_outside": mean(k_out),
+    k_first = k_marks[0][0] - 5.0 if k_marks else 0.0
+    result["kineto"] = {**(step_rates(gpu_k, k_marks, k_first) if gpu_k.exists() else {}),
                         "windows": kineto.get("profiler_windows")}
     return result
+
+
+def api_phase(args, work, env=None):
+    """End to end: the real exporter (`python3 -m exporter`, NVML and GPM live, --workload-cupti) and spin
+    clients of footprints named nowhere else (one limited by MPS to 30 % of the threads), read back from
+    /api/v1/workloads' cupti section (each client's own shares); the truth as in spins, over the GPU's window."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sock = str(work / "api.sock")
+    log = open(work / "api_exporter.txt", "w")
+    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--listen-address", "127.0.0.1", "--port", str(port),
+                                 "--workload-cupti", "--cupti-socket", sock, "--cupti-window", f"{args.window:g}",
+                                 "--cupti-period", f"{args.period:g}", "--kubelet-socket", "none", "--holders", "users",
+                                 "--interval", "1"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1", "GPU_EXPORTER_UNWATCHED_INTERVAL": "0"})
+    url = f"http://127.0.0.1:{port}/api/v1/workloads"
+
+    def answer():
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.loads(r.read())
+        except (OSError, ValueError):
+            return None
+
+    deadline = time.time() + 40
+    while answer() is None and time.time() < deadline and exporter.poll() is None:
+        time.sleep(0.5)
+    seconds = WARM_S + args.windows * args.period + 3
+    jobs = {"spin28": (28, {}, []), "spin50_70pct": (50, {}, ["--on-ms", "35", "--off-ms", "15"]),
+            "spin16_limited30": (16, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}, [])}
+    procs, progress = {}, {}
+    for name, (sms, job_env, extra) in jobs.items():
+        progress[name] = work / f"api_{name}.txt"
+        procs[name] = traced([sys.executable, "bench/ctxsw_jobs.py", "spin", "--sms", str(sms), "--kernel-ms",
+                              str(KERNEL_MS), "--seconds", str(seconds), "--progress", str(progress[name])] + extra,
+                             sock, {**job_env, **(env or {})})
+    pids = {p.pid: name for name, p in procs.items()}
+    seen, end = {}, time.time() + seconds
+    while time.time() < end:
+        got = answer()
+        for gpu in (got or {}).get("cupti") or ():
+            if gpu.get("clients") and gpu.get("window"):  # every GPU the clients' contexts are on
+                seen[(gpu["uuid"], *gpu["window"])] = gpu
+        time.sleep(1.0)
+    for p in procs.values():
+        try:
+            p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    exporter.terminate()
+    try:
+        exporter.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        exporter.kill()
+    rows = []
+    for (uuid, lo, hi), gpu in sorted(seen.items()):
+        if gpu.get("gpu") != 0:  # the clients run on CUDA's device 0; another GPU reads 0 for them
+            continue
+        for pid, share in gpu["clients"].items():
+            name = pids.get(int(pid))
+            if name is None:
+                continue
+            truth = spin_truth(progress[name], lo, hi, jobs[name][0])
+            rows.append({"window": [lo, hi], "client": name, "reported": {"time": share["time"], "sm": share["sm"]},
+                         "truth": truth, "error": {k: round(share[k] - truth[k], 4) for k in ("time", "sm")},
+                         "parts": share.get("parts"), "record_path": share.get("record_path"),
+                         "gpu": {k: gpu.get(k) for k in ("gpu_sm_active", "estimated", "scale", "unattributed",
+                                                         "traced", "untraced")}})
+    return {"phase": "api" + ("_queued" if env else ""), "rows": rows, "windows_seen": len(seen)}
 
 
 def main(argv=None) -> int:
@@ -287,7 +396,15 @@ def main(argv=None) -> int:
               "d2d": lambda a, w: events_phase("d2d", a, w), "cxx": cxx, "resnet": resnet,
               # the tracer's switches, where the default stalls a trainer: which CUPTI step is the cause
               "resnet_nodetach": lambda a, w: resnet(a, w, "nodetach", {"GPU_SPATIAL_TRACE_DETACH": "0"}),
-              "resnet_queued": lambda a, w: resnet(a, w, "queued", {"GPU_SPATIAL_TRACE_QUEUED": "1"})}
+              "resnet_queued": lambda a, w: resnet(a, w, "queued", {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
+              "resnet_untraced": lambda a, w: resnet(a, w, "untraced", traced_run=False),
+              "resnet_warm": lambda a, w: resnet(a, w, "warm", {"GPU_SPATIAL_TRACE_WARM_S": "1"}),
+              "launch": lambda a, w: phase_accuracy("launch", {"launch": (
+                  [sys.executable, "bench/ctxsw_jobs.py", "launch", "--seconds", str(WARM_S + a.windows * a.period + 3)],
+                  {}, True, lambda r: {})}, a, w),
+              "api": api_phase, "api_queued": lambda a, w: api_phase(a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
+              "deepqueue_queued": lambda a, w: events_phase("deepqueue", a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
+              "d2d_queued": lambda a, w: events_phase("d2d", a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"})}
     for name in args.phases.split(","):
         try:
             results.append(phases[name](args, work))

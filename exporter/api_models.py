@@ -356,6 +356,19 @@ class CtxswGpu(BaseModel):
     window: Optional[list[float]] = Field(None, description="[start, end] wall time of the last window captured")
 
 
+class CuptiClient(BaseModel):
+    """One traced MPS client's own window (exporter.sampler.ProcessShare), unscaled."""
+
+    time: float = Field(description="share of the window its work ran: kernels, device copies and queued work")
+    sm: Optional[float] = Field(None, description="its SM-active share of the whole GPU (its own estimate, unscaled)")
+    parts: Optional[dict[str, float]] = Field(None, description=(
+        "what its busy time is made of, as shares of the window: kernel_busy, sm_copy_busy (device-to-device "
+        "copies and memsets, on the SMs), backlog_busy and queue_gap (work queued before the window, turns "
+        "between queued kernels), copy_busy (host copies on the copy engines: no SMs, not in time)"))
+    record_path: Optional[str] = Field(None, description="how its tracer read CUPTI's records: native, or "
+                                                         "cupti-python (slows the job inside its windows)")
+
+
 class CuptiGpu(CtxswGpu):
     """The cupti source's state for one GPU (--workload-cupti) and, for a GPU with MPS clients and a fresh
     window, how their SM estimates were scaled (exporter.workloads.CuptiGpu)."""
@@ -366,6 +379,8 @@ class CuptiGpu(CtxswGpu):
     unattributed: Optional[float] = Field(None, description="SM active not attributed to a traced client")
     traced: Optional[int] = Field(None, description="MPS clients on the GPU whose window was traced")
     untraced: Optional[int] = Field(None, description="MPS clients on the GPU that do not trace")
+    clients: dict[str, CuptiClient] = Field(default_factory=dict, description="per traced client's pid: its own "
+                                                                           "window's shares and their parts")
 
 
 class Workloads(BaseModel):

@@ -23,6 +23,7 @@ from exporter.nvml_answers import (
     MemoryErrors,
     MemoryInfo,
     MigLayout,
+    PciBusId,
     ProcessLists,
     ProcessRef,
     ProcessSample,
@@ -30,6 +31,7 @@ from exporter.nvml_answers import (
     UtilizationRates,
     UtilizationSamples,
     XidEvent,
+    XidRegistration,
     from_json,
     to_json,
 )
@@ -225,24 +227,24 @@ class Nvml:
         return DeviceIdentity(self._text(self._call("nvmlDeviceGetUUID", nv.nvmlDeviceGetUUID, h)),
                               self._text(self._call("nvmlDeviceGetName", nv.nvmlDeviceGetName, h)), self._minor(h))
 
-    def pci_bus_ids(self) -> dict[str, str | None]:
-        """{index: PCI bus id, as nvidia-smi shows it} of every GPU NVML counts; what names a GPU that was
+    def pci_bus_ids(self) -> tuple[PciBusId, ...]:
+        """The PCI bus id, as nvidia-smi shows it, of every GPU NVML counts; what names a GPU that was
         lost before it could be asked who it is (`nvidia-smi -q` shows the same address for it). GPUs that
         answer say it (nvmlDeviceGetPciInfo); the others are the driver's GPUs (DRIVER_GPUS_DIR) that no
         answering GPU claims, in NVML's order, which is PCI order; None where the two lists do not add up."""
-        out: dict[str, str | None] = {}
+        out: dict[int, str | None] = {}
         for index in range(self.device_count()):
             try:
                 info = self._call("nvmlDeviceGetPciInfo", self._nv.nvmlDeviceGetPciInfo, self._handle(index))
-                out[str(index)] = self._text(info.busId)
+                out[index] = self._text(info.busId)
             except NvmlError:
-                out[str(index)] = None
+                out[index] = None
         unclaimed = sorted(set(self._driver_gpus()) - {pci_address(bus) for bus in out.values() if bus})
         silent = [index for index, bus in out.items() if bus is None]
         if len(unclaimed) == len(silent):
             for index, address in zip(silent, unclaimed):
                 out[index] = "{:08X}:{:02X}:{:02X}.{:X}".format(*address)
-        return out
+        return tuple(PciBusId(index, bus) for index, bus in out.items())
 
     def _driver_gpus(self) -> list[tuple[int, int, int, int]]:
         """PCI addresses of the GPUs the driver probed; none where its list cannot be read."""
@@ -654,21 +656,21 @@ class Nvml:
                              answer.errors)
 
     # -- XID events: one event set for every GPU, waited on by exporter/samplers/xid.py's own thread --
-    def xid_open(self) -> dict:
-        """Registers every GPU for XID events; {index: None, or why not} per GPU (as strings)."""
+    def xid_open(self) -> tuple[XidRegistration, ...]:
+        """Registers every GPU for XID events; per GPU whether it is registered, or why not."""
         nv = self._nv
         with self._xid_lock:
             if self._xid_set is None:
                 self._xid_set = self._call("nvmlEventSetCreate", nv.nvmlEventSetCreate)
-            out = {}
+            out = []
             for index in range(self.device_count()):
                 try:
                     self._call("nvmlDeviceRegisterEvents", nv.nvmlDeviceRegisterEvents, self._handle(index), XID_EVENT,
                                self._xid_set)
-                    out[str(index)] = None
+                    out.append(XidRegistration(index))
                 except NvmlError as exc:
-                    out[str(index)] = exc.reason
-            return out
+                    out.append(XidRegistration(index, exc.reason))
+            return tuple(out)
 
     def xid_register(self, index: int) -> str | None:
         """Registers one GPU again (after a reset its old handle no longer reports): None, or why not."""

@@ -141,10 +141,35 @@ class XidEvent(NamedTuple):
     xid: int
 
 
+class PciBusId(NamedTuple):
+    """nvmlDeviceGetPciInfo's busId of one GPU NVML counts, as nvidia-smi shows it; None where neither NVML nor
+    the driver's list can say."""
+
+    index: int
+    bus_id: str | None
+
+
+class XidRegistration(NamedTuple):
+    """nvmlDeviceRegisterEvents of one GPU for XID events: `refused` None where it is registered, else why not."""
+
+    index: int
+    refused: str | None = None
+
+
 def _record(cls, data: dict):
     """A record from its recorded dict: fields it lacks take their defaults, keys it does not know are left."""
     names = cls._fields if hasattr(cls, "_fields") else [f.name for f in dataclasses.fields(cls)]
     return cls(**{name: data[name] for name in names if name in data})
+
+
+def _per_gpu(cls):
+    """Records of every GPU from their recorded form: a list of records, or (recordings from before these types)
+    a mapping of index (a string) -> the record's one other field."""
+    def read(data) -> tuple:
+        if isinstance(data, dict):
+            return tuple(cls(int(index), value) for index, value in data.items())
+        return tuple(_record(cls, item) for item in data)
+    return read
 
 
 def _pairs(samples) -> tuple[tuple[float, float], ...]:
@@ -152,7 +177,7 @@ def _pairs(samples) -> tuple[tuple[float, float], ...]:
 
 
 # How each method's recorded value becomes its record again (methods not named here answer plain values:
-# numbers, strings, a mapping by GPU index). The health reads' records come inside an exporter.nvml.PartialAnswer.
+# numbers, strings). The health reads' records come inside an exporter.nvml.PartialAnswer.
 FROM_JSON = {
     "identity": lambda data: _record(DeviceIdentity, data),
     "gpm_support": lambda data: _record(GpmSupport, data),
@@ -170,6 +195,8 @@ FROM_JSON = {
                                                None if data.get("remapped_rows") is None
                                                else _record(RemappedRows, data["remapped_rows"])),
     "nvml_throughput": lambda data: _record(LinkCounters, data),
+    "pci_bus_ids": _per_gpu(PciBusId),
+    "xid_open": _per_gpu(XidRegistration),
     "mig_devices": lambda data: MigLayout(bool(data["enabled"]), tuple(_record(MigDevice, d)
                                                                        for d in data.get("devices", ())),
                                           data.get("sm_count")),

@@ -5,7 +5,19 @@ from __future__ import annotations
 
 import re
 
-CHILD_COST = re.compile(r"attributed in a child process: ([\d.]+) s CPU, peak (\d+) MiB")
+CHILD_COST = re.compile(r"attributed in a child process: ([\d.]+) s CPU(?: \(([\d.]+) s of it start-up\))?, peak (\d+) MiB")
+
+
+def child_cost(reason: str) -> dict | None:
+    """The attribution child's cost as the source's state reason says it: CPU seconds, of them start-up, peak MiB."""
+    found = CHILD_COST.search(reason or "")
+    if found is None:
+        return None
+    cpu, startup, peak = found.groups()
+    return {"cpu_s": float(cpu), "startup_cpu_s": None if startup is None else float(startup), "peak_mib": int(peak)}
+
+
+CTXSW_PHASES = ("all_ctxsw", "one_ctxsw")  # one context-switch window of every GPU, then of one
 
 
 def settled(metrics: str) -> bool:
@@ -42,14 +54,14 @@ def summary(report: dict) -> dict:
         if kind == "ours" and value is not None and nvitop is not None:
             out["rss_within_nvitop_plus_10mb"][phase] = {"ours": value, "nvitop": nvitop, "met": value <= nvitop + 10 * 1.048576}
     duty = report.get("ctxsw_period_s", 180.0)
-    for name in ("all_ctxsw", "one_ctxsw"):
+    for name in CTXSW_PHASES:
         phase = phases.get(name) or {}
         if "exporter_tree_cpu_s" not in phase:
             continue
         base = phase.get("baseline_percent_of_core") or 0.0
         window = phase["exporter_tree_cpu_s"] + phase["nsys_outside_cpu_s"] - base / 100 * phase["seconds"]
         n = phase.get("gpus") or 1
-        out["ctxsw"][name] = {"window_cpu_s": round(window, 3), "gpus": n,
+        out["ctxsw"][name] = {"window_cpu_s": round(window, 3), "gpus": n, "nsys_agent_cpu_s": phase["nsys_outside_cpu_s"],
                               "percent_of_core_at_default_duty": round(100 * window / duty, 3),
                               "per_gpu_percent_at_default_duty": round(100 * window / duty / n, 3),
                               "exporter_rss_mib": (phase.get("exporter") or {}).get("vmrss_mib"),
@@ -63,8 +75,20 @@ def summary(report: dict) -> dict:
 
 
 def table(found: dict) -> str:
+    """The side-by-side phases, then the context-switch source's own phases (one window each, at the default duty)."""
     lines = ["| phase | GPUs | exporter | CPU, % of a core | VmRSS MiB |", "| --- | --- | --- | --- | --- |"]
     for r in found["rows"]:
         lines.append(f"| {r['phase']} | {r['gpus']} | {r['exporter']} | {r['cpu_percent_of_core']} | {r['rss_mib']} |"
                      + (f" {r['error']}" if r.get("error") else ""))
+    windows = [(name, found["ctxsw"][name]) for name in CTXSW_PHASES if name in found.get("ctxsw", {})]
+    if windows:
+        lines += ["", "| ctxsw phase | GPUs | window CPU s | of it nsys' agent s | attribution child CPU s (start-up) "
+                      "| child peak MiB | nsys peak MiB | % of a core at the default duty | per GPU |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, w in windows:
+            child = w.get("attribution_child") or {}
+            startup = f" ({child['startup_cpu_s']})" if child.get("startup_cpu_s") is not None else ""
+            lines.append(f"| {name} | {w['gpus']} | {w['window_cpu_s']} | {w.get('nsys_agent_cpu_s')} | "
+                         f"{child.get('cpu_s')}{startup} | {child.get('peak_mib')} | {w.get('peak_rss_nsys_mib')} | "
+                         f"{w['percent_of_core_at_default_duty']} | {w['per_gpu_percent_at_default_duty']} |")
     return "\n".join(lines)

@@ -184,6 +184,15 @@ class NvmlLibrary:
         self._count("nvmlDeviceGetPciInfo", handle)
         return SimpleNamespace(busId=pci_bus_id(handle.index).encode())
 
+    # XID events: a set every answering GPU registers with (no event comes: nvmlEventSetWait is not stood in)
+    def _fn_nvmlEventSetCreate(self):
+        self._count("nvmlEventSetCreate")
+        return SimpleNamespace(registered=[])
+
+    def _fn_nvmlDeviceRegisterEvents(self, handle, event_types, event_set):
+        self._count("nvmlDeviceRegisterEvents", handle)
+        event_set.registered.append(handle.index)
+
     def _fn_nvmlDeviceGetMinorNumber(self, handle):
         self._count("nvmlDeviceGetMinorNumber", handle)
         return handle.index

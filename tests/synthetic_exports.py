@@ -232,13 +232,15 @@ def type_id(gpu: int) -> int:
 
 
 def ctxsw_export(out: Path, slices=(), samples=(), events=(), processes=None, hz: float | None = 1000,
-                 enum=DEVICE_ENUM, reverse: bool = False, start_utc_ns: int = 1_800_000_000 * 10**9) -> Path:
+                 enum=DEVICE_ENUM, reverse: bool = False, start_utc_ns: int = 1_800_000_000 * 10**9,
+                 metrics=CTXSW_METRICS) -> Path:
     """An export as `nsys profile --gpuctxsw=true --gpu-metrics-devices=all` writes it, from scratch.
 
     slices: (gpu, start ms, end ms, pid, contextId) -> a RESTORE_START and a SAVE_END; events: extra
     (gpu, ms, tag (name or number), contextId, pid or None); samples: (gpu, ms, {quantity: ratio}) as
     GPU_METRICS percentages, each describing [ms, next sample); processes: pid -> command (PROCESSES). `reverse` writes the events newest
-    first (seqNo still in time order). enum None: no ENUM_GPU_CTX_SWITCH table."""
+    first (seqNo still in time order). enum None: no ENUM_GPU_CTX_SWITCH table. metrics: quantity -> the name nsys
+    gives it, each GPU's catalogue."""
     by_name = {name: code for code, name in (enum or DEVICE_ENUM).items()}
     rows = []
     for gpu, start, end, pid, ctx in slices:
@@ -275,8 +277,8 @@ def ctxsw_export(out: Path, slices=(), samples=(), events=(), processes=None, hz
         con.execute("insert into TARGET_INFO_GPU values (0, ?, 'NVIDIA H200', ?, 132)",
                     (gpu, f"{gpu:08x}-0000-4000-8000-000000000000"))
         con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, ?, 'GPU metrics', ?, ?)",
-                        [(type_id(gpu), type_id(gpu), i, name) for i, name in enumerate(CTXSW_METRICS.values())])
-    metric_ids = {q: i for i, q in enumerate(CTXSW_METRICS)}
+                        [(type_id(gpu), type_id(gpu), i, name) for i, name in enumerate(metrics.values())])
+    metric_ids = {q: i for i, q in enumerate(metrics)}
     con.executemany("insert into GPU_METRICS values (?, ?, ?, ?, ?)",
                     [(round(ms * MS), round(ms * MS), type_id(gpu), metric_ids[q], value * 100)
                      for gpu, ms, values in samples for q, value in values.items()])

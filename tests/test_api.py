@@ -252,6 +252,13 @@ def test_models_keep_every_field_of_the_snapshot_records_they_serve():
     for record, model in pairs:
         assert {f.name for f in dataclasses.fields(record)} == set(model.model_fields), record.__name__
     assert set(Holder().to_json()) == set(api_models.HolderRef.model_fields)
+    from exporter.sampler import ProcessShare
+    from exporter.workloads import CuptiGpu
+
+    share = ProcessShare(time=0.5, sm=0.25, parts=(("kernel_busy", 0.5),), record_path="native")
+    assert set(share.to_json()) == set(api_models.CuptiClient.model_fields)
+    cupti = CuptiGpu((0.0, 1.0), 0.5, 0.25, 1.0, 0.25, 1, 0, ((7, share),)).to_json()
+    assert set(cupti) <= set(api_models.CuptiGpu.model_fields)
     assert {f.name for f in dataclasses.fields(verdicts.Verdict)} | {"evidence"} == set(api_models.Diagnosis.model_fields)
     counters = _Account(created=0.0).counters  # what every workload record carries
     record = WorkloadView(holder=Holder(), gpu=snapshot.GpuIdentity(0, "GPU-a", "H100"), held_share=1.0, processes=0,

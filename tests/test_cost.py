@@ -109,7 +109,7 @@ def test_the_device_summary_gives_the_slope_per_gpu_the_8_gpu_projection_and_the
 
 
 def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
-    from tests.cost_summary import summary
+    from tests.cost_summary import summary, table
 
     window = {"seconds": 20.0, "exporter_tree_cpu_s": 1.5, "nsys_outside_cpu_s": 2.0, "baseline_percent_of_core": 1.0,
               "exporter": {"vmrss_mib": 62.0, "vmhwm_mib": 63.0}, "attribution_child": {"cpu_s": 0.4, "peak_mib": 150}}
@@ -120,16 +120,23 @@ def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
     assert (both["percent_of_core_at_default_duty"], both["per_gpu_percent_at_default_duty"]) == (1.833, 0.917)
     assert (one["window_cpu_s"], found["ctxsw"]["window_cpu_s_per_added_gpu"]) == (2.8, 0.5)
     assert both["attribution_child"] == {"cpu_s": 0.4, "peak_mib": 150}
+    # the source's cost is a phase of its own in the printed table, per GPU at the default duty
+    assert table(found).splitlines()[-2:] == ["| all_ctxsw | 2 | 3.3 | 2.0 | 0.4 | 150 | None | 1.833 | 0.917 |",
+                                              "| one_ctxsw | 1 | 2.8 | 2.0 | 0.4 | 150 | None | 1.556 | 1.556 |"]
 
 
 def test_the_device_run_reads_the_sources_state_and_the_childs_cost_as_the_exporter_writes_them():
-    from tests.cost_summary import CHILD_COST, settled
+    from tests.cost_summary import child_cost, settled
     from exporter.samplers.ctxsw import CtxswSampler
 
     sampler = CtxswSampler(None)
     sampler.attribution = {"cpu_s": 0.4567, "peak_rss_bytes": 150 * 2**20 + 1}
-    match = CHILD_COST.search(f"12 slices of 2 processes in 10.0 s{sampler._attribution_cost()}")
-    assert (float(match.group(1)), int(match.group(2))) == (0.46, 150)
+    assert child_cost(f"12 slices of 2 processes in 10.0 s{sampler._attribution_cost()}") == \
+        {"cpu_s": 0.46, "startup_cpu_s": None, "peak_mib": 150}
+    sampler.attribution["startup_cpu_s"] = 0.2049  # a child that says how much of it was its start-up
+    assert child_cost(f"12 slices of 2 processes in 10.0 s{sampler._attribution_cost()}") == \
+        {"cpu_s": 0.46, "startup_cpu_s": 0.2, "peak_mib": 150}
+    assert child_cost("12 slices of 2 processes in 10.0 s") is None
     line = 'gpu_workload_ctxsw_state{gpu="%d",uuid="GPU-%d",model="H200",state="%s"} %s'
     metrics = "\n".join([line % (0, 0, "active", "1.0"), line % (0, 0, "standby", "0.0"), line % (1, 1, "standby", "1.0")])
     assert not settled(metrics)  # GPU 1 still waits for its first window

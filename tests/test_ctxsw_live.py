@@ -154,6 +154,7 @@ def test_one_window_from_the_fake_nsys_and_nothing_left_behind(fake_nsys, monkey
     sampler = CtxswSampler(Nvml(), str(FAKE_NSYS), window_s=0.2, period_s=5.0)
     sampler.tick()
     assert sampler.attribution["cpu_s"] > 0 and sampler.attribution["peak_rss_bytes"] > 0
+    assert 0 < sampler.attribution["startup_cpu_s"] <= sampler.attribution["cpu_s"]  # its start-up, apart
     assert "attributed in a child process" in sampler.states[NVML_UUID].reason
     state = sampler.states[NVML_UUID]
     assert state.state == ACTIVE and sampler.health.success, (state, sampler.health)

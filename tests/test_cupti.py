@@ -815,6 +815,11 @@ def test_the_exporter_gives_a_traced_mps_client_its_own_shares_end_to_end(tmp_pa
     assert workload["sm_estimate"] == pytest.approx(expected["devices"][0]["sm_seconds"] / length, abs=2e-6)
     assert workload["pids"] == [pid] and workload["user"]
     assert (gpu["state"], gpu["traced"], gpu["untraced"]) == ("active", 1, 3)
+    # the client's own window, apart from the others, as the API serves it (a model field FastAPI keeps)
+    kernels = workload["time_share"]  # the Python path reads kernels alone
+    assert gpu["clients"] == {str(pid): {
+        "time": kernels, "sm": workload["sm_estimate"], "record_path": "cupti-python (slows the job inside its windows)",
+        "parts": {"kernel_busy": kernels, "sm_copy_busy": 0.0, "backlog_busy": 0.0, "queue_gap": 0.0, "copy_busy": 0.0}}}
     # the fixture's 160 spin records (0.64 s of 4 ms kernels on 66 SMs) in a 2 s window: 0.16 of the GPU, under
     # the recorded GPU's SM active (0.24): not scaled, the rest unattributed (the three clients that do not trace)
     assert (gpu["estimated"], gpu["scale"], workload["sm_active"], workload["sm_active_basis"]) == \

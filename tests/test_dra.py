@@ -14,7 +14,7 @@ from exporter.holders import CAPACITY, EVEN_SPLIT, MIG, REPLICAS, WHOLE, Held, H
 from exporter.kubernetes_api import ApiError, Endpoint, KubernetesApi, endpoint, quantity
 from exporter.kubernetes_api import FORGET_AFTER_S, SLICES_EVERY_S
 from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, ApiView, DraDevices, NvidiaDeviceNames, attribute_claims,
-                                   capacity_ratio, merge)
+                                   NVIDIA_DRIVER, capacity_ratio, merge)
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for
 from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, kubernetes_node, pod
@@ -121,11 +121,14 @@ def test_consumed_capacity_from_the_api_server_and_containers_sharing_one_alloca
 def test_a_container_holding_a_gpu_both_ways_is_one_holder_and_claims_beside_device_plugin_gpus():
     answer = [claim_pod("ml", "p", {"c": [("big", [("gpu-1-mig-9-0-4", None)]), ("small", [("gpu-1-mig-19-6-1", None)])]}),
               claim_pod("ml", "q", {"c": [("q-gpu", [("gpu-0", "s1")])]})]
-    device_plugin = {A: {Holder("ml", "q", "c"): Held(0.5, REPLICAS)}, C: {Holder("ml", "dp", "c"): Held(1.0)}}
+    device_plugin = {A: {Holder("ml", "q", "c"): Held(0.5, REPLICAS, resources=("nvidia.com/gpu.shared",))},
+                     C: {Holder("ml", "dp", "c"): Held(1.0)}}
     merged = merge(device_plugin, attribute_claims(answer, node_gpus()))
     assert merged[C] == {Holder("ml", "dp", "c"): Held(1.0, WHOLE)}  # a device-plugin GPU beside claim GPUs
-    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(1.0, EVEN_SPLIT)}  # 0.5 + 1 (one share), capped
-    assert merged[B] == {Holder("ml", "p", "c", claim="big,small"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"))}
+    # 0.5 + 1 (one share), capped; held through both: gpu_pod_info has a series of each resource
+    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(1.0, EVEN_SPLIT, resources=(NVIDIA_DRIVER, "nvidia.com/gpu.shared"))}
+    assert merged[B] == {Holder("ml", "p", "c", claim="big,small"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"),
+                                                                          (NVIDIA_DRIVER,))}
 
 
 def test_a_kubelet_listing_too_many_containers_or_devices_costs_a_bounded_pass():
@@ -565,17 +568,18 @@ def test_a_container_holding_one_gpu_both_ways_holds_the_sum_of_both_parts():
               claim_pod("ml", "r", {"c": [("r-gpu", [("gpu-0", "s2")])]})]
     device_plugin = {A: {Holder("ml", "q", "c"): Held(0.25, REPLICAS)}}
     merged = merge(device_plugin, attribute_claims(answer, node_gpus()))
-    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(0.75, EVEN_SPLIT),
-                         Holder("ml", "r", "c", claim="r-gpu"): Held(0.5, EVEN_SPLIT)}
+    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(0.75, EVEN_SPLIT, resources=(NVIDIA_DRIVER,)),
+                         Holder("ml", "r", "c", claim="r-gpu"): Held(0.5, EVEN_SPLIT, resources=(NVIDIA_DRIVER,))}
     # the MIG devices held whole of both parts are kept, and the weaker basis is said
     answer = [claim_pod("ml", "p", {"c": [("big", [("gpu-1-mig-9-0-4", None)])]})]
     device_plugin = {B: {Holder("ml", "p", "c"): Held(16 / 132, MIG, ("MIG-small",))}}
     merged = merge(device_plugin, attribute_claims(answer, node_gpus()))
-    assert merged[B] == {Holder("ml", "p", "c", claim="big"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"))}
+    assert merged[B] == {Holder("ml", "p", "c", claim="big"): Held(round(76 / 132, 9), MIG, ("MIG-big", "MIG-small"),
+                                                                    (NVIDIA_DRIVER,))}
     # an unknown part makes the whole unknown
     whole = [claim_pod("ml", "q", {"c": [("q-gpu", [("gpu-0", None)])]})]
     merged = merge({A: {Holder("ml", "q", "c"): Held(None, WHOLE)}}, attribute_claims(whole, node_gpus()))
-    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(None, WHOLE)}
+    assert merged[A] == {Holder("ml", "q", "c", claim="q-gpu"): Held(None, WHOLE, resources=(NVIDIA_DRIVER,))}
 
 
 # -- exporter/kubernetes_api.py ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def ray_registered(monkeypatch):
     monkeypatch.setattr(holders, "KINDS", {**holders.KINDS, **RAY})
 
 
-def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_and_process_owners(tmp_path):
+def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_process_owners_and_top(tmp_path, ray_registered):
     from exporter.nvml_replay import cut
 
     cut(FIXTURES / "nvml_h100_time_sliced.json", tmp_path / "nvml.json", frame=0)  # pids 417-420: 30/10/40/20 %
@@ -48,6 +48,12 @@ def test_a_kind_with_labels_of_its_own_reaches_metrics_api_schema_and_process_ow
     for model in ("Workload", "HolderRef", "HeldShare"):
         assert {"ray_job", "ray_actor", "namespace", "hpc_job"} <= set(schemas[model]["properties"]), model
     assert schemas["HolderRef"]["properties"]["ray_actor"]["description"] == "the Ray actor holding the GPU"
+    # top, from the same API: each process's holder and the GPU's holders, named by the kind's own labels
+    from gpu_spatial.top.state import gpu_from_json
+
+    gpu = gpu_from_json(0, gpus["gpus"][0], gpus, None)
+    assert {p.pid: p.holder for p in gpu.processes} == {417: "a", 418: "a", 419: "b", 420: ""}
+    assert sorted(gpu.holders) == ["a", "b"]
 
 
 def test_a_label_no_kind_declares_is_refused_where_the_holder_is_built(ray_registered, monkeypatch):
@@ -86,7 +92,9 @@ def test_report_and_top_read_a_registered_kinds_labels(ray_registered):
     by = parser()._option_string_actions["--by"].choices
     assert {"ray_job", "ray_actor", "namespace", "pod", "claim", "hpc_job", "user", *GPU_GROUPS} == set(by)
     assert group_labels()["pod"] == ("namespace", "pod") and group_labels()["ray_actor"] == ("ray_actor",)
-    assert Plan("ray_actor").rules_unusable() == "no recording rule groups by ray_actor"  # the counters answer
+    # a grouping of one label is rolled up by the rules generated with it registered; a pod needs its namespace
+    assert Plan("ray_actor").rules_unusable() is None
+    assert Plan("pod").rules_unusable() == "no recording rule groups by pod"  # the counters answer
     assert holders.holder_name({"ray_job": "j1", "ray_actor": "a"}) == "a"
     assert holders.holder_name({"namespace": "ml", "pod": "train-0", "container": "c", "claim": "gpu-0"}) == \
         "train-0 (claim gpu-0)"
@@ -121,15 +129,78 @@ def test_rules_and_dashboards_join_on_every_registered_holder_label():
 
 
 def test_the_report_rollups_are_the_shipped_rules():
-    """RULED names a --by choice whose rollups the shipped rules record, for every quantity read."""
-    from gpu_spatial.report.account import QUANTITIES, RULED, rollup, rule_label
+    """ruled() names a --by choice whose rollups the shipped rules record, for every quantity read."""
+    from gpu_spatial.report.account import QUANTITIES, rollup, rule_label, ruled
 
     groups = yaml.safe_load((ROOT / "rules" / "gpu-utilization.rules.yaml").read_text())["groups"]
     recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
-    for by in RULED:
+    assert set(ruled()) == {"namespace", "claim", "hpc_job", "user", "node", "model"}  # not pod: it needs its namespace
+    for by in ruled():
         assert {rollup(rule_label(by), q) for q in (*QUANTITIES, "ledger")} <= recorded, by
     holder_rollups = {name.split(":")[0] for name in recorded if name.endswith("_gpu_seconds:rate5m")}
     assert holder_rollups - {"instance", "model"} <= set(holders.labels())
+
+
+# -- rules and dashboards generated from the registry (dashboards/rules.py, dashboards/workloads.py) -------------
+RULES_FILE = ROOT / "rules" / "gpu-utilization.rules.yaml"
+
+
+def _generated() -> tuple[str, str, str]:
+    """The rules file, the workloads and the GPU utilization dashboards as `python3 -m dashboards` makes them from
+    the registry now."""
+    from dashboards import gpu_utilization, rules, workloads
+    from dashboards.__main__ import render
+
+    return rules.render(RULES_FILE.read_text()), render(workloads), render(gpu_utilization)
+
+
+def test_regenerating_the_rules_and_dashboards_gives_the_committed_files_byte_for_byte():
+    made_rules, made_workloads, made_utilization = _generated()
+    assert made_rules == RULES_FILE.read_text()
+    assert made_workloads == (ROOT / "dashboards" / "generated" / "workloads.json").read_text()
+    assert made_utilization == (ROOT / "dashboards" / "generated" / "gpu-utilization.json").read_text()
+
+
+def test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_generator_makes(ray_registered, tmp_path):
+    """The Ray kind, registered from the test suite only: its one-label groupings rolled up (exact rules), the alert
+    naming an actor by its labels after the kinds before it and looking its series up on its labels too, the dashboard's
+    table of actors, joins and legends; promtool takes the rules. Mutants: a grouping of several labels ruled; a kind's
+    label left out of the lookups; the alert's kinds nested in another order."""
+    import shutil
+    import subprocess
+
+    made_rules, made_dashboard, made_utilization = _generated()
+    assert made_rules != RULES_FILE.read_text()
+    recorded = {rule["record"]: rule["expr"] for group in yaml.safe_load(made_rules)["groups"] for rule in group["rules"]
+                if group["name"] == "gpu-workload-recording"}
+    assert recorded["ray_actor:gpu_workload_busy_gpu_seconds:rate5m"] == \
+        "sum by (ray_actor, basis) (increase(gpu_workload_busy_gpu_seconds_total[5m])) / 300"
+    assert recorded["ray_job:gpu_workload_held_without_sm_active_gpu_seconds:rate5m"] == (
+        "sum by (ray_job) (increase(gpu_workload_held_gpu_seconds_total[5m]) unless ignoring (basis) "
+        "increase(gpu_workload_sm_active_gpu_seconds_total[5m])) / 300")
+    assert recorded["ray_actor:gpu_workload_ledger_gpu_seconds:rate5m"] == \
+        "sum by (ray_actor, cell) (increase(gpu_workload_ledger_gpu_seconds_total[5m])) / 300"
+    assert not any(name.startswith(("pod:", "container:")) for name in recorded)
+    assert len(recorded) == 1 + 9 * 8 + 4  # heartbeat; 9 rollups of node, model and six holder groupings; GPU ledgers
+    held_idle = next(rule for group in yaml.safe_load(made_rules)["groups"] for rule in group["rules"]
+                     if rule.get("alert") == "GPUHeldIdle")["annotations"]
+    assert held_idle["summary"].startswith(
+        "{{ with $labels.container }}{{ $labels.namespace }}/{{ $labels.pod }}/{{ $labels.container }}"
+        "{{ with $labels.claim }} (claim {{ . }}){{ end }}{{ else }}{{ with $labels.hpc_job }}Slurm job {{ . }}{{ else }}"
+        "{{ with $labels.user }}user {{ . }}{{ else }}{{ with $labels.ray_actor }}{{ $labels.ray_job }}/"
+        "{{ $labels.ray_actor }}{{ end }}{{ end }}{{ end }}{{ end }} holds GPU")
+    assert "ray_job='%s',ray_actor='%s'}\" $labels.instance" in held_idle["idle_for"]
+    assert held_idle["held_share"].count("$labels.ray_actor") == 1
+    assert "Ray actors: GPU-hours over the range" in made_dashboard
+    assert "sum by (ray_actor) (increase(gpu_workload_held_gpu_seconds_total{instance=~\\\"$host\\\", ray_actor!=" in made_dashboard
+    assert "{{namespace}}/{{pod}}{{hpc_job}}{{user}}{{ray_job}}/{{ray_actor}} time" in made_dashboard
+    assert "on (instance, uuid, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor)" in made_dashboard
+    assert "sum by (instance, gpu, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor, basis)" in \
+        made_utilization  # holders by their own hidden idle
+    if shutil.which("promtool"):
+        (tmp_path / "rules.yaml").write_text(made_rules)
+        done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 # -- exporter/holders.py -------------------------------------------------------------------------------
@@ -175,3 +246,53 @@ def test_the_weakest_basis_of_several_is_said_from_whole_to_even_split():
     assert weakest_basis([CAPACITY, EVEN_SPLIT]) == EVEN_SPLIT
     assert weakest_basis([WHOLE, MIG]) == MIG and weakest_basis([MIG, REPLICAS]) == REPLICAS
     assert weakest_basis([REPLICAS, CAPACITY]) == CAPACITY and weakest_basis([]) == WHOLE
+
+
+# -- gpu_pod_info and gpu_pods: the one join, not the kubelet's own snapshot ---------------------------------
+class _Published:
+    """What the collectors read from an engine: its latest snapshot, the process-series setting, the holder limit."""
+
+    process_series = ("container", 20)
+
+    def __init__(self, snapshot, series_limit=None):
+        self.snapshot = snapshot
+        self.workloads = type("Accountant", (), {"series_limit": series_limit})()
+
+
+def _pod_series(holdings: dict, series_limit=None) -> tuple[dict, dict]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from exporter.collectors.gpu import GpuCollector
+    from exporter.snapshot import GpuIdentity, GpuView, Snapshot
+
+    views = tuple(GpuView(GpuIdentity(i, uuid, "H100"), None, None, None, None, None, None, ())
+                  for i, uuid in enumerate(("GPU-a", "GPU-b", "GPU-c")))
+    registry = CollectorRegistry()
+    registry.register(GpuCollector(_Published(Snapshot(1, 0.0, gpus=views, holdings=holdings), series_limit)))
+    samples = parse_metrics(generate_latest(registry).decode())
+    info = {(l["uuid"], l["namespace"], l["pod"], l["container"], l["resource"]): v for l, v in samples.get("gpu_pod_info", [])}
+    return info, {l["uuid"]: v for l, v in samples.get("gpu_pods", [])}
+
+
+def test_gpu_pod_info_is_the_joined_holders_that_are_pods_once_per_resource_and_gpu_pods_0_where_none_holds():
+    """The kubelet's holdings (no KubeletSnapshot at all), a Slurm job beside them: each container once per
+    resource it holds the GPU through (its claim is no series), a GPU the kubelet found held by none reads
+    gpu_pods 0, a GPU it did not answer for has neither; a failed kubelet withdraws them all. Mutants: the
+    pods counted by container or by series; the error check dropped; another kind's
+    holders listed."""
+    both = Holder("ml", "train", "c", claim="gpu-0")
+    kubelet = Holdings(gpus={"GPU-a": {Holder("ml", "nb", "c"): Held(0.25, REPLICAS, resources=("nvidia.com/gpu",)),
+                                       Holder("ml", "nb", "d"): Held(0.25, REPLICAS, resources=("nvidia.com/gpu",)),
+                                       both: Held(0.5, CAPACITY, resources=("gpu.nvidia.com", "nvidia.com/gpu"))},
+                             "GPU-b": {}})
+    slurm = Holdings(gpus={"GPU-a": {Holder(hpc_job="42"): Held(1.0)}, "GPU-c": {Holder(hpc_job="43"): Held(1.0)}})
+    info, pods = _pod_series({"kubelet": kubelet, "slurm": slurm})
+    assert info == {("GPU-a", "ml", "nb", "c", "nvidia.com/gpu"): 1.0, ("GPU-a", "ml", "nb", "d", "nvidia.com/gpu"): 1.0,
+                    ("GPU-a", "ml", "train", "c", "gpu.nvidia.com"): 1.0,
+                    ("GPU-a", "ml", "train", "c", "nvidia.com/gpu"): 1.0}
+    assert pods == {"GPU-a": 2.0, "GPU-b": 0.0}  # GPU-c: no kind of pods answered for it
+    assert set(kubelet.to_json()["gpus"]) == {"GPU-a"}  # the API lists what is held, as before
+    assert _pod_series({"kubelet": Holdings(gpus=kubelet.gpus, error="gone"), "slurm": slurm}) == ({}, {})
+    # beyond the holder limit the rest is one pod="other" series with their count; gpu_pods counts them all
+    info, pods = _pod_series({"kubelet": kubelet}, series_limit=2)
+    assert len(info) == 3 and info[("GPU-a", "", "other", "", "")] == 2.0 and pods["GPU-a"] == 2.0

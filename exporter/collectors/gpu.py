@@ -4,7 +4,7 @@ from __future__ import annotations
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from exporter.chain import time_utilization_source
-from exporter.holders import join_gpu, owner_labels
+from exporter.holders import join_gpu, kinds_declaring, owner_labels
 from exporter.nvml import CLOCK_EVENT_REASONS
 from exporter.snapshot import SPATIAL_FIELDS
 from exporter.vocabulary import PUBLISHED_STATES, WORKLOAD_PROCESS_KINDS
@@ -73,12 +73,23 @@ def process_groups(processes, owners, limit: int, holding=None) -> list[tuple[li
     return out
 
 
+POD_LABELS = ("namespace", "pod", "container")  # gpu_pod_info's, with `resource`
+
+
+def pod_refs(held) -> list[tuple[str, str, str, str]]:
+    """gpu_pod_info's series of one GPU from its joined holders (`held`: holder -> Held, every kind's): each
+    container (a holder with a pod), once per resource it holds the GPU through; a DRA claim's container is
+    the series, not its claim."""
+    return sorted({(*holder.values_of(POD_LABELS), resource) for holder, h in held.items()
+                   if holder.values_of(("pod",))[0] for resource in h.resources or ("",)})
+
+
 def bounded_pods(refs, published: set, limit: int | None) -> tuple[list, int]:
     """At most `limit` of a GPU's containers: those published as holders first, then by name; and how
     many more there are (one gpu_pod_info series pod="other" with that count)."""
     if limit is None or len(refs) <= limit:
         return list(refs), 0
-    ranked = sorted(refs, key=lambda r: ((r.namespace, r.pod, r.container) not in published, r))
+    ranked = sorted(refs, key=lambda r: (r[:3] not in published, r))
     return ranked[:limit], len(ranked) - limit
 
 
@@ -226,7 +237,7 @@ class GpuCollector:
         f["pod_info"] = _gauge("gpu_pod_info", "1 per container holding the GPU or a share of it (kubelet "
                                "PodResources: device plugins' resources, DRA claims' driver); join on uuid. Beyond "
                                "--holder-series-limit, pod=\"other\" counts the rest.",
-                               ["namespace", "pod", "container", "resource"])
+                               [*POD_LABELS, "resource"])
         f["pod_count"] = _gauge("gpu_pods", "Pods holding the GPU or a share of it (kubelet PodResources).")
         return f
 
@@ -234,11 +245,14 @@ class GpuCollector:
         snapshot = self._engine.snapshot
         gpus = snapshot.gpus
         mode, limit = self._engine.process_series
-        kubelet = snapshot.kubelet
         holder_limit = getattr(getattr(self._engine, "workloads", None), "series_limit", None)  # None: no holders
         published: dict[str, set] = {}
         for w in snapshot.workloads:
-            published.setdefault(w.gpu.uuid, set()).add((w.holder.namespace, w.holder.pod, w.holder.container))
+            published.setdefault(w.gpu.uuid, set()).add(w.holder.values_of(POD_LABELS))
+        # the GPUs a kind whose holders are pods answered for (held by none included): the others have no gpu_pods
+        pod_kinds = kinds_declaring("pod")
+        pods_known = {uuid for name, h in snapshot.holdings.items() if name in pod_kinds and not h.error
+                      for uuid in h.gpus}
         f = self._families()
         time_util, time_source, memory_util = f["time_util"], f["time_source"], f["memory_util"]
         spatial = {field: f[f"spatial {field}"] for field in SPATIAL_FIELDS}
@@ -272,14 +286,14 @@ class GpuCollector:
                 if tel.compute_processes is not None:
                     for kind in WORKLOAD_PROCESS_KINDS:  # an MPS server is infrastructure, not a workload
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
-            if kubelet is not None and view.identity.uuid in kubelet.pods:  # a failed List leaves pods empty
-                refs = kubelet.pods[view.identity.uuid]
+            if view.identity.uuid in pods_known:
+                refs = pod_refs(join_gpu(view.identity.uuid, snapshot.holdings.values()))
                 shown, rest = bounded_pods(refs, published.get(view.identity.uuid, set()), holder_limit)
                 for ref in shown:
-                    pod_info.add_metric(labels + [ref.namespace, ref.pod, ref.container, ref.resource], 1.0)
+                    pod_info.add_metric(labels + list(ref), 1.0)
                 if rest:
                     pod_info.add_metric(labels + ["", OTHER, "", ""], float(rest))
-                pod_count.add_metric(labels, len({(r.namespace, r.pod) for r in refs}))
+                pod_count.add_metric(labels, len({ref[:2] for ref in refs}))
             if view.spatial is not None:
                 source = view.spatial.source
                 for field, value in view.spatial.values().items():

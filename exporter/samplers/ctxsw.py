@@ -59,6 +59,9 @@ NOT_ROOT = "needs root: nsys traces GPU context switches system-wide only as roo
 NO_SWITCHES = ("no context switches recorded while {n} processes ran on it: this GPU or its driver does not "
                "trace them")
 ALONE = "fewer than two processes ran in the window: nothing to split (a process alone is exact without it)"
+# The default duty: one capture of WINDOW_S every PERIOD_S (bench/cost_per_gpu.py models the cost per GPU from these).
+WINDOW_S = 10.0
+PERIOD_S = 180.0
 
 
 def add_arguments(parser) -> None:
@@ -67,11 +70,11 @@ def add_arguments(parser) -> None:
                    help="time shares and SM activity per holder from the GPUs' own context switches: runs `nsys "
                         "profile --gpuctxsw=true` system-wide (as root; --nsys-binary) for --ctxsw-window every "
                         "--ctxsw-period (basis ctxsw; where it cannot run the NVML basis stays)")
-    g.add_argument("--ctxsw-window", type=duration, default=10.0, help="length of one context-switch capture")
+    g.add_argument("--ctxsw-window", type=duration, default=WINDOW_S, help="length of one context-switch capture")
     # 180 s at 500 Hz: a window costs ~2.4 s of CPU (mostly nsys' own agent, which a lower frequency hardly
     # changes), so the exporter with pods as holders measured 2.6 % of a core over 10 minutes on the H200
     # (bench/RESULTS.md, issue 26); at 120 s and 1 kHz it was 3.9 %.
-    g.add_argument("--ctxsw-period", type=duration, default=180.0,
+    g.add_argument("--ctxsw-period", type=duration, default=PERIOD_S,
                    help="one capture starts every this long (the duty is window / period)")
     # 500 Hz: 2 ms samples over ~2 ms slices; the fit's error of SM active against the 10 kHz truth is 0.009
     # of the GPU at 500 Hz, 0.006 at 1 kHz, for a third less CPU per window
@@ -122,7 +125,7 @@ class CtxswSampler(LatestWindows):
     child = ("-m", "exporter.samplers.ctxsw")  # the attribution's process: Python's arguments before the export
     stalled = " (captures stalled)"
 
-    def __init__(self, nvml, binary: str = "nsys", window_s: float = 10.0, period_s: float = 180.0,
+    def __init__(self, nvml, binary: str = "nsys", window_s: float = WINDOW_S, period_s: float = PERIOD_S,
                  frequency: int = 500, estimator: str | None = None, other_sources=None):
         self._nvml = nvml  # NvmlSampler: the GPUs, their process lists and modes
         self.binary = binary
@@ -139,7 +142,7 @@ class CtxswSampler(LatestWindows):
         self._stopping = threading.Event()
         self._runner = NsysRunner(self._stopping)
         self._work: Path | None = None  # the capture's directory while one runs
-        self.attribution: dict = {}  # the last attribution's child: its CPU seconds and peak resident bytes
+        self.attribution: dict = {}  # the last attribution's child: its CPU seconds (of them start-up) and peak bytes
 
     # -- one tick: one window -----------------------------------------------------------------------
     def tick(self) -> None:
@@ -234,7 +237,9 @@ class CtxswSampler(LatestWindows):
         cpu, peak = self.attribution.get("cpu_s"), self.attribution.get("peak_rss_bytes")
         if cpu is None or peak is None:
             return ""
-        return f"; attributed in a child process: {cpu:.2f} s CPU, peak {peak / 2**20:.0f} MiB"
+        startup = self.attribution.get("startup_cpu_s")
+        return (f"; attributed in a child process: {cpu:.2f} s CPU"
+                + (f" ({startup:.2f} s of it start-up)" if startup is not None else "") + f", peak {peak / 2**20:.0f} MiB")
 
     def _refused(self, uuid: str) -> str | None:
         tel = getattr(self._nvml, "telemetry", {}).get(uuid)
@@ -280,7 +285,7 @@ class CtxswSampler(LatestWindows):
             if self._stopping.is_set():
                 return None, ended
             answer = child_answer(out)
-            self.attribution = {k: answer[k] for k in ("cpu_s", "peak_rss_bytes") if k in answer}
+            self.attribution = {k: answer[k] for k in CHILD_COST_KEYS if k in answer}
             if "error" in answer:
                 raise CaptureError(f"the capture's export is unreadable: {answer['error']}")
             from nsys_ingest.attribution import Attribution
@@ -299,6 +304,9 @@ class CtxswSampler(LatestWindows):
         work = self._work
         if work is not None:  # the exporter may exit before the capture's thread cleans up
             shutil.rmtree(work, ignore_errors=True)
+
+
+CHILD_COST_KEYS = ("cpu_s", "startup_cpu_s", "peak_rss_bytes")  # what the child says of its own cost
 
 
 def child_answer(out: str) -> dict:
@@ -349,6 +357,7 @@ def main(argv=None) -> int:
     from nsys_ingest.ctxsw import DEFAULT_ESTIMATOR
     from nsys_ingest.reader import IngestError
 
+    startup_cpu_s = time.process_time()  # Python and its imports: what every window pays before reading a row
     p = argparse.ArgumentParser(prog="python -m exporter.samplers.ctxsw", description=main.__doc__.split(":")[0])
     p.add_argument("export")
     p.add_argument("--estimator", default=DEFAULT_ESTIMATOR)
@@ -360,7 +369,8 @@ def main(argv=None) -> int:
         answer = {"result": attribute_export(args.export, args.estimator, args.nsys, args.window, args.budget).to_json()}
     except IngestError as exc:
         answer = {"error": str(exc)}
-    answer.update(cpu_s=round(time.process_time(), 3), peak_rss_bytes=peak_memory_bytes())
+    answer.update(cpu_s=round(time.process_time(), 3), startup_cpu_s=round(startup_cpu_s, 3),
+                  peak_rss_bytes=peak_memory_bytes())
     print(json.dumps(answer))
     return 0
 

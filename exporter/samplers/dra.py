@@ -240,8 +240,10 @@ def merge(device_plugin: dict[str, dict[Holder, Held]], claims: ClaimAttribution
         for (namespace, pod, container), (share, basis, mig, names) in owners.items():
             plain = Holder(namespace, pod, container)
             before = gpu.pop(plain, None)
+            resources = (NVIDIA_DRIVER,)
             if before is not None:
                 share = None if share is None or before.share is None else round(min(share + before.share, 1.0), 9)
                 basis, mig = weakest_basis((basis, before.basis)), tuple(sorted({*mig, *before.mig}))
-            gpu[Holder(namespace, pod, container, claim=names)] = Held(share, basis, mig)
+                resources = tuple(sorted({*resources, *before.resources}))
+            gpu[Holder(namespace, pod, container, claim=names)] = Held(share, basis, mig, resources)
     return out

@@ -180,9 +180,13 @@ def device_plugin_holdings(claims, devices: DeviceMap, offered: Counter | None) 
     shares = held_shares(claims, devices, offered)
     mig = mig_holdings(claims, devices, offered)
     bases: dict[tuple[str, tuple], set[str]] = {}
+    resources: dict[tuple[str, tuple], set[str]] = {}
     for device_id, uuid, ref in claims:
-        bases.setdefault((uuid, (ref.namespace, ref.pod, ref.container)), set()).add(id_basis(device_id, devices, offered))
-    return {uuid: {Holder(*key): Held(share, weakest_basis(bases[(uuid, key)]), mig.get(uuid, {}).get(key, ()))
+        key = (uuid, (ref.namespace, ref.pod, ref.container))
+        bases.setdefault(key, set()).add(id_basis(device_id, devices, offered))
+        resources.setdefault(key, set()).add(ref.resource)
+    return {uuid: {Holder(*key): Held(share, weakest_basis(bases[(uuid, key)]), mig.get(uuid, {}).get(key, ()),
+                                      tuple(sorted(resources[(uuid, key)])))
                    for key, share in holders.items()} for uuid, holders in shares.items()}
 
 
@@ -761,7 +765,8 @@ class KubeletSampler(HolderSampler):
         # answers at the cap are not held at once.
         del pod_resources
         offered = offered_replicas(self.allocatable_devices(problems))
-        held = merge(device_plugin_holdings(claims, devices, offered), found)
+        # every GPU of the node, those no container holds too: known to be held by none
+        held = {uuid: {} for uuid in pods} | merge(device_plugin_holdings(claims, devices, offered), found)
         for uuid, owners in found.pods.items():
             pods[uuid] = tuple(sorted({*pods.get(uuid, ()), *(PodRef(*o, NVIDIA_DRIVER) for o in owners)}))
         if not any(pods.values()):
@@ -787,6 +792,11 @@ LABELS = {"namespace": "the Kubernetes namespace of a container holder", "pod": 
           "container": "the container", "claim": "the DRA ResourceClaim the container holds the GPU through"}
 HELD_THROUGH = ("claim",)  # a DRA claim: held by its container, whose cgroup names the processes
 GROUPS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "claim": ("claim",)}  # report --by (not container)
+# the workloads dashboard's tables of GPU-hours: grouping -> (its groups called, where they come from, why none)
+PANELS = {"namespace": ("Namespaces", "", "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources "
+                                          "socket) no pod is known."),
+          "pod": ("Pods", "Each pod's own numbers, from its own processes: never its GPU's total.",
+                  "no pod held a GPU in the range (outside Kubernetes no pod is known).")}
 
 
 def add_arguments(parser) -> None:

@@ -153,7 +153,7 @@ class NvmlSampler(SamplerDefaults):
         if unreachable:
             bus_ids = self._pci_bus_ids()
             for index, exc in unreachable.items():
-                gpu = unnamed_identity(index, bus_ids.get(str(index)))
+                gpu = unnamed_identity(index, bus_ids.get(index))
                 gpus.append(gpu)
                 self._lost[index] = time.monotonic()
                 self._report_lost(gpu, exc.reason)
@@ -161,9 +161,10 @@ class NvmlSampler(SamplerDefaults):
             self._log.problem("nvml", "NVML found no GPU on this host")
         self.gpus = tuple(sorted(gpus, key=lambda gpu: gpu.index))
 
-    def _pci_bus_ids(self) -> dict:
+    def _pci_bus_ids(self) -> dict[int, str | None]:
+        """GPU index -> its PCI bus id, where NVML or the driver can say."""
         try:
-            return self.backend.pci_bus_ids()
+            return {gpu.index: gpu.bus_id for gpu in self.backend.pci_bus_ids()}
         except NvmlError:  # an unnamed GPU is then named by its index alone
             return {}
 

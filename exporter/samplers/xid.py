@@ -75,7 +75,7 @@ class XidWatcher:
             level = logging.INFO if exc.unsupported else logging.WARNING
             self._log.problem("xid", f"XID events unavailable ({exc.reason}): no gpu_xid_errors_total", level)
             return False
-        self.watched = {int(index): why for index, why in watched.items()}
+        self.watched = {gpu.index: gpu.refused for gpu in watched}
         for index, why in sorted(self.watched.items()):
             if why is not None:
                 self._log.problem(f"xid GPU {index}", f"XID events unavailable on this GPU: {why}", logging.INFO)
