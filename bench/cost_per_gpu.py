@@ -20,8 +20,9 @@ the attribution child's CPU (of it start-up) and peak from the source's state re
 (exporter.samplers.ctxsw: a WINDOW_S capture every PERIOD_S). Also bench/nvml_call_cost.py on GPU 0.
 
 Writes DIR/cost_per_gpu.json after every phase (what was measured so far), each process's log under DIR/logs/,
-and prints the summary tables: the side-by-side phases, then the context-switch source's own phases. Every step has a timeout; a failing step is recorded and the next one runs; only
-processes this script started are stopped. Never asserts.
+and prints the summary tables: the side-by-side phases, then the context-switch source's own phases. Every step
+has a timeout; a failing step is recorded and the next one runs; only processes this script started are stopped.
+Never asserts.
 """
 from __future__ import annotations
 

@@ -9,11 +9,14 @@ pods, a small API server (tests/kubernetes_api_server.py) answers well until the
 once, then as the case says (and a third shared claim makes the exporter ask), and the exporter
 (`python -m exporter` from --code, default intervals: 1 s, kubelet 5 s) runs for --seconds. A
 separate scraper takes /metrics every 0.1 s, /api/v1/gpus is fetched every second; after a third of
-the run the pod `leaver` leaves the kubelet's list. Two cases are a kubelet's answers at the exporter's
-16 MiB receive cap: GetAllocatableResources listing 1.5 million device IDs (`allocatable_16mib`), and List
-with one pod holding as many (`list_16mib`), both in one tick (`both_16mib`); and an API server whose ResourceSlice list is ten pages of
+the run the pod `leaver` leaves the kubelet's list. Three cases are a kubelet's answers at the old 16 MiB
+receive cap, past the default 1 MiB one since issue 42 (refused): GetAllocatableResources listing 1.5
+million device IDs (`allocatable_16mib`), and List with one pod holding as many (`list_16mib`), both in one
+tick (`both_16mib`); the `*_at_cap` cases are the same just under the default cap, `large_node` a large
+real node's answers (250 pods, 384 replicas); and an API server whose ResourceSlice list is ten pages of
 60,000 devices each (`slice_devices_600k`), listed again every 10 s for a device no slice names. Scraper and client
-run in a process of their own. Reported: the exporter's RSS (VmRSS before the attack, its peak VmHWM), its CPU
+run in a process of their own. Reported: the exporter's RSS (VmRSS before the attack, once it has served /metrics
+and /api/v1/gpus, its peak VmHWM since, reset then through /proc/PID/clear_refs), its CPU
 seconds over the run (a figure the machine's load hardly moves), scrape p50/p99/max, /api/v1/gpus max, API requests
 made, the last
 kubernetes_api and kubelet success, how many scrapes still showed `leaver` after it left (two kubelet
@@ -36,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 from bench.scrape_bench import cpu_seconds
 from tests.helpers import Exporter, http_get, parse_metrics, wait_for
 from tests.http_load import Every, Scraper
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, pod
+from exporter.samplers.kubelet import MAX_MESSAGE_BYTES
+from tests.kubelet_server import GPU, SLICED_UUID as UUID, claim_pod, ids_of_size, kubernetes_node, large_node, node_replicas, pod
 from tests.kubernetes_api_server import (FakeApiServer, claim, device, empty_objects, nested,
                                          resource_slice, slice_pages)
 
@@ -83,18 +87,38 @@ CASES = {  # name -> (kubelet pods, API server on)
     "pod_name_16mib": ("name16", False),
     "pod_names_3x4mib": ("names3x4", False),
     "device_ids_11x1_4mb": ("ids11", False),
+    # issue 42's gaps: the largest answers the default receive cap lets in, and a large real node's
+    "list_at_cap": ("list_cap", False),
+    "allocatable_at_cap": ("allocatable_cap", False),
+    "both_at_cap": ("both_cap", False),
+    "pod_name_at_cap": ("name_cap", False),
+    "device_ids_11_at_cap": ("ids11_cap", False),
+    "large_node": ("large", False),
 }
 
 
-HOSTILE_BYTES = 16 * 1024 * 1024 - 1024  # just under the exporter's 16 MiB receive cap
+HOSTILE_BYTES = 16 * 1024 * 1024 - 1024  # just under the old 16 MiB receive cap
+AT_CAP = MAX_MESSAGE_BYTES - 1024  # just under the default one
+LARGE_NODE_IDS = [f"{UUID}::{n}" for n in range(8 * 48)]  # 8 GPUs of 48 replicas, as bytes go (one GPU here)
 
 
-def hostile_allocatable():
-    """GetAllocatableResources of a kubelet answering 16 MiB of device IDs (1.5 million)."""
+def hostile_allocatable(size: int = HOSTILE_BYTES):
+    """GetAllocatableResources of a kubelet answering `size` bytes of device IDs (16 MiB: 1.5 million)."""
     from exporter.kubelet import podresources_pb2 as pb
 
     return pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(resource_name=GPU,
-                                                                        device_ids=ids_of_size(HOSTILE_BYTES))])
+                                                                        device_ids=ids_of_size(size))])
+
+
+def allocatable_of(kind):
+    """What the case's kubelet answers to GetAllocatableResources (None: UNIMPLEMENTED)."""
+    if kind in ("allocatable16", "both16"):
+        return hostile_allocatable()
+    if kind in ("allocatable_cap", "both_cap"):
+        return hostile_allocatable(AT_CAP)
+    if kind == "large":
+        return [(GPU, LARGE_NODE_IDS)]
+    return None
 
 
 def kubelet_pods(kind) -> list:
@@ -103,8 +127,16 @@ def kubelet_pods(kind) -> list:
         return [leaver, *shared_claims(2)]
     if kind in ("list16", "both16"):  # one pod listing 16 MiB of device IDs: parsed whole, as one pod is
         return [leaver, pod("team", "hoarder", {"c": [(GPU, ids_of_size(HOSTILE_BYTES - 4096))]})]
-    if kind == "allocatable16":
+    if kind in ("allocatable16", "allocatable_cap"):
         return [leaver]
+    if kind in ("list_cap", "both_cap"):
+        return [leaver, pod("team", "hoarder", {"c": [(GPU, ids_of_size(AT_CAP - 4096))]})]
+    if kind == "name_cap":
+        return [leaver, pod("team", "n" * (AT_CAP - 4096), {"c": [(GPU, [f"{UUID}::3"])]})]
+    if kind == "ids11_cap":
+        return [leaver, *(pod("team", f"g{i}", {"c": [(GPU, [f"GPU-{i}" + "x" * (AT_CAP // 11 - 1024)])]}) for i in range(11))]
+    if kind == "large":  # the leaver holds a replica of its own
+        return [leaver, *large_node(250, LARGE_NODE_IDS[:7] + LARGE_NODE_IDS[8:])]
     if kind == "name16":
         return [leaver, pod("team", "n" * (HOSTILE_BYTES - 4096), {"c": [(GPU, [f"{UUID}::3"])]})]
     if kind == "names3x4":
@@ -167,6 +199,12 @@ def measure(port: int, seconds: float, since: float, results) -> None:
                  "leaver_scrapes_after_it_left": scraper.stale})
 
 
+def reset_peak(pid: int) -> int:
+    """The process's VmRSS, its VmHWM reset to it (/proc/PID/clear_refs): the peak read later is the attack's."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return status_kb(pid, "VmRSS")
+
+
 def status_kb(pid: int, key: str) -> int:
     text = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in text.splitlines() if line.startswith(key + ":")).split()[1])
@@ -181,9 +219,9 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
             args[args.index(flag) + 1] = value
         api = FakeApiServer().start()
         set_api(api, "baseline")
-        server.service.pods = kubelet_pods(kind)
-        if kind in ("allocatable16", "both16"):
-            server.service.allocatable = hostile_allocatable()
+        attack = kubelet_pods(kind), allocatable_of(kind)
+        # the kubelet's attack comes once the exporter is warm (below); the API server's answers it reads
+        server.service.pods = attack[0] if with_api else attack[0][:1]  # the leaver alone
         server.start()
         exporter = Exporter(*args, "--kubernetes-api", api.url if with_api else "off", env={"NODE_NAME": "node-a"})
         exporter.cwd = code
@@ -193,8 +231,11 @@ def run_case(case: str, code: Path, seconds: float) -> dict:
                 if with_api:  # read well once; then the attack, and a new claim that makes the API asked
                     wait_for(lambda: b'collector="kubernetes_api"} 1' in http_get(exporter.url + "/metrics")[1],
                              30, 0.2, "a good API server read")
-                    wait_for(lambda: b'pod="leaver"' in http_get(exporter.url + "/metrics")[1], 30, 0.2, "leaver")
-                start = status_kb(exporter.proc.pid, "VmRSS")
+                wait_for(lambda: b'pod="leaver"' in http_get(exporter.url + "/metrics")[1], 30, 0.2, "leaver")
+                http_get(exporter.url + "/api/v1/gpus", 60)  # the API's models load on its first request (+18 MB)
+                if not with_api:
+                    server.service.pods, server.service.allocatable = attack
+                start = reset_peak(exporter.proc.pid)
                 asked_before = len(api.requests)
                 set_api(api, case)
                 if with_api:
@@ -245,8 +286,16 @@ def main() -> int:
     parser.add_argument("--sizes", action="store_true", help="print the bytes of typical List answers, run nothing")
     args = parser.parse_args()
     if args.sizes:
+        from exporter.kubelet import podresources_pb2 as pb
+
         for pods in (110, 250, 1024):
             print(f"{pods} pods: {typical_list_bytes(pods)} bytes")
+        for pods, gpus, replicas in ((110, 8, 16), (250, 8, 48)):  # tests/kubelet_server.py large_node
+            listed = pb.ListPodResourcesResponse(pod_resources=large_node(pods, node_replicas(gpus, replicas)))
+            offered = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(
+                resource_name=GPU, device_ids=node_replicas(gpus, replicas))], cpu_ids=range(192))
+            print(f"a large node, {pods} pods of three containers, {gpus} GPUs of {replicas} replicas: List "
+                  f"{listed.ByteSize()} bytes, Allocatable {offered.ByteSize()} bytes")
         return 0
     results = []
     for case in args.only or CASES:

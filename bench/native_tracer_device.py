@@ -104,8 +104,8 @@ def compare(report: dict, truth: dict) -> dict:
            "sm": round(d.get("sm_seconds", 0.0) / length, 4)}
     return {"window_s": round(length, 3), "reported": got, "truth": truth,
             "error": {k: round(got[k] - truth[k], 4) for k in truth if truth.get(k) is not None},
-            "detail": {k: d.get(k) for k in ("kernels", "kernel_busy_s", "backlog_busy_s", "sm_copy_busy_s",
-                                             "copy_busy_s", "sms", "gpu_sms")},
+            "detail": {k: d.get(k) for k in ("kernels", "kernel_busy_s", "backlog_busy_s", "queue_gap_s",
+                                             "sm_copy_busy_s", "copy_busy_s", "sms", "gpu_sms")},
             "native": report.get("native"), "records": report.get("records")}
 
 
@@ -205,9 +205,9 @@ def gpm_sampler(stop: threading.Event, out: list):
         nvml = Nvml()
         nvml.gpm_metrics(0)
         while not stop.wait(1.0):
-            m = nvml.gpm_metrics(0)
-            if m:
-                out.append((time.time(), m))
+            m = nvml.gpm_metrics(0)  # exporter.nvml_answers.GpmMetrics, percent
+            if m is not None and m.sm_active is not None:
+                out.append((time.time(), {"sm_active": m.sm_active}))
     except Exception as exc:  # noqa: BLE001 - GPM is a side measurement here
         out.append((time.time(), {"error": repr(exc)}))
 
@@ -283,8 +283,10 @@ def resnet(args, work, variant="default", env=None, traced_run=True):
     for n, reports in enumerate(windows):
         for report in reports:
             rows.append({"window": n, **(compare(report, {}) if "error" not in report else {"error": report["error"]})})
-    rates = step_rates(gpu_progress, marks, started + WARM_S) if gpu_progress.exists() else {}
-    result = {"phase": f"resnet_{variant}", "rows": rows, **rates,
+    # the first window is left out: the untraced control ran at 0.29 of its later rate there (cuDNN's autotune
+    # and the allocator settling after the warm-up steps), whatever the tracer does
+    rates = step_rates(gpu_progress, marks[1:], marks[0][1] + 0.5) if gpu_progress.exists() and marks else {}
+    result = {"phase": f"resnet_{variant}", "rows": rows, **rates, "marks": marks,
               "gpm_sm_active_outside_percent": mean([v for v in gpm_out if v is not None]), "stderr": err[-3000:]}
     if args.skip_kineto or not traced_run:
         return result
@@ -345,8 +347,8 @@ def api_phase(args, work, env=None):
     while time.time() < end:
         got = answer()
         for gpu in (got or {}).get("cupti") or ():
-            if gpu.get("clients") and gpu.get("window"):
-                seen[tuple(gpu["window"])] = gpu
+            if gpu.get("clients") and gpu.get("window"):  # every GPU the clients' contexts are on
+                seen[(gpu["uuid"], *gpu["window"])] = gpu
         time.sleep(1.0)
     for p in procs.values():
         try:
@@ -359,7 +361,9 @@ def api_phase(args, work, env=None):
     except subprocess.TimeoutExpired:
         exporter.kill()
     rows = []
-    for (lo, hi), gpu in sorted(seen.items()):
+    for (uuid, lo, hi), gpu in sorted(seen.items()):
+        if gpu.get("gpu") != 0:  # the clients run on CUDA's device 0; another GPU reads 0 for them
+            continue
         for pid, share in gpu["clients"].items():
             name = pids.get(int(pid))
             if name is None:
@@ -394,6 +398,10 @@ def main(argv=None) -> int:
               "resnet_nodetach": lambda a, w: resnet(a, w, "nodetach", {"GPU_SPATIAL_TRACE_DETACH": "0"}),
               "resnet_queued": lambda a, w: resnet(a, w, "queued", {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
               "resnet_untraced": lambda a, w: resnet(a, w, "untraced", traced_run=False),
+              "resnet_warm": lambda a, w: resnet(a, w, "warm", {"GPU_SPATIAL_TRACE_WARM_S": "1"}),
+              "launch": lambda a, w: phase_accuracy("launch", {"launch": (
+                  [sys.executable, "bench/ctxsw_jobs.py", "launch", "--seconds", str(WARM_S + a.windows * a.period + 3)],
+                  {}, True, lambda r: {})}, a, w),
               "api": api_phase, "api_queued": lambda a, w: api_phase(a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
               "deepqueue_queued": lambda a, w: events_phase("deepqueue", a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"}),
               "d2d_queued": lambda a, w: events_phase("d2d", a, w, {"GPU_SPATIAL_TRACE_QUEUED": "1"})}

@@ -1,4 +1,5 @@
-"""python -m dashboards [--check]: write (or compare) dashboards/generated/*.json."""
+"""python -m dashboards [--check]: write (or compare) dashboards/generated/*.json and the generated parts of
+rules/gpu-utilization.rules.yaml (dashboards/rules.py), both made from the registered holder kinds."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,7 @@ from dashboards.generate import write_or_check
 from nsys_ingest.commandline import missing_extra
 
 GENERATED = Path(__file__).resolve().parent / "generated"
+RULES = Path(__file__).resolve().parent.parent / "rules" / "gpu-utilization.rules.yaml"
 
 
 def render(module) -> str:
@@ -26,11 +28,13 @@ def main(argv=None) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
-    from dashboards import gpu_utilization, mps_host_memory, workloads
+    from dashboards import gpu_utilization, mps_host_memory, rules, workloads
     modules = {"gpu-utilization.json": gpu_utilization, "mps-host-memory.json": mps_host_memory,
                "workloads.json": workloads}
     files = {GENERATED / name: render(module) for name, module in modules.items()}
+    files[RULES] = rules.render(RULES.read_text())
     return write_or_check(files, args.check, "python -m dashboards")
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,6 +2,7 @@
 from grafanalib.core import Dashboard, GridPos, Repeat, RowPanel, Templating, Time
 
 from dashboards.common import GPU_SELECTOR, INPUTS, host_and_gpu_variables, table, target, timeseries
+from exporter.holders import labels as holder_labels
 
 UID = "gpu-time-vs-spatial"
 SEL = GPU_SELECTOR
@@ -69,10 +70,10 @@ def build() -> Dashboard:
                    empty=NO_SPATIAL),
         timeseries("Exporter collectors", [('gpu_exporter_collector_success{instance=~"$host"}', "{{instance}} {{collector}}")],
                    (7, 6, 18, 25), unit="none"),
-        table("Pods by their own hidden idle SMs (5m)", NO_HOLDERS + " " + NO_TIME_SHARE,
-              description="Each container's own busy-but-SMs-idle GPU-equivalents over 5 minutes (its time share minus "
+        table("Holders by their own hidden idle SMs (5m)", NO_HOLDERS + " " + NO_TIME_SHARE,
+              description="Each holder's own busy-but-SMs-idle GPU-equivalents over 5 minutes (its time share minus "
                           "its SM activity; basis exact or time_share), not its GPU's total: whose jobs to look at first.",
-              targets=[target(f"sort_desc(sum by (instance, gpu, namespace, pod, container, basis) "
+              targets=[target(f"sort_desc(sum by (instance, gpu, {', '.join(holder_labels())}, basis) "
                               f"(rate(gpu_workload_hidden_idle_gpu_seconds_total{{{SEL}}}[5m])))", instant=True, table=True)],
               gridPos=GridPos(h=8, w=24, x=0, y=32), unit="percentunit",
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True, "model": True},

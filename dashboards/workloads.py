@@ -5,6 +5,8 @@ onto every pod. GPU-hours come from the GPU-second counters, exact over the dash
 from grafanalib.core import Dashboard, GridPos, Templating, Time
 
 from dashboards.common import INPUTS, datasource_variable, table, target, timeseries, variable
+from exporter.holders import kind_views, report_groups
+from exporter.holders import labels as holder_labels
 from exporter.vocabulary import HIDDEN_IDLE, SM_ACTIVE_WORK, TIME_IDLE
 
 UID = "gpu-workloads"
@@ -47,31 +49,54 @@ def ranked(title: str, by: str, where: str, pos, description: str, empty: str):
                                   {"id": "sortBy", "options": {"sort": [{"field": "GPU-hours ledger: waste", "desc": True}]}}])
 
 
+# The first holder table's description starts with this, its no-data text ends with MEASURED.
+VIEWS = ("Two views, never added (docs/ledger.md). Allocation: held (what the scheduler allocated) and used (busy: the "
+         "time share of its processes, absent under MPS; more than held when the others leave the GPU to it). Ledger "
+         "(physical: each GPU-hour in one cell): work (its kernels ran, SMs active), hidden idle (its kernels ran, SMs "
+         "idle), time idle (no kernel ran: its part by held share); waste = hidden idle + time idle.")
+MEASURED = (" Busy, SM-active and hidden idle stay empty under MPS unless the clients trace themselves (basis cupti: "
+            "docs/mps-clients.md), and busy on MIG.")
+TABLE_HEIGHT = 8
+
+
+def holder_tables() -> list:
+    """A table of GPU-hours per grouping a registered kind gives one (its PANELS, exporter/holders.py KINDS), in
+    their order, two to a row (a last one alone spans the row)."""
+    groups = report_groups()
+    wanted = [(grouping, *panel) for kind in kind_views() for grouping, panel in kind.panels.items()]
+    tables = []
+    for i, (grouping, title, description, empty) in enumerate(wanted):
+        labels = groups[grouping]
+        alone = i == len(wanted) - 1 and i % 2 == 0
+        pos = (TABLE_HEIGHT, 24 if alone else 12, 12 * (i % 2), TABLE_HEIGHT * (i // 2))
+        if i == 0:
+            description, empty = f"{VIEWS} {description}".strip(), empty + MEASURED
+        tables.append(ranked(f"{title}: GPU-hours over the range", ", ".join(labels), f'{labels[-1]}!=""', pos,
+                             description, empty))
+    return tables
+
+
+def holder_legend() -> str:
+    """A holder in a legend, whatever its kind: each kind's naming labels (a pod's namespace and pod), side by side
+    (a holder has one kind's labels only)."""
+    return "".join("/".join(f"{{{{{label}}}}}" for label in kind.named) for kind in kind_views())
+
+
 def build() -> Dashboard:
+    tables = holder_tables()
+    top = TABLE_HEIGHT * ((len(tables) + 1) // 2)  # the panels below the holder tables
+    holder = holder_legend()
+    every_label = ", ".join(("instance", "uuid", *holder_labels()))
     panels = [
-        ranked("Namespaces: GPU-hours over the range", "namespace", 'namespace!=""', (8, 12, 0, 0),
-               "Two views, never added (docs/ledger.md). Allocation: held (what the scheduler allocated) and used "
-               "(busy: the time share of its processes, absent under MPS; more than held when the others leave the "
-               "GPU to it). Ledger (physical: each GPU-hour in one cell): work (its kernels ran, SMs active), hidden "
-               "idle (its kernels ran, SMs idle), time idle (no kernel ran: its part by held share); waste = hidden "
-               "idle + time idle.",
-               "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources socket) no pod is known."
-               " Busy, SM-active and hidden idle stay empty under MPS unless the clients trace themselves (basis "
-               "cupti: docs/mps-clients.md), and busy on MIG."),
-        ranked("Slurm jobs: GPU-hours over the range", "hpc_job", 'hpc_job!=""', (8, 12, 12, 0),
-               "Jobs from the job mapping directory (--hpc-job-mapping-dir), processes mapped through their cgroups.",
-               "the exporter runs without --hpc-job-mapping-dir, or no mapping file named a job in the range."),
-        ranked("Pods: GPU-hours over the range, most held idle first", "namespace, pod", 'pod!=""', (9, 24, 0, 8),
-               "Each pod's own numbers, from its own processes: never its GPU's total.",
-               "no pod held a GPU in the range (outside Kubernetes no pod is known)."),
+        *tables,
         timeseries("Per workload: time share vs SM active",
                    [(f"gpu_workload_time_share_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} time ({{basis}})"),
+                     f"{{{{instance}}}} GPU {{{{gpu}}}} {holder} time ({{{{basis}}}})"),
                     (f"gpu_workload_sm_active_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM active ({{basis}})"),
+                     f"{{{{instance}}}} GPU {{{{gpu}}}} {holder} SM active ({{{{basis}}}})"),
                     (f"gpu_workload_cupti_sm_estimate_ratio{{{HOST}}}",
-                     "{{instance}} GPU {{gpu}} {{namespace}}/{{pod}}{{hpc_job}}{{user}} SM estimate (cupti, unscaled)")],
-                   (9, 12, 0, 17),
+                     f"{{{{instance}}}} GPU {{{{gpu}}}} {holder} SM estimate (cupti, unscaled)")],
+                   (9, 12, 0, top),
                    description="Shares of the whole GPU, each with its basis. Time: basis=nvml (NVML's per-process "
                                "samples, an estimate), ctxsw (the GPU's context switches, exact) or cupti (an MPS "
                                "client's own kernels). SM active: basis=exact (alone on the GPU), ctxsw (its own "
@@ -83,7 +108,7 @@ def build() -> Dashboard:
                          "charges the MPS server), MIG devices have no per-process utilization, and outside "
                          "Kubernetes and Slurm no holder is known."),
         table("Shared GPUs: each holder's own share", "no GPU has two or more holders now (each is held whole, or "
-              "no holder is known).", gridPos=GridPos(h=9, w=12, x=12, y=17),
+              "no holder is known).", gridPos=GridPos(h=9, w=12, x=12, y=top),
               description="GPUs with two or more holders (time-slicing or MPS replicas, Slurm sharing): held share, "
                           "time share and processes of each holder side by side.",
               targets=[target(f"gpu_workload_held_share_ratio{{{HOST}}} and on (instance, uuid) "
@@ -100,7 +125,7 @@ def build() -> Dashboard:
                                                     "Value #C": "processes"}}}]),
         timeseries("GPU ledger: every GPU-second in one cell",
                    [(f"sum by (cell) (rate(gpu_ledger_gpu_seconds_total{{{HOST}}}[$__rate_interval]))", "{{cell}}")],
-                   (8, 12, 0, 26), unit="short", ratio=False, stacking={"mode": "normal", "group": "cells"},
+                   (8, 12, 0, top + 9), unit="short", ratio=False, stacking={"mode": "normal", "group": "cells"},
                    description="Physical view, in GPUs: the cells of every GPU's ledger stack up to the GPUs that "
                                "existed (gpu_ledger_observed_seconds_total), never above. Holders' work, hidden idle, busy unsplit "
                                "and time idle, and the cells of no holder: switch overhead (gaps between time "
@@ -109,7 +134,7 @@ def build() -> Dashboard:
                                "switch overhead.",
                    empty="no ledger series: the exporter runs --holders none or is older than the ledger."),
         table("GPU ledger over the range: GPU-hours by cell", "no ledger series in the range (--holders none, or an "
-              "exporter older than the ledger).", gridPos=GridPos(h=8, w=12, x=12, y=26), unit="h",
+              "exporter older than the ledger).", gridPos=GridPos(h=8, w=12, x=12, y=top + 9), unit="h",
               description="Every GPU-hour that existed on the selected hosts, in exactly one cell (physical view; "
                           "the cells sum to the GPU-hours observed). Never add held GPU-hours (allocation) to these.",
               targets=[target(f"sort_desc(sum by (cell) (increase(gpu_ledger_gpu_seconds_total{{{HOST}}}"
@@ -117,15 +142,15 @@ def build() -> Dashboard:
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "GPU-hours (ledger)"}}}]),
         table("Held idle now", "no holder has been idle for --held-idle-after (30 m by default): good news.",
-              gridPos=GridPos(h=7, w=24, x=0, y=34), unit="s",
+              gridPos=GridPos(h=7, w=24, x=0, y=top + 17), unit="s",
               description="Holders idle for --held-idle-after or longer (alert GPUHeldIdle), with how long.",
-              targets=[target(f"gpu_workload_idle_seconds{{{HOST}}} and on (instance, uuid, namespace, pod, container, "
-                              f"hpc_job, claim, user) (gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
+              targets=[target(f"gpu_workload_idle_seconds{{{HOST}}} and on ({every_label}) "
+                              f"(gpu_workload_held_idle{{{HOST}}} == 1)", instant=True, table=True)],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True, "job": True},
                                                               "renameByName": {"Value": "idle for"}}}]),
         table("How the GPU-hours were measured: by basis", "no busy or SM-active GPU-seconds in the range: no "
               "holder ran CUDA work, or every one was under MPS (no per-client time).",
-              gridPos=GridPos(h=6, w=24, x=0, y=41), unit="h",
+              gridPos=GridPos(h=6, w=24, x=0, y=top + 24), unit="h",
               description="GPU-hours over the range by basis. Measured exactly: SM-active basis exact or ctxsw, busy "
                           "basis ctxsw or cupti (MPS clients' own kernels). Estimated: SM-active time_share or cupti "
                           "(grids against SMs, scaled to the GPU's), busy nvml. Held GPU-hours with no busy or SM "

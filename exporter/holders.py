@@ -222,20 +222,43 @@ def _declarations() -> tuple:
     return _declared[1]
 
 
+@dataclass(frozen=True)
+class KindViews:
+    """How the views name one kind's holders, from its declarations (the generated rules and dashboards, top)."""
+
+    kind: str
+    own: tuple[str, ...]  # its labels that name who runs the processes
+    through: tuple[str, ...]  # its labels that name what the GPU is held through (HELD_THROUGH: a DRA claim)
+    named: tuple[str, ...]  # of its own labels, those a grouping ends in, general first (a pod's namespace, its pod)
+    noun: str  # one holder in a sentence (the GPUHeldIdle alert): HOLDER_NOUN, else its one own label
+    panels: dict  # the workloads dashboard's tables: grouping -> (what its groups are called, where they come from,
+    # why there may be none) (PANELS; none by default)
+
+
+def kind_views() -> list[KindViews]:
+    """Every registered kind's KindViews, in KINDS' order."""
+    through = held_through_labels()
+    out = []
+    for kind, module in zip(KINDS, map(importlib.import_module, KINDS.values())):
+        own = tuple(label for label in module.LABELS if label not in through)
+        groups = getattr(module, "GROUPS", {label: (label,) for label in own})
+        out.append(KindViews(kind, own, tuple(label for label in module.LABELS if label in through),
+                             tuple(grouped[-1] for grouped in groups.values() if grouped[-1] in own),
+                             getattr(module, "HOLDER_NOUN", own[0] if len(own) == 1 else kind),
+                             dict(getattr(module, "PANELS", {}))))
+    return out
+
+
 def holder_name(values) -> str:
     """A holder's short name for a terminal (gpu-spatial top), from its labels (`values`: label -> value,
     as the API serves them; another exporter's): the first kind with a label set names it, by the value
     of its most specific grouping (a pod, not its namespace; the label too where the kind has only one:
     "user alice"), then what it holds the GPU through ("(claim gpu-0)"). "" where no label is set."""
-    through = held_through_labels()
-    for module in map(importlib.import_module, KINDS.values()):
-        own = [label for label in module.LABELS if label not in through]
-        named = [grouped[-1] for grouped in getattr(module, "GROUPS", {label: (label,) for label in own}).values()]
-        found = [label for label in reversed(named) if label in own and _text(values.get(label))]
-        held = [f"({label} {_text(values.get(label))})" for label in module.LABELS
-                if label in through and _text(values.get(label))]
+    for kind in kind_views():
+        found = [label for label in reversed(kind.named) if _text(values.get(label))]
+        held = [f"({label} {_text(values.get(label))})" for label in kind.through if _text(values.get(label))]
         if found or held:
-            name = "" if not found else _text(values[found[0]]) if len(own) > 1 else f"{found[0]} {values[found[0]]}"
+            name = "" if not found else _text(values[found[0]]) if len(kind.own) > 1 else f"{found[0]} {values[found[0]]}"
             return " ".join([name, *held]).strip()
     return ""
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from nsys_ingest.attribution import Attribution, GpuAttribution, ProcessAttribution
 from nsys_ingest.reader import (DEFAULT_CHUNK_ROWS, MAX_GPUS, MAX_NAME, NOT_NSYS, Budget, Export, IngestError, _column,
@@ -103,6 +102,36 @@ def _int(value, where: str) -> int:
     from nsys_ingest.reader import as_int
 
     return as_int(value, where)
+
+
+def _integers(column: tuple, where: str) -> np.ndarray:
+    """A column of fetched rows as int64, as a chunk's column reads it (numbers, floats cut, numeric text); an
+    IngestError naming the column where it holds NULL or anything else."""
+    try:
+        return np.array(column, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        if any(value is None for value in column):
+            raise IngestError(f"{where} holds NULL where a number belongs: {NOT_NSYS}") from None
+        return _column(np.array(column, dtype=object), slice(None), np.int64, where)
+
+
+def _pids(column: tuple) -> np.ndarray:
+    """globalPids as int64; -1 where there is none (NULL, or anything but a number): the slice is kept, its
+    process unknown."""
+    try:
+        return np.array(column, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_pid(value) for value in column], dtype=np.int64)
+
+
+def _pid(value) -> int:
+    try:
+        number = float(value) if isinstance(value, str) else value
+        if isinstance(number, (int, float)) and -2**63 <= number < 2**63:
+            return int(number)
+    except (ValueError, OverflowError):
+        pass
+    return -1
 
 
 def switch_gpus(export: Export) -> list[int]:
@@ -179,13 +208,11 @@ class _Slices:
             ts, _, gpid = self._carry
             self._carry = None
             return self._clip(np.array([ts]), np.array([self.window[1]]), np.array([gpid]))
-        frame = pd.DataFrame.from_records(rows, columns=["timestamp", "tag", "contextId", "globalPid"])
-        every = slice(None)
-        ts = _column(frame["timestamp"], every, np.int64, f"{EVENTS}.timestamp")
-        tag = _column(frame["tag"], every, np.int64, f"{EVENTS}.tag")
-        ctx = _column(frame["contextId"], every, np.int64, f"{EVENTS}.contextId")
-        # no pid (NULL, or anything but a number): the slice is kept, its process unknown
-        gpid = pd.to_numeric(frame["globalPid"], errors="coerce").fillna(-1).to_numpy().astype(np.int64)
+        stamps, tags, contexts, pids = zip(*rows)
+        ts = _integers(stamps, f"{EVENTS}.timestamp")
+        tag = _integers(tags, f"{EVENTS}.tag")
+        ctx = _integers(contexts, f"{EVENTS}.contextId")
+        gpid = _pids(pids)
         kind = np.where(tag == self.restore, 1, np.where(tag == self.save, 2, 0))
         self._tally_others(tag[kind == 0])
         keep = kind != 0
@@ -291,15 +318,17 @@ class _Gpu:
 
     def codes(self, gpids: np.ndarray) -> np.ndarray:
         seen = self.seen
-        new = [g for g in pd.unique(gpids) if int(g) not in seen.setdefault(self.index, {})]
+        distinct, first, where = np.unique(gpids, return_index=True, return_inverse=True)
+        mine = seen.setdefault(self.index, {})
+        new = [g for g in distinct[np.argsort(first)].tolist() if g not in mine]  # in the order they first appear
         for g in new:
             if sum(len(v) for v in seen.values()) >= MAX_PROCESSES:
                 raise IngestError(f"context switches of more than {MAX_PROCESSES} processes: {NOT_NSYS}")
-            seen[self.index][int(g)] = len(self.gpids)
-            self.gpids.append(int(g))
+            mine[g] = len(self.gpids)
+            self.gpids.append(g)
         if new:
             self._grow(len(self.gpids))
-        return pd.Series(gpids).map(seen[self.index]).to_numpy(dtype=np.int64)
+        return np.array([mine[g] for g in distinct.tolist()], dtype=np.int64)[where.reshape(-1)]
 
     def _grow(self, n: int) -> None:
         grow = n - len(self.resident)
@@ -472,34 +501,61 @@ def bounded_least_squares(gram: np.ndarray, moment: np.ndarray, updates: int | N
 def _samples(export: Export, quantities, window, chunk_rows, combine: int):
     """(gpu, timestamp, values) chunks in time order, `combine` consecutive samples of a GPU averaged
     into one (what a capture at 1/combine of the frequency would have seen)."""
-    from nsys_ingest.analysis import wide_samples
-
     if export.era is None or not quantities:
         return
     before = max(_period_ns(export), 1) * max(combine, 1) * 2  # a sample stamped before reaches into it
-    carry: dict[int, pd.DataFrame] = {}
-    for wide in wide_samples(export, READ, window[0] - before, window[1], chunk_rows, ordered=True):
+    carry: dict[int, tuple] = {}
+    for gpu, stamps, values in _wide(export, quantities, window[0] - before, window[1], chunk_rows):
         export.budget.check()
+        if combine > 1:
+            if gpu in carry:
+                stamps, values = np.concatenate([carry[gpu][0], stamps]), np.concatenate([carry.pop(gpu)[1], values])
+            whole = len(stamps) // combine * combine
+            if whole < len(stamps):
+                carry[gpu] = (stamps[whole:], values[whole:])
+            if not whole:
+                continue
+            stamps = stamps[:whole:combine]  # a group describes its first stamp onwards
+            values = _nanmean(values[:whole].reshape(whole // combine, combine, -1))
+        yield int(gpu), stamps.astype(np.int64), values.astype(np.float64)
+
+
+def _nanmean(groups: np.ndarray) -> np.ndarray:
+    """The mean over axis 1 of what was sampled (NaN where nothing was), as pandas' groupby mean gives it."""
+    sampled = ~np.isnan(groups)
+    counts = sampled.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(counts > 0, np.where(sampled, groups, 0.0).sum(axis=1) / np.where(counts > 0, counts, 1), np.nan)
+
+
+def _wide(export: Export, quantities, start_ns, end_ns, chunk_rows):
+    """(gpu, timestamps, values: samples x quantities) in time order, a quantity's value the mean of its metrics'
+    rows at that timestamp (NaN: none), dram_active their read + write (at most 1). The GPU-metrics era is grouped by
+    SQLite (Export.sample_arrays: no pandas); the old era's JSON events go through analysis.wide_samples."""
+    if export.era != "gpu_metrics":
+        from nsys_ingest.analysis import wide_samples
+
+        for wide in wide_samples(export, READ, start_ns, end_ns, chunk_rows, ordered=True):
+            for q in quantities:
+                if q not in wide:
+                    wide[q] = np.nan
+            for gpu, rows in wide.groupby("gpu", sort=False):
+                rows = rows.sort_values("timestamp")
+                yield gpu, rows["timestamp"].to_numpy(), rows[list(quantities)].to_numpy(dtype=np.float64)
+        return
+    for gpu, stamps, sums, counts in export.sample_arrays(READ, start_ns, end_ns, chunk_rows):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = sums / counts  # 0 / 0: not sampled
+        columns = []
         for q in quantities:
-            if q not in wide:
-                wide[q] = np.nan
-        for gpu, rows in wide.groupby("gpu", sort=False):
-            rows = rows.sort_values("timestamp")
-            if combine > 1:
-                if gpu in carry:
-                    rows = pd.concat([carry.pop(gpu), rows], ignore_index=True)
-                whole = len(rows) // combine * combine
-                if whole < len(rows):
-                    carry[gpu] = rows.iloc[whole:]
-                rows = rows.iloc[:whole]
-                if not len(rows):
-                    continue
-                group = np.arange(len(rows)) // combine
-                stamps = rows["timestamp"].to_numpy()[::combine]  # a group describes its first stamp onwards
-                values = rows[list(quantities)].groupby(group).mean().to_numpy()
-            else:
-                stamps, values = rows["timestamp"].to_numpy(), rows[list(quantities)].to_numpy(dtype=np.float64)
-            yield int(gpu), stamps.astype(np.int64), values.astype(np.float64)
+            if q != "dram_active":
+                columns.append(means[:, READ.index(q)])
+                continue
+            dram = [READ.index(d) for d in ("dram_read", "dram_write") if counts[:, READ.index(d)].any()]
+            # either one alone counts; a sample without them reads 0 where the chunk has them (as the pivot had it)
+            columns.append(np.minimum(sum(np.nan_to_num(means[:, i], nan=0.0) for i in dram), 1.0) if dram
+                           else np.full(len(stamps), np.nan))
+        yield gpu, stamps, np.column_stack(columns) if columns else np.zeros((len(stamps), 0))
 
 
 def attribute(export: Export, start_ns=None, end_ns=None, estimator: str = DEFAULT_ESTIMATOR,

@@ -22,7 +22,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import numpy as np
-import pandas as pd
 
 from hostio.files import read_capped
 from nsys_ingest.names import clock_scale, normalise
@@ -590,6 +589,8 @@ class Export:
                f"where typeId in ({','.join('?' * len(type_ids))}) and metricId in ({','.join('?' * len(metric_ids))})"
                f"{where}{' order by timestamp' if ordered else ''}")
         cursor = self.con.execute(sql, [*type_ids, *metric_ids, *params])
+        import pandas as pd  # here: a reader of grouped samples (sample_arrays) never loads it
+
         type_lookup = pd.Series(np.arange(len(type_ids)), index=type_ids)
         while True:
             rows = cursor.fetchmany(chunk_rows)
@@ -622,6 +623,8 @@ class Export:
                f"{where}{' order by timestamp' if ordered else ''}")
         cursor = self.con.execute(sql, [*by_type, *params])
         per_event = max(1, len(chosen) // max(1, len(by_type)))
+        import pandas as pd
+
         while True:
             rows = cursor.fetchmany(max(1, min(chunk_rows // per_event, EVENT_FETCH_ROWS)))
             if not rows:
@@ -646,6 +649,55 @@ class Export:
                 out = pd.concat(parts, ignore_index=True)
                 yield out[out["value"].notna()]
 
+    def sample_arrays(self, quantities, start_ns, end_ns, chunk_rows=DEFAULT_CHUNK_ROWS):
+        """(gpu, timestamps, sums, counts) per GPU and chunk, in time order, of the GPU-metrics era: one row per
+        sample, grouped by SQLite (no Python object per metric row, no pandas): sums[i, j] is the sum of the
+        published values of quantities[j] at timestamps[i] (0 where none), counts[i, j] how many there were.
+        The old era is not read here (its JSON payloads: `chunks`)."""
+        chosen = [m for m in self.metrics if m.quantity in quantities]
+        if self.era != "gpu_metrics" or not chosen:
+            return
+        where, params = self._where(start_ns, end_ns)
+        # value x scale per (typeId, metricId): the same multiplication as the chunks' (integer to double first). The
+        # ids are integers the catalogue checked, written into the statement; each distinct scale is one parameter
+        # (?1, ?2, ...): a catalogue of MAX_METRICS metrics stays within SQLite's variable limit.
+        scales = {scale: n for n, scale in enumerate(sorted({m.scale for m in chosen}), 1)}
+        columns = []
+        for quantity in quantities:
+            case = " ".join(f"when typeId = {int(m.type_id)} and metricId = {int(m.metric_id)} then value * ?{scales[m.scale]}"
+                            for m in chosen if m.quantity == quantity) or "when 0 then null"
+            columns.append(f"total(case {case} end), count(case {case} end)")
+        type_ids = sorted({m.type_id for m in chosen})
+        metric_ids = sorted({m.metric_id for m in chosen})
+        self._refuse_non_numbers(type_ids, metric_ids, where, params)
+        cursor = self.con.execute(
+            f"select timestamp, typeId & 255 as gpu, {', '.join(columns)} from GPU_METRICS "
+            f"where typeId in ({','.join('?' * len(type_ids))}) and metricId in ({','.join('?' * len(metric_ids))})"
+            f"{where} group by timestamp, gpu order by timestamp, gpu", [*scales, *type_ids, *metric_ids, *params])
+        width = len(quantities)
+        per_fetch = max(1, chunk_rows * 4 // (2 + 2 * width))  # as many cells in flight as chunk_rows of the 4 columns
+        while True:
+            self.budget.check()
+            rows = cursor.fetchmany(per_fetch)
+            if not rows:
+                return
+            stamps = _column(np.array([r[0] for r in rows], dtype=object), slice(None), np.int64, "GPU_METRICS.timestamp")
+            gpus = np.fromiter((r[1] for r in rows), np.int64, len(rows))
+            cells = np.array([r[2:] for r in rows], dtype=np.float64).reshape(len(rows), width, 2)
+            for gpu in np.unique(gpus).tolist():
+                mine = gpus == gpu
+                yield gpu, stamps[mine], cells[mine, :, 0], cells[mine, :, 1]
+
+    def _refuse_non_numbers(self, type_ids, metric_ids, where: str, params) -> None:
+        """The IngestError for the first value of the chosen metrics that is no number (text, a blob), as a chunk
+        names it: the grouped read would sum it as 0 instead."""
+        row = self.con.execute(
+            f"select {number('value')} from GPU_METRICS where typeId in ({','.join('?' * len(type_ids))}) "
+            f"and metricId in ({','.join('?' * len(metric_ids))}){where} "
+            "and typeof(value) not in ('integer', 'real', 'null') limit 1", [*type_ids, *metric_ids, *params]).fetchone()
+        if row is not None:
+            raise IngestError(f"GPU_METRICS.value holds {_shown(row[0])} where a number belongs: {NOT_NSYS}")
+
     def close(self) -> None:
         if self.con is not None:
             self.con.close()
@@ -660,10 +712,10 @@ class Export:
         self.close()
 
 
-def _column(series: pd.Series, rows, dtype, where: str) -> np.ndarray:
-    """A column of a chunk as numbers; an IngestError naming the column where the export stores
-    text, or NULL timestamps."""
-    values = series.to_numpy()[rows]
+def _column(series, rows, dtype, where: str) -> np.ndarray:
+    """A column of a chunk (a pandas Series, or an array) as numbers; an IngestError naming the column where
+    the export stores text, or NULL timestamps."""
+    values = np.asarray(series)[rows]
     if dtype == np.int64 and values.dtype.kind == "f" and np.isnan(values).any():
         raise IngestError(f"{where} holds NULL where a number belongs: {NOT_NSYS}")
     try:

@@ -39,6 +39,42 @@ def ids_of_size(size: int) -> list[str]:
     return ids
 
 
+def padded_to(answer: bytes, size: int) -> bytes:
+    """A List or Allocatable answer's bytes grown to exactly `size` by a field of zeros at its end (number
+    15, which neither message has: walked past, never read), to try the receive cap byte for byte."""
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    for tag in (_VarintBytes(15 << 3 | 2), b"\x70\x00" + _VarintBytes(15 << 3 | 2)):  # a length's varint may
+        for varint_bytes in (1, 2, 3, 4):  # fall short of a size by one byte: a varint field 14 = 0 first
+            fill = size - len(answer) - len(tag) - varint_bytes
+            if fill >= 0 and len(_VarintBytes(fill)) == varint_bytes:
+                return answer + tag + _VarintBytes(fill) + bytes(fill)
+    raise ValueError(f"{len(answer)} bytes cannot be grown to {size}")
+
+
+def node_replicas(gpus: int = 8, replicas: int = 16) -> list[str]:
+    """The device IDs of `gpus` GPUs offered as `replicas` time-slicing replicas each, as the NVIDIA device
+    plugin names them (GPU-<uuid>::<n>): a large node's."""
+    return [f"GPU-{g:08x}-89a7-98d7-87e6-31b003867920::{n}" for g in range(gpus) for n in range(replicas)]
+
+
+def large_node(pods: int, device_ids: list[str]) -> list[pb.PodResources]:
+    """A large real node's List answer, pessimistic: `pods` pods of an init container, a main container
+    with 16 exclusive CPUs and memory on two NUMA nodes, and a sidecar, with names as long as Deployments
+    make them; the replicas `device_ids` handed out one per pod in turn, with their NUMA topology."""
+    numa = lambda node: pb.TopologyInfo(nodes=[pb.NUMANode(ID=node)])
+    held: list[list[str]] = [[] for _ in range(pods)]
+    for n, device_id in enumerate(device_ids):
+        held[n % pods].append(device_id)
+    return [pb.PodResources(namespace="team-ml-inference-prod", name=f"llm-inference-server-7d9f8b6c5d-{i:05d}", containers=[
+        pb.ContainerResources(name="init-model-download"),
+        pb.ContainerResources(name="inference-server", devices=[pb.ContainerDevices(
+            resource_name=GPU, device_ids=ids, topology=numa(i % 2))] if ids else [],
+            cpu_ids=range(16 * (i % 12), 16 * (i % 12) + 16),
+            memory=[pb.ContainerMemory(memory_type="memory", size=64 << 30, topology=numa(node)) for node in (0, 1)]),
+        pb.ContainerResources(name="istio-proxy")]) for i, ids in enumerate(held)]
+
+
 DRA = "gpu.nvidia.com"
 
 

@@ -18,6 +18,8 @@ class RayActors(dummy_holder.LsfJobs):
 
 SCHEDULER = True  # Ray places actors on GPUs
 LABELS = {"ray_job": "the Ray job of an actor holder", "ray_actor": "the Ray actor holding the GPU"}
+PANELS = {"ray_actor": ("Ray actors", "Actors from the mapping file (--ray-actor-file).",  # the workloads dashboard
+                       "no Ray actor held a GPU in the range.")}
 
 
 def add_arguments(parser) -> None:

@@ -528,3 +528,99 @@ def test_a_process_with_two_contexts_is_one_process_with_both_slices(tmp_path):
     assert p["while_resident"]["sm_active"] == pytest.approx(0.6, abs=1e-6)  # 2 ms at 0.8, 2 ms at 0.4
     assert p["of_gpu"]["sm_active"] == pytest.approx(0.24, abs=1e-6)
     assert (q["slices"], q["time_share"], q["while_resident"]["sm_active"]) == (1, 0.2, pytest.approx(0.2, abs=1e-6))
+
+
+# -- the attribution's cost (issue 47): the same answers without pandas, in bounded chunks ------------------
+ATTRIBUTIONS = FIXTURES / "ctxsw_attributions.json"  # recorded with pandas' reader (main at 2796fc1), before issue 47
+
+
+@pytest.mark.parametrize("key", sorted(json.loads(ATTRIBUTIONS.read_text())))
+def test_the_recorded_captures_attribute_exactly_as_before(key):
+    """Every figure of each recorded H200 capture, per estimator (and 2 samples combined), equal to the last digit
+    to what the pandas reader gave: reading the samples grouped by SQLite changed no answer."""
+    name, estimator, combine = key.split()
+    result = run(FIXTURES / name, estimator=estimator, combine=int(combine))
+    assert {**result, "file": name} == json.loads(ATTRIBUTIONS.read_text())[key]
+
+
+def test_the_attribution_loads_no_pandas():
+    """The child's start-up and peak (bench/attribution_cost.py): pandas alone cost ~0.25 s of CPU and ~42 MB."""
+    code = ("import sys; from exporter.samplers.ctxsw import attribute_export; "
+            f"result = attribute_export({str(H200_1KHZ)!r}, 'fit'); print(len(result.gpus), 'pandas' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["1", "False"], done.stderr
+
+
+def test_samples_are_read_grouped_with_as_many_cells_in_flight_as_chunk_rows_of_rows(tmp_path):
+    """Mutant: a fetch of chunk_rows samples (16 here: 8 per GPU), each 16 cells wide, instead of 4. Each sample is one
+    row of sums and counts per quantity, its value the metric's percentage x 0.01."""
+    from nsys_ingest.ctxsw import READ
+
+    with Export(build(tmp_path), require_metrics=False) as export:
+        chunks = list(export.sample_arrays(READ, None, None, chunk_rows=16))
+    assert [(gpu, len(stamps)) for gpu, stamps, _, _ in chunks] == [(0, 2), (1, 2)] * 5  # 16 x 4 // (2 + 2 x 7)
+    gpu, stamps, sums, counts = chunks[2]
+    sm, dram = READ.index("sm_active"), READ.index("dram_read")
+    assert (gpu, stamps.tolist(), sums[:, sm].tolist(), counts[:, sm].tolist()) == (0, [2_000_000, 3_000_000],
+                                                                                   [44 * 0.01, 20 * 0.01], [1, 1])
+    assert counts[:, dram].tolist() == [0, 0]  # not sampled: no dram_active for this export
+
+
+def test_text_among_the_gpu_metrics_is_named(tmp_path):
+    """Mutant: the grouped read sums it as 0 (SQLite's text to number) instead of refusing it."""
+    path = edited(tmp_path, "update GPU_METRICS set value = 'lots' where rowid = 3")
+    with pytest.raises(IngestError, match="GPU_METRICS.value holds 'lots' where a number belongs"):
+        run(path)
+
+
+def test_null_in_the_switch_table_is_named_and_a_pid_that_is_no_number_is_unknown(tmp_path):
+    """Mutant: a NULL contextId named as None. A slice whose globalPid is text is kept, its process unknown."""
+    untyped = ("alter table GPU_CONTEXT_SWITCH_EVENTS rename to E; create table GPU_CONTEXT_SWITCH_EVENTS (tag, vmId, "
+               "seqNo, contextId, timestamp, globalPid, gpuId); insert into GPU_CONTEXT_SWITCH_EVENTS select * from E; "
+               "drop table E;")
+    with pytest.raises(IngestError, match="GPU_CONTEXT_SWITCH_EVENTS.contextId holds NULL where a number belongs"):
+        run(edited(tmp_path, untyped + "update GPU_CONTEXT_SWITCH_EVENTS set contextId = NULL where rowid = 2"))
+    result = run(edited(tmp_path, untyped + "update GPU_CONTEXT_SWITCH_EVENTS set globalPid = 'me' where contextId = 2"))
+    assert procs(result)[None]["time_share"] == 0.42 and B not in procs(result)  # B's 4.2 ms of the 10 ms window
+
+
+def test_dram_active_is_read_plus_write_at_most_1_and_either_alone(tmp_path):
+    """Mutants: the sum not clipped (1.3), a GPU with only its read counted as not sampled."""
+    samples = [(0, ms, {"dram_read": 0.7, "dram_write": 0.6}) for ms in range(10)]
+    samples += [(1, ms, {"dram_read": 0.3}) for ms in range(10)]
+    path = synth.ctxsw_export(tmp_path / "dram.sqlite", slices=[(0, 0.0, 10.0, A, 1), (1, 0.0, 10.0, B, 2)],
+                              samples=samples,
+                              metrics={**synth.CTXSW_METRICS, "dram_write": "DRAM Write Bandwidth [Throughput %]"})
+    result = run(path, estimator="overlap")
+    assert procs(result, 0)[A]["while_resident"]["dram_active"] == 1.0
+    assert procs(result, 1)[B]["while_resident"]["dram_active"] == 0.3
+
+
+def test_combined_samples_are_the_mean_of_what_was_sampled(tmp_path):
+    """Mutant: a quantity sampled in one of the two combined samples halved (0.2), as if the other read 0."""
+    samples = [(0, ms, {"sm_active": 0.5, **({"tensor_active": 0.4} if ms % 2 == 0 else {})}) for ms in range(10)]
+    path = synth.ctxsw_export(tmp_path / "half.sqlite", slices=[(0, 0.0, 10.0, A, 1)], samples=samples)
+    resident = procs(run(path, estimator="overlap", combine=2))[A]["while_resident"]
+    assert (resident["sm_active"], resident["tensor_active"]) == (0.5, 0.4)
+
+
+def test_a_catalogue_of_max_metrics_of_one_quantity_is_read_grouped(tmp_path):
+    """Mutant: each (typeId, metricId) bound as its own SQL variable: SQLite refuses 3 x 4,091 x 2 of them (its limit
+    here is 2 x MAX_METRICS + 16). The ids as large as make the statement longest (the chunks' reader overflowed)."""
+    from nsys_ingest.reader import MAX_METRICS
+
+    path = synth.ctxsw_export(tmp_path / "catalogue.sqlite", slices=[(0, 0.0, 5.0, A, 1), (0, 5.0, 10.0, B, 2)],
+                              samples=[(0, ms, {"sm_active": 0.5}) for ms in range(10)])
+    extra = MAX_METRICS - len(synth.CTXSW_METRICS)  # the catalogue full: every other metric an "SMs Active" of GPU 0
+    type_ids = [2**62 + 256 * (i + 1) for i in range(extra)]  # low byte 0: GPU 0
+    con = sqlite3.connect(path)
+    con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, ?, 'GPU metrics', ?, 'SMs Active [Throughput %]')",
+                    [(t, t, 2**62 + i) for i, t in enumerate(type_ids)])
+    con.executemany("insert into GPU_METRICS values (?, ?, ?, ?, ?)",
+                    [(3_000_000, 3_000_000, t, 2**62 + i, 90) for i, t in enumerate(type_ids)])
+    con.commit()
+    con.close()
+    at_3_ms = (0.5 + 0.9 * extra) / (extra + 1)  # the mean of the sample's rows of sm_active
+    found = procs(run(path, estimator="overlap"))
+    assert (found[A]["while_resident"]["sm_active"], found[B]["while_resident"]["sm_active"]) == \
+        (round((4 * 0.5 + at_3_ms) / 5, 6), 0.5)

@@ -64,7 +64,7 @@ def test_panels_that_can_be_empty_say_why():
     assert "no GPM" in no_data("gpu-utilization.json", "GPU $gpu: SM occupancy and tensor activity")
     assert "backfilled" in no_data("gpu-utilization.json", "GPU $gpu: time vs spatial utilization")
     assert "MPS" in no_data("workloads.json", "Per workload: time share vs SM active")
-    assert "no per-client time" in no_data("gpu-utilization.json", "Pods by their own hidden idle SMs (5m)")
+    assert "no per-client time" in no_data("gpu-utilization.json", "Holders by their own hidden idle SMs (5m)")
     assert "MPS daemon" in no_data("mps-host-memory.json", "MPS clients and daemons")
     assert "--hpc-job-mapping-dir" in no_data("workloads.json", "Slurm jobs: GPU-hours over the range")
 

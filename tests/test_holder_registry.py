@@ -92,7 +92,9 @@ def test_report_and_top_read_a_registered_kinds_labels(ray_registered):
     by = parser()._option_string_actions["--by"].choices
     assert {"ray_job", "ray_actor", "namespace", "pod", "claim", "hpc_job", "user", *GPU_GROUPS} == set(by)
     assert group_labels()["pod"] == ("namespace", "pod") and group_labels()["ray_actor"] == ("ray_actor",)
-    assert Plan("ray_actor").rules_unusable() == "no recording rule groups by ray_actor"  # the counters answer
+    # a grouping of one label is rolled up by the rules generated with it registered; a pod needs its namespace
+    assert Plan("ray_actor").rules_unusable() is None
+    assert Plan("pod").rules_unusable() == "no recording rule groups by pod"  # the counters answer
     assert holders.holder_name({"ray_job": "j1", "ray_actor": "a"}) == "a"
     assert holders.holder_name({"namespace": "ml", "pod": "train-0", "container": "c", "claim": "gpu-0"}) == \
         "train-0 (claim gpu-0)"
@@ -127,15 +129,78 @@ def test_rules_and_dashboards_join_on_every_registered_holder_label():
 
 
 def test_the_report_rollups_are_the_shipped_rules():
-    """RULED names a --by choice whose rollups the shipped rules record, for every quantity read."""
-    from gpu_spatial.report.account import QUANTITIES, RULED, rollup, rule_label
+    """ruled() names a --by choice whose rollups the shipped rules record, for every quantity read."""
+    from gpu_spatial.report.account import QUANTITIES, rollup, rule_label, ruled
 
     groups = yaml.safe_load((ROOT / "rules" / "gpu-utilization.rules.yaml").read_text())["groups"]
     recorded = {rule["record"] for group in groups for rule in group["rules"] if "record" in rule}
-    for by in RULED:
+    assert set(ruled()) == {"namespace", "claim", "hpc_job", "user", "node", "model"}  # not pod: it needs its namespace
+    for by in ruled():
         assert {rollup(rule_label(by), q) for q in (*QUANTITIES, "ledger")} <= recorded, by
     holder_rollups = {name.split(":")[0] for name in recorded if name.endswith("_gpu_seconds:rate5m")}
     assert holder_rollups - {"instance", "model"} <= set(holders.labels())
+
+
+# -- rules and dashboards generated from the registry (dashboards/rules.py, dashboards/workloads.py) -------------
+RULES_FILE = ROOT / "rules" / "gpu-utilization.rules.yaml"
+
+
+def _generated() -> tuple[str, str, str]:
+    """The rules file, the workloads and the GPU utilization dashboards as `python3 -m dashboards` makes them from
+    the registry now."""
+    from dashboards import gpu_utilization, rules, workloads
+    from dashboards.__main__ import render
+
+    return rules.render(RULES_FILE.read_text()), render(workloads), render(gpu_utilization)
+
+
+def test_regenerating_the_rules_and_dashboards_gives_the_committed_files_byte_for_byte():
+    made_rules, made_workloads, made_utilization = _generated()
+    assert made_rules == RULES_FILE.read_text()
+    assert made_workloads == (ROOT / "dashboards" / "generated" / "workloads.json").read_text()
+    assert made_utilization == (ROOT / "dashboards" / "generated" / "gpu-utilization.json").read_text()
+
+
+def test_a_registered_kind_is_rolled_up_named_looked_up_and_tabled_in_what_the_generator_makes(ray_registered, tmp_path):
+    """The Ray kind, registered from the test suite only: its one-label groupings rolled up (exact rules), the alert
+    naming an actor by its labels after the kinds before it and looking its series up on its labels too, the dashboard's
+    table of actors, joins and legends; promtool takes the rules. Mutants: a grouping of several labels ruled; a kind's
+    label left out of the lookups; the alert's kinds nested in another order."""
+    import shutil
+    import subprocess
+
+    made_rules, made_dashboard, made_utilization = _generated()
+    assert made_rules != RULES_FILE.read_text()
+    recorded = {rule["record"]: rule["expr"] for group in yaml.safe_load(made_rules)["groups"] for rule in group["rules"]
+                if group["name"] == "gpu-workload-recording"}
+    assert recorded["ray_actor:gpu_workload_busy_gpu_seconds:rate5m"] == \
+        "sum by (ray_actor, basis) (increase(gpu_workload_busy_gpu_seconds_total[5m])) / 300"
+    assert recorded["ray_job:gpu_workload_held_without_sm_active_gpu_seconds:rate5m"] == (
+        "sum by (ray_job) (increase(gpu_workload_held_gpu_seconds_total[5m]) unless ignoring (basis) "
+        "increase(gpu_workload_sm_active_gpu_seconds_total[5m])) / 300")
+    assert recorded["ray_actor:gpu_workload_ledger_gpu_seconds:rate5m"] == \
+        "sum by (ray_actor, cell) (increase(gpu_workload_ledger_gpu_seconds_total[5m])) / 300"
+    assert not any(name.startswith(("pod:", "container:")) for name in recorded)
+    assert len(recorded) == 1 + 9 * 8 + 4  # heartbeat; 9 rollups of node, model and six holder groupings; GPU ledgers
+    held_idle = next(rule for group in yaml.safe_load(made_rules)["groups"] for rule in group["rules"]
+                     if rule.get("alert") == "GPUHeldIdle")["annotations"]
+    assert held_idle["summary"].startswith(
+        "{{ with $labels.container }}{{ $labels.namespace }}/{{ $labels.pod }}/{{ $labels.container }}"
+        "{{ with $labels.claim }} (claim {{ . }}){{ end }}{{ else }}{{ with $labels.hpc_job }}Slurm job {{ . }}{{ else }}"
+        "{{ with $labels.user }}user {{ . }}{{ else }}{{ with $labels.ray_actor }}{{ $labels.ray_job }}/"
+        "{{ $labels.ray_actor }}{{ end }}{{ end }}{{ end }}{{ end }} holds GPU")
+    assert "ray_job='%s',ray_actor='%s'}\" $labels.instance" in held_idle["idle_for"]
+    assert held_idle["held_share"].count("$labels.ray_actor") == 1
+    assert "Ray actors: GPU-hours over the range" in made_dashboard
+    assert "sum by (ray_actor) (increase(gpu_workload_held_gpu_seconds_total{instance=~\\\"$host\\\", ray_actor!=" in made_dashboard
+    assert "{{namespace}}/{{pod}}{{hpc_job}}{{user}}{{ray_job}}/{{ray_actor}} time" in made_dashboard
+    assert "on (instance, uuid, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor)" in made_dashboard
+    assert "sum by (instance, gpu, namespace, pod, container, claim, hpc_job, user, ray_job, ray_actor, basis)" in \
+        made_utilization  # holders by their own hidden idle
+    if shutil.which("promtool"):
+        (tmp_path / "rules.yaml").write_text(made_rules)
+        done = subprocess.run(["promtool", "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
 
 
 # -- exporter/holders.py -------------------------------------------------------------------------------
@@ -226,6 +291,7 @@ def test_gpu_pod_info_is_the_joined_holders_that_are_pods_once_per_resource_and_
                     ("GPU-a", "ml", "train", "c", "gpu.nvidia.com"): 1.0,
                     ("GPU-a", "ml", "train", "c", "nvidia.com/gpu"): 1.0}
     assert pods == {"GPU-a": 2.0, "GPU-b": 0.0}  # GPU-c: no kind of pods answered for it
+    assert set(kubelet.to_json()["gpus"]) == {"GPU-a"}  # the API lists what is held, as before
     assert _pod_series({"kubelet": Holdings(gpus=kubelet.gpus, error="gone"), "slurm": slurm}) == ({}, {})
     # beyond the holder limit the rest is one pod="other" series with their count; gpu_pods counts them all
     info, pods = _pod_series({"kubelet": kubelet}, series_limit=2)

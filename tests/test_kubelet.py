@@ -9,12 +9,13 @@ import pytest
 
 from exporter.kubelet import podresources_pb2 as pb
 from exporter.samplers.dra import MAX_CONTAINERS, MAX_DEVICES
-from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, DeviceMap, PodRef, attribute,
+from exporter.samplers.kubelet import (ALLOCATABLE_FIELDS_PER_DEVICE, MAX_RESOURCE_NAME_BYTES, DeviceMap, PodRef, attribute,
                                        cgroup_container_id, read_allocatable, read_pods)
 from exporter.samplers.kubelet import held_shares, mig_holdings
 from exporter.snapshot import DeviceTelemetry, GpuIdentity, MigDevice
 from tests.helpers import FIXTURES, Exporter, http_get, parse_metrics, wait_for
-from tests.kubelet_server import GPU, SLICED_UUID as UUID, GarbageServer, claim_pod, ids_of_size, kubernetes_node, pod
+from tests.kubelet_server import (GPU, SLICED_UUID as UUID, GarbageServer, claim_pod, ids_of_size, kubernetes_node,
+                                  large_node, node_replicas, padded_to, pod)
 
 
 # -- device IDs -> GPUs ----------------------------------------------------------------------------
@@ -208,9 +209,9 @@ def test_the_list_walk_stops_at_its_fields_budget_keeping_the_pods_it_read_whole
     assert read_pods(answer, fields=0) == ([], Unread.FIELDS)
 
 
-def kubelet_sampler(tmp_path, pods, allocatable=None):
+def kubelet_sampler(tmp_path, pods, allocatable=None, **options):
     """A started kubelet (real gRPC) listing `pods` (and `allocatable`: tests/kubelet_server.py), and a
-    kubelet sampler of the replayed H100 asking it."""
+    kubelet sampler of the replayed H100 asking it (KubeletSampler's `options`)."""
     from exporter.nvml_replay import ReplayNvml
     from exporter.samplers.kubelet import KubeletSampler
     from exporter.samplers.nvml import NvmlSampler
@@ -220,7 +221,7 @@ def kubelet_sampler(tmp_path, pods, allocatable=None):
     server.start()
     nvml = NvmlSampler(ReplayNvml(tmp_path / "nvml.json"))
     nvml.tick()
-    return server, KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None)
+    return server, KubeletSampler(server.path, nvml, proc_root=str(tmp_path / "proc"), container_logs=None, **options)
 
 
 def test_a_kubelet_listing_more_pods_than_are_read_or_garbled_ones_is_the_ticks_problem(tmp_path):
@@ -266,6 +267,13 @@ def test_an_allocatable_answer_is_walked_up_to_its_bounds():
     assert read_allocatable(b"\x20\x01" * (2 * ALLOCATABLE_FIELDS_PER_DEVICE - 4) + one, limit=2) == ([], True)
     twice = allocatable(("nvidia.com/gpu", ["a", "b"]), ("nvidia.com/gpu", ["b"]))  # the limit, then one listed again
     assert read_allocatable(twice, limit=2) == (["a", "b"], False)
+    # an entry keeps `limit` spans until its name is known: one more ID (a duplicate too) lists more than is read
+    assert read_allocatable(allocatable(("nvidia.com/gpu", ["a", "a"])), limit=2) == (["a"], False)
+    assert read_allocatable(allocatable(("nvidia.com/gpu", ["a", "a", "b"])), limit=2) == (["a"], True)
+    # a resource name of Kubernetes' longest is read, one byte longer is no resource's
+    longest = "nvidia.com/" + "g" * (MAX_RESOURCE_NAME_BYTES - len("nvidia.com/"))
+    assert read_allocatable(allocatable((longest, ["a"])), limit=2) == (["a"], False)
+    assert read_allocatable(allocatable((longest + "g", ["a"])), limit=2) == ([], False)
     for garbage in (answer[:-1], b"\x0d\x00\x00\x00\x00", b"\x0a" + b"\xff" * 11, b"\x0a\x03\x12\x05ab",
                     b"\x0a\x04\x0a\x02\xff\xfe"):  # cut, fixed32, a long varint, an ID past its entry, no UTF-8
         with pytest.raises((ValueError, IndexError)):
@@ -325,8 +333,8 @@ def test_a_hostile_allocatable_answer_is_read_bounded_and_said_once(tmp_path, ca
                f"{MAX_MESSAGE_BYTES} bytes" in caplog.records[-1].getMessage()
         answer = hostile.SerializeToString()
         (ids, more), peak = traced_peak(read_allocatable, answer)
-        # what a bounded walk keeps: MAX_DEVICES strings, or the spans of as many fields as it walks (4 MB)
-        assert more and len(ids) <= MAX_DEVICES and peak < 8 * 1024 * 1024, peak
+        # what a bounded walk keeps: MAX_DEVICES strings or spans (0.5 MB); a span per field walked was 4 MB
+        assert more and len(ids) <= MAX_DEVICES and peak < 1024 * 1024, peak
     finally:
         sampler.close()
         server.stop()
@@ -357,7 +365,8 @@ def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog)
     counted = f"the kubelet lists {walked + 1} device IDs: only the first {MAX_DEVICES} are read"
     cut = f"the kubelet's List answer is walked no further than its first {LIST_FIELDS} fields (1 pods read whole): " \
           "the pod it stopped in and what it lists after it are neither read nor counted"
-    big = lambda count: pod("ns", "p", {"c": [(GPU, [f"{UUID}::{i}" for i in range(1, count + 1)])]})
+    # index-style IDs (GPU 0's replicas): the budget's worth of them fits in the receive cap
+    big = lambda count: pod("ns", "p", {"c": [(GPU, [f"0::{i}" for i in range(1, count + 1)])]})
     server, sampler = kubelet_sampler(tmp_path, [ok, big(walked)])
     only_ok = (PodRef("ns", "ok", "c", GPU),)
     try:
@@ -371,7 +380,7 @@ def test_a_hostile_list_answer_is_walked_bounded_and_said_once(tmp_path, caplog)
         sampler.tick()
         assert sampler.health.error == cut and sampler.snapshot.pods[UUID] == only_ok
         trainer = pb.ContainerResources(name="trainer", devices=[pb.ContainerDevices(
-            resource_name=GPU, device_ids=[f"{UUID}::{i}" for i in range(1, walked + 2)])]).SerializeToString()
+            resource_name=GPU, device_ids=[f"0::{i}" for i in range(1, walked + 2)])]).SerializeToString()
         ok_bytes = pb.ListPodResourcesResponse(pod_resources=[ok]).SerializeToString()
         for late in (wire(3, trainer) + wire(1, b"late") + wire(2, b"team"),  # named after its containers
                      wire(1, b"first") + wire(2, b"team") + wire(3, trainer) + wire(1, b"last")):  # named again
@@ -599,6 +608,11 @@ def test_pid_series_are_opt_in_and_the_limit_folds_the_rest(node):
     ("claim name", 253, lambda n: claim_pod("ns", "p", {"c": [(n, [("gpu-0", None)])]})),
     ("claim namespace", 63, lambda n: pb.PodResources(namespace="ns", name="p", containers=[pb.ContainerResources(
         name="c", dynamic_resources=[pb.DynamicResource(claim_name="x", claim_namespace=n)])])),
+    # a claim device's strings, decoded whole before: a DRA driver, pool or device name, a share's UID
+    ("driver name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", None)], n, "pool")]})),
+    ("pool name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", None)], "gpu.nvidia.com", n)]})),
+    ("device name", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [(n, None)])]})),
+    ("share id", 253, lambda n: claim_pod("ns", "p", {"c": [("x", [("gpu-0", n)])]})),
 ])
 def test_a_name_longer_than_kubernetes_allows_refuses_its_pod(what, bound, build):
     """Kubernetes bounds a pod or claim name at 253 bytes, a namespace or container name at 63, a
@@ -619,7 +633,7 @@ def test_huge_names_and_device_ids_from_the_kubelet_are_refused_or_shown_short(t
     """Over the real gRPC kubelet: one pod named with 16 MiB (every /metrics was 268 MB), then three of 4 MiB,
     are refused in one counted problem, the other pod still attributed; eleven unknown device IDs of 1.4 MB
     (a 14 MB health text served to every /api/v1/gpus) are each shown by their first bytes and size, and the
-    whole text stays within MAX_HEALTH_CHARS."""
+    whole text stays within MAX_HEALTH_CHARS. (Each as large as the receive cap lets it be.)"""
     from exporter.samplers.kubelet import MAX_HEALTH_CHARS, MAX_MESSAGE_BYTES
 
     ok = pod("ns", "ok", {"c": [(GPU, [UUID])]})
@@ -631,16 +645,132 @@ def test_huge_names_and_device_ids_from_the_kubelet_are_refused_or_shown_short(t
         assert sampler.health.error == f"the kubelet lists 1 pods with a name longer than Kubernetes allows (first: a " \
                                        f"pod name of {MAX_MESSAGE_BYTES - 4096} bytes): refused, what they hold is unattributed"
         # a namespace, and a container name one byte too long: the first says why
-        server.service.pods = [ok, *(pod("n" * 4 * 2**20, f"p{i}", {"c" * 64: [(GPU, [f"{UUID}::1"])]}) for i in range(3))]
+        third = MAX_MESSAGE_BYTES // 3 - 4096
+        server.service.pods = [ok, *(pod("n" * third, f"p{i}", {"c" * 64: [(GPU, [f"{UUID}::1"])]}) for i in range(3))]
         sampler.tick()
         assert sampler.snapshot.pods[UUID] == attributed and sampler.health.error.startswith(
-            f"the kubelet lists 3 pods with a name longer than Kubernetes allows (first: a namespace of {4 * 2**20} bytes)")
-        huge = 1468006
+            f"the kubelet lists 3 pods with a name longer than Kubernetes allows (first: a namespace of {third} bytes)")
+        huge = MAX_MESSAGE_BYTES // 11 - 4096
         server.service.pods = [ok, *(pod("ns", f"g{i}", {"c": [(GPU, [f"GPU-{i}" + "x" * (huge - 5)])]}) for i in range(11))]
         sampler.tick()
         assert sampler.snapshot.pods[UUID] == attributed and len(sampler.health.error) <= MAX_HEALTH_CHARS
         assert sampler.health.error.count(f"...({huge} bytes)' of {GPU} held by ns/g") == 10
         assert sampler.health.error.endswith("and 1 more device IDs that are no GPU here")
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def test_answers_past_the_receive_cap_are_refused_before_they_are_read(tmp_path, caplog):
+    """Both calls over the real gRPC kubelet at the default cap, byte for byte: a List answer of exactly
+    MAX_MESSAGE_BYTES is read, one byte more is refused by gRPC from its length prefix (an answer at the
+    old 16 MiB cap cost the exporter ~80 MB): the tick fails, the pods read before are withdrawn, and
+    the one log line names the flag that raises the cap. An Allocatable answer past it leaves a
+    replica's share unknown, as from a kubelet without the call, in one line naming the flag too."""
+    import logging
+
+    from exporter.holders import Holder
+    from exporter.samplers.kubelet import ANSWER_FLAG, MAX_MESSAGE_BYTES
+
+    listed = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]).SerializeToString()
+    offered = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(
+        resource_name=GPU, device_ids=[f"{UUID}::{i}" for i in range(4)])]).SerializeToString()
+    server, sampler = kubelet_sampler(tmp_path, [], padded_to(offered, MAX_MESSAGE_BYTES))
+    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share
+    try:
+        server.service.raw = padded_to(listed, MAX_MESSAGE_BYTES)
+        sampler.tick()
+        assert sampler.health.success and share() == 0.25
+        server.service.allocatable = padded_to(offered, MAX_MESSAGE_BYTES + 1)
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+            sampler.tick()
+        assert sampler.health.success and share() is None and sampler.snapshot.pods[UUID]
+        said = [r.getMessage() for r in caplog.records if "GetAllocatableResources failed" in r.getMessage()]
+        assert len(said) == 1 and f"an answer over {MAX_MESSAGE_BYTES} bytes: raise {ANSWER_FLAG}" in said[0]
+        server.service.raw = padded_to(listed, MAX_MESSAGE_BYTES + 1)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, "exporter.samplers.kubelet"):
+            sampler.tick()
+            sampler.tick()
+        assert not sampler.health.success and sampler.snapshot.pods == {} and sampler.holdings.gpus == {}
+        assert sampler.health.error.endswith(f"failed: RESOURCE_EXHAUSTED: an answer over {MAX_MESSAGE_BYTES} bytes: "
+                                             f"raise {ANSWER_FLAG} where a device plugin lists a device per MiB of "
+                                             "GPU memory (it costs ~3 times the cap at its peak)")
+        assert sum(ANSWER_FLAG in r.getMessage() for r in caplog.records) == 1  # once, not per tick
+        server.service.raw = padded_to(listed, MAX_MESSAGE_BYTES)
+        sampler.tick()
+        assert sampler.health.success and sampler.snapshot.pods[UUID]
+    finally:
+        sampler.close()
+        server.stop()
+
+
+def test_the_receive_cap_is_the_flags_from_outside(node):
+    """The real exporter with --kubelet-max-answer-bytes 64K: a List answer of exactly 64 KiB is read, one
+    byte more refused (pods gone from /metrics, kubelet success 0, one log line naming the flag over
+    several ticks), the cap's own size read again after it."""
+    server, args = node
+    cap = 64 * 1024
+    listed = pb.ListPodResourcesResponse(pod_resources=[pod("team-b", "notebook", {"nb": [(GPU, [UUID])]})]).SerializeToString()
+    server.service.raw = padded_to(listed, cap)
+    server.start()
+    with Exporter(*args, "--kubelet-max-answer-bytes", "64K") as exporter:
+        settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "an answer of exactly the cap")
+        server.service.raw = padded_to(listed, cap + 1)
+        samples = settle(exporter, lambda s: kubelet_success(s) == 0.0, "one byte past the cap refused")
+        assert not pods_of(samples) and "gpu_pods" not in samples
+        calls = server.service.calls
+        wait_for(lambda: server.service.calls >= calls + 3, 15, 0.1, "three more refused answers")
+        assert exporter.log().count("--kubelet-max-answer-bytes") == 1
+        assert f"RESOURCE_EXHAUSTED: an answer over {cap} bytes" in exporter.log()
+        server.service.raw = padded_to(listed, cap)
+        settle(exporter, lambda s: pods_of(s) and kubelet_success(s) == 1.0, "the cap's size read again")
+
+
+def test_the_receive_caps_flag_is_refused_past_its_bounds():
+    """At least 4 KiB (a smaller cap refuses every real answer), at most gRPC's int32 message length."""
+    from exporter.config import parse_args
+
+    for accepted, value in (("4096", 4096), ("4K", 4096), ("16M", 16 << 20), (str(2**31 - 1), 2**31 - 1)):
+        assert parse_args(["--kubelet-max-answer-bytes", accepted]).kubelet_max_answer_bytes == value
+    for refused in ("4095", str(2**31), "2G", "lots"):
+        with pytest.raises(SystemExit):
+            parse_args(["--kubelet-max-answer-bytes", refused])
+
+
+def test_the_default_cap_holds_a_large_node_tenfold_and_costs_under_10_mb():
+    """A pessimistic large node (250 pods of three containers, exclusive CPUs, 8 GPUs of 48 replicas) answers
+    71 KB: the default cap holds ten times that. A List and an Allocatable answer at the cap in one tick
+    cost the exporter ~5 times the cap at the peak (`python3 bench/kube_attacks.py --only both_at_cap`:
+    1 MiB +5.6 MB, 2 MiB +10.6 MB): under the 10 MB a hostile kubelet may cost."""
+    from exporter.samplers.kubelet import MAX_MESSAGE_BYTES
+
+    answer = pb.ListPodResourcesResponse(pod_resources=large_node(250, node_replicas(8, 48))).SerializeToString()
+    assert 10 * len(answer) <= MAX_MESSAGE_BYTES and 5 * MAX_MESSAGE_BYTES <= 10 * 1000 * 1000
+
+
+def test_an_allocatable_device_id_past_its_bound_is_no_gpus_replica(tmp_path):
+    """read_allocatable takes a device ID as List shows it: one of MAX_DEVICE_ID_BYTES is a replica of its
+    GPU (two offered: a pod holding one holds half), one byte longer is no GPU's (kept short, never
+    decoded whole): the GPU offers one replica, held whole."""
+    from exporter.holders import Holder
+    from exporter.samplers.kubelet import MAX_DEVICE_ID_BYTES, SHOWN_BYTES
+
+    def offered(length: int) -> list:
+        digits = length - len(UUID) - 2
+        return [(GPU, [f"{UUID}::0", f"{UUID}::{1:0{digits}d}"])]
+
+    server, sampler = kubelet_sampler(tmp_path, [pod("ns", "p", {"c": [(GPU, [f"{UUID}::0"])]})], offered(MAX_DEVICE_ID_BYTES))
+    share = lambda: sampler.holdings.gpus[UUID][Holder("ns", "p", "c")].share
+    try:
+        sampler.tick()
+        assert share() == 0.5
+        server.service.allocatable = offered(MAX_DEVICE_ID_BYTES + 1)
+        sampler.tick()
+        assert share() == 1.0
+        long = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(resource_name=GPU, device_ids=["x" * 10**6])])
+        assert read_allocatable(long.SerializeToString()) == (["x" * SHOWN_BYTES + f"...({10**6} bytes)"], False)
     finally:
         sampler.close()
         server.stop()

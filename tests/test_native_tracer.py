@@ -47,12 +47,12 @@ def kernel(start, end, grid=(1, 1, 1), block=(1, 1, 1), registers=0, shared=0, d
     return bytes(r)
 
 
-def copy(start, end, copy_kind, device=0, kind=1):
+def copy(start, end, copy_kind, device=0, kind=1, stream=0):
     """A MEMCPY (kind 1, copyKind at byte 4: 1 HtoD, 8 DtoD) or MEMSET (kind 2) record."""
     r = bytearray(COPY_SIZE)
     struct.pack_into("<IB", r, 0, kind, copy_kind)
     struct.pack_into("<QQ", r, 16, start, end)
-    struct.pack_into("<II", r, 32, device, 1)
+    struct.pack_into("<III", r, 32, device, 1, stream)
     return bytes(r)
 
 
@@ -319,6 +319,38 @@ def test_a_gap_between_queued_kernels_of_one_stream_is_busy_time(lib, gap_ns, qu
     if stream == 7:  # (on stream 8 the second kernel is that stream's first, and it waited: a backlog)
         assert gpu["sm_seconds"] == pytest.approx(kernels / 1e9 * 0.25, abs=1e-9)  # a gap holds no SMs
         assert gpu["busy_s"] == pytest.approx((kernels + (gap_ns if counted else 0)) / 1e9, abs=1e-12)
+
+
+TURN_NS = 3 * US
+
+
+@pytest.mark.parametrize("gap_ns, stream, second_is_copy, counted", [
+    (TURN_NS, 7, False, True),  # no queued timestamps: a turn this short was work queued behind the first
+    (TURN_NS + 1, 7, False, False),  # longer: it may have been launched into an idle stream
+    (1, 8, False, False),  # another stream: no order between them
+    (TURN_NS, 7, True, True),  # a device copy queued behind a kernel turns the same way
+])
+def test_without_queued_timestamps_a_short_turn_of_one_stream_is_busy_time(lib, gap_ns, stream, second_is_copy,
+                                                                            counted):
+    first = kernel(LO + 2 * MS, LO + 10 * MS, (33, 1, 1), (32, 1, 1), queued=0)
+    if second_is_copy:
+        [gpu], _ = window(lib, [first], [copy(LO + 10 * MS + gap_ns, LO + 20 * MS, 8, stream=stream)])
+        assert gpu["sm_copy_busy_s"] == pytest.approx((10 * MS - gap_ns) / 1e9, abs=1e-12)
+    else:
+        [gpu], _ = window(lib, [kernel(LO + 10 * MS + gap_ns, LO + 20 * MS, (33, 1, 1), (32, 1, 1), queued=0,
+                                       stream=stream), first])
+    assert gpu["queue_gap_s"] == pytest.approx(gap_ns / 1e9 if counted else 0.0, abs=1e-12)
+    assert gpu["busy_s"] == pytest.approx((18 * MS - gap_ns + (gap_ns if counted else 0)) / 1e9, abs=1e-12)
+    assert gpu["backlog_busy_s"] == 0.0  # without queued timestamps no stream is known to have waited
+
+
+def test_queued_timestamps_decide_over_the_turn_rule(lib):
+    """A gap shorter than a turn, but the second kernel was launched after the first ended: the stream was
+    idle (the rule without timestamps would have counted it)."""
+    first = kernel(LO + 2 * MS, LO + 10 * MS, (33, 1, 1), (32, 1, 1), queued=LO + 2 * MS)
+    second = kernel(LO + 10 * MS + US, LO + 20 * MS, (33, 1, 1), (32, 1, 1), queued=LO + 10 * MS + 1)
+    [gpu], _ = window(lib, [first, second])
+    assert gpu["queue_gap_s"] == 0.0
 
 
 def test_a_kernel_still_running_at_the_flush_is_not_counted_but_its_stream_is_followed(lib):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
-from exporter.config import api_server, duration
+from exporter.config import api_server, at_least, duration, size
 from exporter.holders import MIG, REPLICAS, WHOLE, Held, Holder, HolderSampler, Holdings, weakest_basis
 from exporter.samplers.cgroups import ProcFileOwners, gpu_pids
 from exporter.samplers.dra import (MAX_CONTAINERS, MAX_DEVICES, MAX_PROBLEMS, NVIDIA_DRIVER, ApiView, DraDevices, attribute_claims,
@@ -36,13 +36,18 @@ RESOURCE_PREFIX = "nvidia.com/"
 # The JSON API lists at most this many holders per GPU (and says how many it left out): a kubelet may
 # answer 16 MB of pods, and every GET would serialise them all. /metrics folds them (--holder-series-limit).
 API_PODS_PER_GPU = 256
-# What gRPC receives of one answer. 250 pods of two containers answer 23 KB, but a device plugin
-# offering one device per MiB of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB ListAndWatch)
-# lists tens of thousands of IDs per pod; the kubelet and containerd give their own gRPC clients 16 MiB.
-# At the cap, measured from outside: a List answer of one pod of 1.5 million IDs (walked, its first
-# LIST_FIELDS fields) takes the exporter to 128-136 MB at its peak, an Allocatable answer to 135 MB
-# (bench/RESULTS.md): what is left is gRPC receiving the answer.
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# What gRPC receives of one answer, by default (--kubelet-max-answer-bytes). gRPC refuses a longer one
+# from its length prefix, before buffering it (40 MiB over a 2 MiB cap: +1.4 MB RSS); one it takes costs
+# ~3 times its size at the peak, its slices and then Python bytes (1 MiB +3.8 MB, 2 MiB +5.9 MB, 16 MiB
+# +48 MB: `python3 bench/kubelet_list_memory.py --cap ...`), a List and an Allocatable answer at the cap
+# in one tick ~5 times (the first one's freed memory stays resident: 2 MiB +10.6 MB, 1 MiB +5.6 MB in the
+# exporter, bench/kube_attacks.py), so the default keeps a hostile kubelet under 10 MB. A large real node
+# answers far less: 110 pods of three containers with exclusive CPUs and 8 GPUs of 16 time-slicing
+# replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3 bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB of GPU memory (volcano's
+# vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and pays what it costs.
+MAX_MESSAGE_BYTES = 1024 * 1024
+ANSWER_FLAG = "--kubelet-max-answer-bytes"
+GRPC_MAX_BYTES = 2**31 - 1  # gRPC's own limit: a message length is an int32
 # read_allocatable's walk: an entry per device (and NUMA node) of resource name, ID and topology, twice
 # over for a device on two NUMA nodes.
 ALLOCATABLE_FIELDS_PER_DEVICE = 8
@@ -439,7 +444,8 @@ class ListReader(WireWalk):
     def claim_device(self, span, device: ClaimDevice) -> None:
         for number, inner in self.walk(span):
             if inner is not NO_SPAN and number in CLAIM_DEVICE_FIELDS:
-                setattr(device, CLAIM_DEVICE_FIELDS[number], self.text(inner))
+                what = CLAIM_DEVICE_FIELDS[number]  # a driver, pool or device name, a share's UID: none is longer
+                setattr(device, what, self.name(inner, MAX_NAME_BYTES, what.replace("_", " ")))
 
 
 CLAIM_DEVICE_FIELDS = {2: "driver_name", 3: "pool_name", 4: "device_name", 5: "share_id"}  # 1: CDI devices, unread
@@ -480,26 +486,34 @@ def read_allocatable(answer: bytes, limit: int = MAX_DEVICES) -> tuple[list[str]
     `limit`, and whether it lists more. Walked on the wire, never parsed whole: 16 MiB of IDs would be
     millions of Python strings. The walk also stops after ALLOCATABLE_FIELDS_PER_DEVICE * `limit` fields
     of any kind (the kubelet sends an entry of 3 fields per device and NUMA node), so an answer costs
-    what `limit` devices cost, whatever its size."""
+    what `limit` devices cost, whatever its size; an entry listing more than `limit` IDs (duplicates
+    too) lists more. An ID longer than MAX_DEVICE_ID_BYTES is no GPU's: it is kept as List shows it
+    (WireWalk.shown), never decoded whole nor counted as a GPU's replica; an entry whose resource name is
+    longer than Kubernetes allows is no NVIDIA resource's."""
     ids: dict[str, None] = {}  # an ordered set: a device on two NUMA nodes is listed twice
     reader = WireWalk(answer, ALLOCATABLE_FIELDS_PER_DEVICE * limit)
     try:
         for number, span in reader.walk((0, len(answer))):
             if number != 1 or span is NO_SPAN:  # cpu_ids, memory: not read
                 continue
-            resource, listed = "", []
+            resource, listed, cut = "", [], False
             for inner, field in reader.walk(span):
                 if inner == 1 and field is not NO_SPAN:  # resource_name: the last one counts, as in protobuf
-                    resource = reader.text(field)
-                elif inner == 2 and field is not NO_SPAN:  # device_ids
-                    listed.append(field)
+                    too_long = field[1] - field[0] > MAX_RESOURCE_NAME_BYTES  # no resource's: its IDs are skipped
+                    resource = "" if too_long else reader.text(field)
+                elif inner == 2 and field is not NO_SPAN:  # device_ids, kept until the name is known
+                    cut = cut or len(listed) == limit  # at most `limit` spans, not one per ID walked (4 MB)
+                    if not cut:
+                        listed.append(field)
             if not resource.startswith(RESOURCE_PREFIX):
                 continue
             for field in listed:
-                device_id = reader.text(field)
+                device_id = reader.shown(field)  # as List shows it: one too long is no GPU's, never decoded
                 if device_id not in ids and len(ids) == limit:
                     return list(ids), True
                 ids[device_id] = None
+            if cut:  # an entry listing more than `limit` IDs lists more than are read
+                return list(ids), True
     except _WalkSpent:
         return list(ids), True
     return list(ids), False
@@ -575,8 +589,9 @@ class KubeletSampler(HolderSampler):
     name = "kubelet"
 
     def __init__(self, socket_path: str, nvml, proc_root="/proc", container_logs: str | None = DEFAULT_CONTAINER_LOGS,
-                 interval: float = 5.0, timeout: float = 2.0, api=None):
+                 interval: float = 5.0, timeout: float = 2.0, api=None, max_answer_bytes: int = MAX_MESSAGE_BYTES):
         self.socket_path = socket_path
+        self.max_answer_bytes = max_answer_bytes
         self.api = api  # exporter.kubernetes_api.KubernetesApi, or None (--kubernetes-api off, or no cluster)
         self._api_view = ApiView()
         self.nvml = nvml
@@ -598,7 +613,7 @@ class KubeletSampler(HolderSampler):
             from exporter.kubelet import podresources_pb2
 
             self._channel = grpc.insecure_channel(f"unix://{self.socket_path}", options=[
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)])
+                ("grpc.max_receive_message_length", self.max_answer_bytes)])
             self._list = self._channel.unary_unary(  # the answer's bytes: read_pods walks them
                 "/v1.PodResourcesLister/List",
                 request_serializer=podresources_pb2.ListPodResourcesRequest.SerializeToString)
@@ -639,6 +654,10 @@ class KubeletSampler(HolderSampler):
         problems.extend(found.problems)
         return found
 
+    def over_cap(self) -> str:
+        return (f"an answer over {self.max_answer_bytes} bytes: raise {ANSWER_FLAG} where a device plugin lists "
+                "a device per MiB of GPU memory (it costs ~3 times the cap at its peak)")
+
     def list_pods(self, refused: list[str] | None = None) -> tuple[list[Pod], Unread]:
         """The pods of a List answer that are read, and whether it lists more (read_pods, `refused` too)."""
         grpc = import_grpc()
@@ -651,6 +670,8 @@ class KubeletSampler(HolderSampler):
             if not os.path.exists(self.socket_path):
                 raise KubeletError(f"no kubelet pod-resources socket at {self.socket_path}: mount "
                                    "/var/lib/kubelet/pod-resources, or pass --kubelet-socket none", "missing") from None
+            if code == "RESOURCE_EXHAUSTED":  # gRPC's words name its option, not our flag
+                detail = self.over_cap()
             raise KubeletError(f"PodResources List on {self.socket_path} failed: {code}: {detail}", code) from None
         try:
             return read_pods(answer, refused=refused)
@@ -667,8 +688,7 @@ class KubeletSampler(HolderSampler):
             answer = self._allocatable(self._allocatable_request, timeout=self.timeout)
         except grpc.RpcError as exc:
             code = exc.code().name if hasattr(exc, "code") and exc.code() else "error"
-            why = (f"an answer over {MAX_MESSAGE_BYTES} bytes, as from a device plugin offering a device per MiB "
-                   "of memory" if code == "RESOURCE_EXHAUSTED" else
+            why = (self.over_cap() if code == "RESOURCE_EXHAUSTED" else
                    "KubeletPodResourcesGetAllocatable gate off, or a kubelet older than 1.23")
             self._log.problem("kubelet allocatable", f"GetAllocatableResources failed ({code}): the share of a "
                               f"time-slicing or MPS replica is unknown ({why})", kind=code)
@@ -772,6 +792,11 @@ LABELS = {"namespace": "the Kubernetes namespace of a container holder", "pod": 
           "container": "the container", "claim": "the DRA ResourceClaim the container holds the GPU through"}
 HELD_THROUGH = ("claim",)  # a DRA claim: held by its container, whose cgroup names the processes
 GROUPS = {"namespace": ("namespace",), "pod": ("namespace", "pod"), "claim": ("claim",)}  # report --by (not container)
+# the workloads dashboard's tables of GPU-hours: grouping -> (its groups called, where they come from, why none)
+PANELS = {"namespace": ("Namespaces", "", "no pod held a GPU in the range: outside Kubernetes (no kubelet PodResources "
+                                          "socket) no pod is known."),
+          "pod": ("Pods", "Each pod's own numbers, from its own processes: never its GPU's total.",
+                  "no pod held a GPU in the range (outside Kubernetes no pod is known).")}
 
 
 def add_arguments(parser) -> None:
@@ -783,6 +808,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--kubelet-container-logs", default="/var/log/containers",
                    help="the kubelet's container log links, whose names map a process's container ID to its pod "
                         "(only names are read); 'none' to label processes by command only")
+    g.add_argument(ANSWER_FLAG, type=at_least(size, 4096, "a size", GRPC_MAX_BYTES), default=MAX_MESSAGE_BYTES,
+                   help="the largest List or GetAllocatableResources answer read from the kubelet; a larger one is "
+                        "refused before it is received (List: no pods attributed, one log line). Raise it for a "
+                        "device plugin that lists a device per MiB of GPU memory: an answer costs ~3 times its size")
     g.add_argument("--kubernetes-api", type=api_server, default="auto",
                    help="the API server, for DRA claims on shared GPUs (consumed capacity) and device UUIDs: auto "
                         "(in a pod, through its service account), off, or a URL (e.g. kubectl proxy's "
@@ -806,7 +835,7 @@ def build(args, nvml, explicit: bool = False):
 
     return KubeletSampler(socket, nvml, proc_root=args.proc_root, container_logs=logs,
                           interval=args.kubelet_interval, timeout=min(2.0, args.kubelet_interval),
-                          api=kubernetes_api.build(args))
+                          api=kubernetes_api.build(args), max_answer_bytes=args.kubelet_max_answer_bytes)
 
 
 class KubeletError(Exception):

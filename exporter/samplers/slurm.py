@@ -137,6 +137,10 @@ class SlurmSampler(HolderSampler):
 
 SCHEDULER = True  # exporter/holders.py KINDS
 LABELS = {"hpc_job": "the batch job (Slurm job ID) holding the GPU"}  # label -> meaning, as dcgm-exporter names it
+HOLDER_NOUN = "Slurm job"  # one holder in a sentence (the GPUHeldIdle alert)
+PANELS = {"hpc_job": ("Slurm jobs", "Jobs from the job mapping directory (--hpc-job-mapping-dir), processes mapped "
+                                   "through their cgroups.",
+                     "the exporter runs without --hpc-job-mapping-dir, or no mapping file named a job in the range.")}
 
 
 def add_arguments(parser) -> None:

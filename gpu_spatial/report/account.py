@@ -53,9 +53,14 @@ EXACT_BASES = (EXACT, CTXSW)
 UNLABELLED_BASIS = {BUSY: NVML}  # exporters before the basis label: NVML was the only time share
 # --by choices of the GPUs (gpu: with each GPU's own ledger); the holders' are registered
 GPU_GROUPS = {"node": ("instance",), "gpu": ("instance", "uuid"), "model": ("model",)}
-# The groupings the shipped recording rules roll up (rules/gpu-utilization.rules.yaml; tests/test_report.py checks
-# them against it): the others (pods, a new kind's labels) are read from the raw counters.
-RULED = ("namespace", "hpc_job", "node", "model", "user", "claim")
+GPU_RULED = ("node", "model")  # the GPUs' groupings the recording rules roll up (not gpu: one series per GPU)
+
+
+def ruled() -> tuple[str, ...]:
+    """The --by choices the recording rules roll up (rules/gpu-utilization.rules.yaml, generated from the same
+    registry by dashboards/rules.py): the GPUs' node and model, and every holder grouping of one label. A
+    grouping of several (a pod, with its namespace) is read from the raw counters."""
+    return (*GPU_RULED, *(name for name, labels in report_groups().items() if len(labels) == 1))
 
 
 def group_labels() -> dict[str, tuple[str, ...]]:
@@ -66,7 +71,7 @@ def group_labels() -> dict[str, tuple[str, ...]]:
 
 def rule_label(by: str) -> str | None:
     """The label the rollups of a --by choice are kept by (None: no rollup; the counters answer)."""
-    return group_labels()[by][-1] if by in RULED else None
+    return group_labels()[by][-1] if by in ruled() else None
 HEARTBEAT = "gpu_workload:rollup_window_seconds"
 DAY = 86400.0
 MIN_SPLIT = 600.0  # seconds: below this a window that still exceeds the sample limit is the user's to narrow

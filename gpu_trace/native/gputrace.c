@@ -26,8 +26,9 @@
  *  - sm_copy_busy: device-to-device copies and memsets: they run on the SMs (a copy kernel of the driver's),
  *    counted as holding every SM the process may use;
  *  - queue gaps: between two kernels (or copies) of one stream, when the second was queued before the first
- *    ended, the GPU was turning from one to the next of this process's work (a few us each; a burst of
- *    small kernels has thousands): busy in time, as NVML and CUDA events count it, with no SMs held;
+ *    ended (without queued timestamps: when it started at most TURN_NS after), the GPU was turning from one
+ *    to the next of this process's work (a few us each; a burst of small kernels has thousands): busy in
+ *    time, as NVML and CUDA events count it, with no SMs held;
  *  - busy: the union of all of the above; sm_seconds: the integral of the SMs they hold (min 1 of the GPU);
  *  - copy_busy: host-device and peer copies, on the copy engines: no SMs.
  * A kernel's SMs come from its grid and resources (occupancy, as gpu_trace/occupancy.py), spread over the
@@ -82,6 +83,7 @@ static struct {
   cupti_timestamp_fn timestamp;
   cupti_void_fn finalize;
   cupti_u8_fn latency_timestamps;
+  cupti_u8_fn hw_trace;   /* Blackwell on: kernel timestamps from the GPU's hardware events, no instrumentation */
   cupti_result_string_fn result_string;
 } cupti;
 
@@ -93,8 +95,10 @@ static struct {
 #define DEFAULT_MAX_RECORDS (1u << 20) /* per window: 24 MiB at most, freed when the window ends */
 #define QUEUE_WAIT_NS 20000       /* a launch waits a few us on an idle stream; longer is work ahead of it */
 #define QUEUE_GAP_MAX_NS 100000   /* a longer gap between queued work is a wait on something else (an event) */
+#define TURN_NS 3000              /* without queued timestamps: see add_queue_gaps */
 #define SETTLE_NS 100000000LL     /* after the disable: kernels running across the end complete */
 #define MAX_WINDOW_S 120.0
+#define MAX_WARM_S 1.5            /* GPU_SPATIAL_TRACE_WARM_S: CUPTI enabled this long before the window opens */
 
 typedef struct {
   int sm_count;           /* what this process's device reports: under MPS, the SMs it may use */
@@ -147,6 +151,12 @@ static int debug_on(void) {
 static int switched_off(const char *name) {  /* GPU_SPATIAL_TRACE_DETACH=0 */
   const char *v = getenv(name);
   return v && *v == '0';
+}
+
+static double warm_seconds(void) {  /* GPU_SPATIAL_TRACE_WARM_S, 0 to MAX_WARM_S */
+  const char *v = getenv("GPU_SPATIAL_TRACE_WARM_S");
+  double s = v ? strtod(v, NULL) : 0.0;
+  return s > 0.0 ? (s < MAX_WARM_S ? s : MAX_WARM_S) : 0.0;  /* NaN and junk: 0 */
 }
 
 static int switched_on(const char *name) {  /* GPU_SPATIAL_TRACE_QUEUED=1 */
@@ -355,7 +365,12 @@ static int stream_order(const void *a, const void *b) {
   return x->start < y->start ? -1 : x->start > y->start;
 }
 
-/* Queue gaps: consecutive SM work of one stream, the second queued before the first ended. */
+/* Queue gaps: consecutive SM work of one stream, the second queued before the first ended. Where CUPTI did
+ * not collect queued timestamps (the default), a gap of at most TURN_NS is taken as such a turn: work queued
+ * behind a kernel starts 1-2 us after it ends on Hopper (the deep-queue client's 184,000 kernels a window:
+ * 2.3 us apart on average, bench/RESULTS.md), while work launched into an idle stream waits out the launch
+ * path (its submission alone takes longer); a gap that is not a turn but this short is at most TURN_NS of
+ * busy time per kernel. */
 static int add_queue_gaps(void) {
   size_t n = 0, total = W.count;
   record_t **order = malloc((total ? total : 1) * sizeof *order);
@@ -368,8 +383,9 @@ static int add_queue_gaps(void) {
   size_t g = 0;
   for (size_t i = 1; i < n; i++) {
     const record_t *a = order[i - 1], *b = order[i];
-    if (a->device != b->device || a->stream != b->stream || b->queued <= 0) continue;
-    if (b->queued <= a->end && b->start > a->end && b->start - a->end <= QUEUE_GAP_MAX_NS)
+    if (a->device != b->device || a->stream != b->stream || b->start <= a->end) continue;
+    int64_t gap = b->start - a->end;
+    if (b->queued > 0 ? b->queued <= a->end && gap <= QUEUE_GAP_MAX_NS : gap <= TURN_NS)
       gaps[g++] = (record_t){a->end, b->start, 0, 0.0f, a->stream, a->device, REC_QUEUE_GAP};
   }
   free(order);
@@ -596,6 +612,7 @@ static int load_cupti(const char *path) {
   SYM(timestamp, "cuptiGetTimestamp");
   SYM(finalize, "cuptiFinalize");
   SYM(latency_timestamps, "cuptiActivityEnableLatencyTimestamps");
+  SYM(hw_trace, "cuptiActivityEnableHWTrace");
   SYM(result_string, "cuptiGetResultString");
 #undef SYM
   if (!cupti.register_callbacks || !cupti.enable || !cupti.disable || !cupti.flush_all || !cupti.next_record ||
@@ -663,14 +680,31 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
     (int)getpid(), name, t_ - step_at); step_at = t_; } } while (0)
   uint64_t lo = 0, hi = 0;
   W.max_records = DEFAULT_MAX_RECORDS;
-  double host_start = wall_now();
-  cupti.timestamp(&lo);
-  window_open((int64_t)lo);
+  /* Hardware timestamps where the GPU has them (Blackwell): CUPTI then instruments no launch. Elsewhere it
+   * answers NOT_SUPPORTED and the window is traced as before. GPU_SPATIAL_TRACE_HW=0: never asked. */
+  if (cupti.hw_trace && !switched_off("GPU_SPATIAL_TRACE_HW")) {
+    int hw = cupti.hw_trace(1);
+    if (debug) fprintf(stderr, "gpu_trace[%d]: hardware trace %s (%d)\n", (int)getpid(), hw == 0 ? "on" : "off", hw);
+  }
   int rc = 0;
   size_t enabled = 0;
+  double warm = warm_seconds();  /* CUPTI's first launches after it attaches are slow: opt-in, outside */
+  double host_start = wall_now();
+  if (warm == 0.0) { cupti.timestamp(&lo); window_open((int64_t)lo); }
   for (; enabled < sizeof KINDS / sizeof *KINDS && rc == 0; enabled++)
     rc = check(cupti.enable(KINDS[enabled]), "cuptiActivityEnable");
   STEP("enable");
+  if (warm > 0.0) {  /* records of the warm-up come in the window's buffers: clipped to it like any other */
+    for (int64_t left = (int64_t)(warm * 1e9); rc == 0 && left > 0 && !(stop && *stop);) {
+      int64_t step = left < 20000000LL ? left : 20000000LL;
+      sleep_ns(step);
+      left -= step;
+    }
+    host_start = wall_now();
+    cupti.timestamp(&lo);
+    window_open((int64_t)lo);
+    STEP("warm");
+  }
   for (int64_t left = (int64_t)(seconds * 1e9); rc == 0 && left > 0 && !(stop && *stop) && !W.full;) {
     int64_t step = left < 20000000LL ? left : 20000000LL;  /* a stop or a full store is seen within 20 ms */
     sleep_ns(step);
