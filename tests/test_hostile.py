@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FIXTURES, ROOT, Exporter, free_port, wait_for
+from tests.helpers import FIXTURES, ROOT, Exporter, free_port, side_by_side, wait_for
 from tests.test_faults import Scraper  # /metrics answers in under a second throughout, or it fails
 
 sys.path.insert(0, str(ROOT / "tools"))
@@ -441,40 +441,52 @@ def test_metrics_answer_while_a_large_upload_is_read_and_a_leaving_client_stops_
     assert "Traceback" not in exporter.log()
 
 
-WATCHERS = 2  # exporters watching at once: a watch ticks once a second, each case waits for a tick
+WATCHERS = 3  # exporters watching at once: a watch ticks once a second, each case waits for a tick
+
+
+def watched_case_read(exporter: Exporter, path: Path, case: str) -> bool:
+    """Whether the exporter watching `path` has read it: published (its GPU alone), or refused in one line.
+    The collector's error lasts one tick (the next tick has nothing new to read): the log line stays."""
+    log = exporter.log()
+    if case in EXPORTER_REFUSED:
+        return any(path.name in line and REFUSED[case] in line for line in log.splitlines())
+    if f"published the last 5.0 s of {path.name}" not in log:
+        return False
+    assert {g["uuid"] for g in exporter.gpus()["gpus"]} == {UUID}, case
+    return True
 
 
 def test_every_case_in_the_watched_directory(tmp_path):
     """Each case, newer than the one before it in its directory, read by the exporter watching it: the
-    cases are dealt to WATCHERS exporters, each with its own directory, which read them side by side."""
+    cases are dealt to WATCHERS exporters, each with its own directory, each given its next case as soon
+    as it has read the last (not in step with the others: each waits for its own next tick)."""
     dealt = [list(enumerate(sorted(CASES)))[n::WATCHERS] for n in range(WATCHERS)]
     watches = [tmp_path / f"watch-{n}" for n in range(WATCHERS)]
+    for watch in watches:
+        watch.mkdir()
+    exporters = [Exporter("--no-nvml", "--no-mps", "--nsys-watch-dir", str(watch), "--interval", "0.5")
+                 for watch in watches]
     with contextlib.ExitStack() as stack:
-        exporters = []
-        for watch in watches:
-            watch.mkdir()
-            exporters.append(stack.enter_context(
-                Exporter("--no-nvml", "--no-mps", "--nsys-watch-dir", str(watch), "--interval", "0.5")))
+        stack.enter_context(side_by_side(*exporters))
         for exporter in exporters:
             stack.enter_context(Scraper(exporter))
-        for step in range(max(map(len, dealt))):
-            placed = []
-            for watch, exporter, cases in zip(watches, exporters, dealt):
-                if step < len(cases):
-                    i, case = cases[step]
+        queues = [list(cases) for cases in dealt]
+        placed: list = [None] * WATCHERS  # per watcher: (path, case, deadline) being read
+        while any(queues) or any(placed):
+            for n, (watch, exporter) in enumerate(zip(watches, exporters)):
+                if placed[n] is None and queues[n]:
+                    i, case = queues[n].pop(0)
                     path = watch / f"{i:02d}-{case}.sqlite"
                     shutil.copyfile(CORPUS / f"{case}.sqlite", path)
                     os.utime(path, (time.time() - 100 + i, time.time() - 100 + i))  # settled, and newer than the last
-                    placed.append((exporter, path, case))
-            for exporter, path, case in placed:
-                if case in EXPORTER_REFUSED:
-                    # The collector's error lasts one tick (the next tick has nothing new to read): the log line stays.
-                    wait_for(lambda: any(path.name in line and REFUSED[case] in line
-                                         for line in exporter.log().splitlines()), CASE_SECONDS, what=case)
-                else:
-                    wait_for(lambda: f"published the last 5.0 s of {path.name}" in exporter.log(), CASE_SECONDS,
-                             what=case)
-                    assert {g["uuid"] for g in exporter.gpus()["gpus"]} == {UUID}
+                    placed[n] = (path, case, time.monotonic() + CASE_SECONDS)
+                elif placed[n] is not None:
+                    path, case, deadline = placed[n]
+                    if watched_case_read(exporter, path, case):
+                        placed[n] = None
+                    else:
+                        assert time.monotonic() < deadline, f"{case} not read within {CASE_SECONDS} s"
+            time.sleep(0.05)
         for exporter in exporters:
             assert peak_rss_mb(exporter.proc.pid) < CASE_RSS_MB
     for watch, exporter, cases in zip(watches, exporters, dealt):
