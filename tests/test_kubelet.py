@@ -670,8 +670,9 @@ def test_answers_past_the_receive_cap_are_refused_before_they_are_read(tmp_path,
     import logging
 
     from exporter.holders import Holder
-    from exporter.samplers.kubelet import ANSWER_FLAG, MAX_MESSAGE_BYTES
+    from exporter.samplers.kubelet import ANSWER_FLAG
 
+    MAX_MESSAGE_BYTES = 1024 * 1024  # the documented default (docs/exporter.md, 1M), not the module's figure
     listed = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]).SerializeToString()
     offered = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(
         resource_name=GPU, device_ids=[f"{UUID}::{i}" for i in range(4)])]).SerializeToString()
