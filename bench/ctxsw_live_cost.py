@@ -54,10 +54,18 @@ def find_nsys(given: str | None) -> str:
         return found
     done = subprocess.run(["find", "/", "-xdev", "-type", "f", "-name", "nsys", "-path", "*target-linux-x64*"],
                           capture_output=True, text=True, timeout=300, check=False)
-    paths = done.stdout.split()
-    if not paths:
+    found = nsight_systems(done.stdout.split())
+    if found is None:
         raise SystemExit("nsys not found: give --nsys PATH")
-    return paths[0]
+    return found
+
+
+def nsight_systems(paths: list[str]) -> str | None:
+    """Nsight Systems' nsys among the files named nsys that a search found, the newest first: never the one Nsight
+    Compute carries (host/target-linux-x64/nsys, which wrote no report for a context-switch capture on the H200,
+    2026-11-28), whatever order the file system lists them in."""
+    usable = [p for p in paths if "nsight-compute" not in p]
+    return max(usable, key=lambda p: ("nsight-systems" in p, p), default=None)
 
 
 def environment() -> dict:

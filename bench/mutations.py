@@ -1552,6 +1552,9 @@ CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its 
     _m("combined-nan-as-zero", "nsys_ingest/ctxsw.py", "np.where(sampled, groups, 0.0).sum(axis=1) / np.where(counts > 0, counts, 1)",
        "np.where(sampled, groups, 0.0).sum(axis=1) / groups.shape[1]", ATTRIBUTION_COST,
        "a combined sample is the mean of what was sampled", function="_nanmean"),
+    _m("failed-window-counted", "tests/cost_summary.py", 'if s.get("state") != "active"), None)}',
+       'if False), None)}', CHILD_COST, "a window that was not attributed is said to be no measure of the source",
+       function="summary"),
     _m("child-startup-unsaid", "exporter/samplers/ctxsw.py", '+ (f" ({startup:.2f} s of it start-up)" if startup is not None else "")',
        '+ ""', CHILD_COST, "the child's start-up is said apart", function="CtxswSampler._attribution_cost"),
 )
