@@ -61,11 +61,12 @@ def find_nsys(given: str | None) -> str:
 
 
 def nsight_systems(paths: list[str]) -> str | None:
-    """Nsight Systems' nsys among the files named nsys that a search found, the newest first: never the one Nsight
-    Compute carries (host/target-linux-x64/nsys, which wrote no report for a context-switch capture on the H200,
-    2026-11-28), whatever order the file system lists them in."""
-    usable = [p for p in paths if "nsight-compute" not in p]
-    return max(usable, key=lambda p: ("nsight-systems" in p, p), default=None)
+    """The nsys to run among the files named nsys that a search found: Nsight Systems' own where it is installed,
+    else the copy Nsight Compute carries (host/target-linux-x64/nsys: Nsight Systems 2025.3.1, the only one on the
+    device's image, which records GPU context switches once its importer finds libdw: NSYS_EXTRA_LIB; without it
+    the capture ends 'nsys profile wrote no report', as in the device run of 2026-11-28 that carried no .device),
+    the newest first, whatever order the file system lists them in."""
+    return max(paths, key=lambda p: ("nsight-systems" in p, p), default=None)
 
 
 def environment() -> dict:
