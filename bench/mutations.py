@@ -1519,7 +1519,7 @@ CADENCE_47 = (
        ("tests/test_top.py::test_a_lost_gpu_reads_lost_without_figures_then_comes_back",), "top reads at --interval"),
 )
 ATTRIBUTION_COST = ("tests/test_ctxsw.py", "-k", "recorded or pandas or grouped or text_among or null_in or dram_active "
-                    "or combined_samples")
+                    "or combined_samples or catalogue")
 CHILD_COST = ("tests/test_cost.py", "-k", "windows_cost or sources_state")
 CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its samples grouped by SQLite
     _m("attribution-imports-pandas", "nsys_ingest/ctxsw.py", "import numpy as np\n",
@@ -1527,10 +1527,18 @@ CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its 
     _m("grouped-fetch-unbounded", "nsys_ingest/reader.py", "per_fetch = max(1, chunk_rows * 4 // (2 + 2 * width))",
        "per_fetch = max(1, chunk_rows)", ATTRIBUTION_COST, "a fetch holds as many cells as chunk_rows rows of 4",
        function="Export.sample_arrays"),
+    _m("tally-loads-numpy-ma", "nsys_ingest/ctxsw.py",
+       "tallied = np.fromiter((code in self._other_codes for code in codes.tolist()), bool, len(codes))",
+       "tallied = np.isin(codes, list(self._other_codes))", ATTRIBUTION_COST, "the attribution loads no numpy.ma",
+       function="_Slices._tally_others"),
     _m("grouped-text-summed", "nsys_ingest/reader.py", "        self._refuse_non_numbers(type_ids, metric_ids, where, params)\n",
        "", ATTRIBUTION_COST, "text among the metrics is refused, not summed as 0", function="Export.sample_arrays"),
-    _m("grouped-scale-dropped", "nsys_ingest/reader.py", '"when typeId = ? and metricId = ? then value * ?"',
-       '"when typeId = ? and metricId = ? then value + 0 * ?"', ATTRIBUTION_COST, "a percentage reads as a ratio",
+    _m("grouped-scale-dropped", "nsys_ingest/reader.py", 'then value * ?{scales[m.scale]}',
+       'then value + 0 * ?{scales[m.scale]}', ATTRIBUTION_COST, "a percentage reads as a ratio",
+       function="Export.sample_arrays"),
+    _m("grouped-ids-bound", "nsys_ingest/reader.py", '        scales = {scale: n for n, scale in enumerate(sorted({m.scale for m in chosen}), 1)}\n        columns = []\n        for quantity in quantities:\n            case = " ".join(f"when typeId = {int(m.type_id)} and metricId = {int(m.metric_id)} then value * ?{scales[m.scale]}"\n                            for m in chosen if m.quantity == quantity) or "when 0 then null"\n            columns.append(f"total(case {case} end), count(case {case} end)")\n        type_ids = sorted({m.type_id for m in chosen})\n        metric_ids = sorted({m.metric_id for m in chosen})\n        self._refuse_non_numbers(type_ids, metric_ids, where, params)\n        cursor = self.con.execute(\n            f"select timestamp, typeId & 255 as gpu, {\', \'.join(columns)} from GPU_METRICS "\n            f"where typeId in ({\',\'.join(\'?\' * len(type_ids))}) and metricId in ({\',\'.join(\'?\' * len(metric_ids))})"\n            f"{where} group by timestamp, gpu order by timestamp, gpu", [*scales, *type_ids, *metric_ids, *params])',
+       '        columns, column_params = [], []\n        for quantity in quantities:\n            picks = [m for m in chosen if m.quantity == quantity]\n            case = " ".join("when typeId = ? and metricId = ? then value * ?" for _ in picks) or "when 0 then null"\n            columns.append(f"total(case {case} end), count(case {case} end)")\n            for _ in range(2):\n                column_params += [x for m in picks for x in (m.type_id, m.metric_id, m.scale)]\n        type_ids = sorted({m.type_id for m in chosen})\n        metric_ids = sorted({m.metric_id for m in chosen})\n        self._refuse_non_numbers(type_ids, metric_ids, where, params)\n        cursor = self.con.execute(\n            f"select timestamp, typeId & 255 as gpu, {\', \'.join(columns)} from GPU_METRICS "\n            f"where typeId in ({\',\'.join(\'?\' * len(type_ids))}) and metricId in ({\',\'.join(\'?\' * len(metric_ids))})"\n            f"{where} group by timestamp, gpu order by timestamp, gpu", [*column_params, *type_ids, *metric_ids, *params])',
+       ATTRIBUTION_COST, "a catalogue of MAX_METRICS metrics stays within SQLite's variables",
        function="Export.sample_arrays"),
     _m("switch-null-named-none", "nsys_ingest/ctxsw.py", "        if any(value is None for value in column):\n"
        "            raise IngestError(f\"{where} holds NULL where a number belongs: {NOT_NSYS}\") from None\n", "",
@@ -1548,6 +1556,9 @@ CTXSW_COST_47 = (  # the context-switch attribution's child without pandas, its 
     _m("combined-nan-as-zero", "nsys_ingest/ctxsw.py", "np.where(sampled, groups, 0.0).sum(axis=1) / np.where(counts > 0, counts, 1)",
        "np.where(sampled, groups, 0.0).sum(axis=1) / groups.shape[1]", ATTRIBUTION_COST,
        "a combined sample is the mean of what was sampled", function="_nanmean"),
+    _m("failed-window-counted", "tests/cost_summary.py", 'if s.get("state") != "active"), None)}',
+       'if False), None)}', CHILD_COST, "a window that was not attributed is said to be no measure of the source",
+       function="summary"),
     _m("child-startup-unsaid", "exporter/samplers/ctxsw.py", '+ (f" ({startup:.2f} s of it start-up)" if startup is not None else "")',
        '+ ""', CHILD_COST, "the child's start-up is said apart", function="CtxswSampler._attribution_cost"),
 )

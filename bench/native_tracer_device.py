@@ -205,9 +205,9 @@ def gpm_sampler(stop: threading.Event, out: list):
         nvml = Nvml()
         nvml.gpm_metrics(0)
         while not stop.wait(1.0):
-            m = nvml.gpm_metrics(0)
-            if m:
-                out.append((time.time(), m))
+            m = nvml.gpm_metrics(0)  # exporter.nvml_answers.GpmMetrics, percent
+            if m is not None and m.sm_active is not None:
+                out.append((time.time(), {"sm_active": m.sm_active}))
     except Exception as exc:  # noqa: BLE001 - GPM is a side measurement here
         out.append((time.time(), {"error": repr(exc)}))
 

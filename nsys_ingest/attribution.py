@@ -1,6 +1,6 @@
 """The records of a context-switch attribution (nsys_ingest.ctxsw.attribute), apart from the code that computes
 them: they import nothing heavy, so a process that only reads an attribution back (the exporter, from the child
-process that computed it) does not load numpy and pandas."""
+process that computed it) does not load numpy."""
 from __future__ import annotations
 
 import dataclasses

@@ -297,33 +297,37 @@ def ctxsw_export(out: Path, slices=(), samples=(), events=(), processes=None, hz
 
 
 def time_sliced(out: Path, densities: dict[int, float], duration_ms: float = 500.0, hz: float = 10000, seed: int = 1,
-                ramp_ms: float = 0.0) -> tuple[Path, dict[int, float]]:
-    """Processes taking ~2.2 ms turns (1.5-2.9 ms, mostly round robin, 20-80 us gaps), each with its own
-    SM active while resident, except the first `ramp_ms` of each slice (0: the context is still being
+                ramp_ms: float = 0.0, turn_ms=(1.5, 2.9), gap_ms=(0.02, 0.08), gpus: int = 1) -> tuple[Path, dict[int, float]]:
+    """Processes taking ~2.2 ms turns (`turn_ms`: 1.5-2.9 ms, mostly round robin, `gap_ms`: 20-80 us gaps), each with its
+    own SM active while resident, except the first `ramp_ms` of each slice (0: the context is still being
     restored); samples at `hz` hold the exact mean of their interval as integer percentages, as nsys
-    stores them, stamped at its start. Returns the export and each process's true mean SM active while resident."""
+    stores them, stamped at its start; the same processes on each of `gpus` GPUs (their own turns). Returns the
+    export and each process's true mean SM active while resident."""
     import bisect
     import random
 
     rng = random.Random(seed)
     pids = sorted(densities)
-    slices, t, k = [], 0.0, 0
-    while t < duration_ms:
-        pid = pids[k % len(pids)] if rng.random() > 0.1 else pids[(k + 1) % len(pids)]
-        end = min(t + rng.uniform(1.5, 2.9), duration_ms)
-        slices.append((0, t, end, pid, pid))
-        t = end + rng.uniform(0.02, 0.08)
-        k += 1
-    starts = [s[1] for s in slices]
     step = 1000.0 / hz
-    samples = []
-    for i in range(1, int(round(duration_ms / step)) + 1):
-        hi = i * step
-        lo = hi - step
-        first = max(bisect.bisect_left(starts, lo) - 2, 0)
-        busy = sum(max(min(e, hi) - max(s + ramp_ms, lo), 0.0) * densities[pid]
-                   for _, s, e, pid, _ in slices[first:first + 5])
-        samples.append((0, round(lo, 6), {"sm_active": round(busy / step * 100) / 100, "gr_active": 1.0}))
+    reach = int(step / turn_ms[0]) + 5  # the slices a sample can overlap, from the one before its start
+    slices, samples = [], []
+    for gpu in range(gpus):
+        mine, t, k = [], 0.0, 0
+        while t < duration_ms:
+            pid = pids[k % len(pids)] if rng.random() > 0.1 else pids[(k + 1) % len(pids)]
+            end = min(t + rng.uniform(*turn_ms), duration_ms)
+            mine.append((gpu, t, end, pid, pid))
+            t = end + rng.uniform(*gap_ms)
+            k += 1
+        starts = [s[1] for s in mine]
+        for i in range(1, int(round(duration_ms / step)) + 1):
+            hi = i * step
+            lo = hi - step
+            first = max(bisect.bisect_left(starts, lo) - 2, 0)
+            busy = sum(max(min(e, hi) - max(s + ramp_ms, lo), 0.0) * densities[pid]
+                       for _, s, e, pid, _ in mine[first:first + reach])
+            samples.append((gpu, round(lo, 6), {"sm_active": round(busy / step * 100) / 100, "gr_active": 1.0}))
+        slices += mine
     resident = {pid: sum(e - s for _, s, e, p, _ in slices if p == pid) for pid in pids}
     active = {pid: sum(max(e - s - ramp_ms, 0.0) * densities[pid] for _, s, e, p, _ in slices if p == pid) for pid in pids}
     ctxsw_export(out, slices=slices, samples=samples, hz=hz, processes={pid: f"job-{pid}" for pid in pids})

@@ -543,12 +543,14 @@ def test_the_recorded_captures_attribute_exactly_as_before(key):
     assert {**result, "file": name} == json.loads(ATTRIBUTIONS.read_text())[key]
 
 
-def test_the_attribution_loads_no_pandas():
-    """The child's start-up and peak (bench/attribution_cost.py): pandas alone cost ~0.25 s of CPU and ~42 MB."""
+def test_the_attribution_loads_no_pandas_nor_numpy_ma():
+    """The child's start-up and peak (bench/attribution_memory.py): pandas alone cost ~0.25 s of CPU and ~42 MB,
+    numpy.ma (which np.unique and np.isin load) 16-25 ms."""
     code = ("import sys; from exporter.samplers.ctxsw import attribute_export; "
-            f"result = attribute_export({str(H200_1KHZ)!r}, 'fit'); print(len(result.gpus), 'pandas' in sys.modules)")
+            f"result = attribute_export({str(H200_1KHZ)!r}, 'fit'); "
+            "print(len(result.gpus), 'pandas' in sys.modules, 'numpy.ma' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["1", "False"], done.stderr
+    assert done.stdout.split() == ["1", "False", "False"], done.stderr
 
 
 def test_samples_are_read_grouped_with_as_many_cells_in_flight_as_chunk_rows_of_rows(tmp_path):
@@ -602,3 +604,25 @@ def test_combined_samples_are_the_mean_of_what_was_sampled(tmp_path):
     path = synth.ctxsw_export(tmp_path / "half.sqlite", slices=[(0, 0.0, 10.0, A, 1)], samples=samples)
     resident = procs(run(path, estimator="overlap", combine=2))[A]["while_resident"]
     assert (resident["sm_active"], resident["tensor_active"]) == (0.5, 0.4)
+
+
+def test_a_catalogue_of_max_metrics_of_one_quantity_is_read_grouped(tmp_path):
+    """Mutant: each (typeId, metricId) bound as its own SQL variable: SQLite refuses 3 x 4,091 x 2 of them (its limit
+    here is 2 x MAX_METRICS + 16). The ids as large as make the statement longest (the chunks' reader overflowed)."""
+    from nsys_ingest.reader import MAX_METRICS
+
+    path = synth.ctxsw_export(tmp_path / "catalogue.sqlite", slices=[(0, 0.0, 5.0, A, 1), (0, 5.0, 10.0, B, 2)],
+                              samples=[(0, ms, {"sm_active": 0.5}) for ms in range(10)])
+    extra = MAX_METRICS - len(synth.CTXSW_METRICS)  # the catalogue full: every other metric an "SMs Active" of GPU 0
+    type_ids = [2**62 + 256 * (i + 1) for i in range(extra)]  # low byte 0: GPU 0
+    con = sqlite3.connect(path)
+    con.executemany("insert into TARGET_INFO_GPU_METRICS values (?, ?, 'GPU metrics', ?, 'SMs Active [Throughput %]')",
+                    [(t, t, 2**62 + i) for i, t in enumerate(type_ids)])
+    con.executemany("insert into GPU_METRICS values (?, ?, ?, ?, ?)",
+                    [(3_000_000, 3_000_000, t, 2**62 + i, 90) for i, t in enumerate(type_ids)])
+    con.commit()
+    con.close()
+    at_3_ms = (0.5 + 0.9 * extra) / (extra + 1)  # the mean of the sample's rows of sm_active
+    found = procs(run(path, estimator="overlap"))
+    assert (found[A]["while_resident"]["sm_active"], found[B]["while_resident"]["sm_active"]) == \
+        (round((4 * 0.5 + at_3_ms) / 5, 6), 0.5)

@@ -9,9 +9,9 @@ scrape path,
 
 system-wide (as root): one capture for every GPU it serves. It attributes the export with
 nsys_ingest.ctxsw.attribute (the same function as `gpu-spatial nsys workloads`) in a child process
-(`python -m exporter.samplers.ctxsw EXPORT`), so that the memory the attribution needs (numpy, pandas,
-the export's rows: ~100 MB) goes back to the system when the child ends and the exporter stays at its
-own size; removes its files, and keeps per GPU: each pid's time share and SM active (as a share of the
+(`python -m exporter.samplers.ctxsw EXPORT`), so that the memory the attribution needs (numpy, the export's
+rows: 55-110 MB) goes back to the system when the child ends and the exporter stays at its own size; removes
+its files, and keeps per GPU: each pid's time share and SM active (as a share of the
 GPU) over the window, the window's wall time, and the pids NVML listed on the GPU during it.
 exporter/workloads.py joins them with the holders (basis "ctxsw").
 
@@ -132,7 +132,7 @@ class CtxswSampler(LatestWindows):
         self.window_s = window_s
         self.interval = period_s
         self.frequency = frequency
-        self.estimator = estimator  # None: the attribution's default (nsys_ingest.ctxsw, which loads pandas: not here)
+        self.estimator = estimator  # None: the attribution's default (nsys_ingest.ctxsw, which loads numpy: not here)
         self.max_age = 2 * period_s + window_s
         self._others = other_sources or {}  # name -> spatial source (dcgm: its profiling excludes ours)
         self.readings: dict[str, ProcessWindow] = {}  # GPU UUID -> the last window
