@@ -39,7 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.ctxsw_live_cost import Meter, environment, peak_memory
+from bench.ctxsw_live_cost import Meter, environment, nsight_systems, peak_memory
 from exporter.samplers.ctxsw import PERIOD_S, WINDOW_S
 from tests.cost_summary import child_cost, settled, summary, table
 from tests.helpers import free_port
@@ -294,15 +294,15 @@ def locate_nsys(given: str | None) -> str | None:
         return given or shutil.which("nsys")
     for pattern in ("/opt/nvidia/nsight-systems*/*/target-linux-x64/nsys", "/opt/nvidia/nsight-systems*/target-linux-x64/nsys",
                     "/usr/local/cuda*/nsight-systems*/target-linux-x64/nsys", "/usr/lib/nsight-systems*/target-linux-x64/nsys"):
-        found = sorted(glob.glob(pattern))
+        found = nsight_systems(glob.glob(pattern))
         if found:
-            return found[-1]
+            return found
     try:
         done = subprocess.run(["find", "/", "-xdev", "-type", "f", "-name", "nsys", "-path", "*target-linux-x64*"],
                               capture_output=True, text=True, timeout=45, check=False)
     except subprocess.TimeoutExpired:
         return None
-    return (done.stdout.split() or [None])[0]
+    return nsight_systems(done.stdout.split())
 
 
 def gpu_count() -> int:

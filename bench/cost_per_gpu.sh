@@ -16,6 +16,7 @@ export PYTHONPATH=/tmp/site:$PWD
 python3 -c "import grpc, google.protobuf as p; print('grpcio', grpc.__version__, 'protobuf', p.__version__)" \
   >> "$out/machine.txt" 2>&1
 export NSYS_EXTRA_LIB=$PWD/.device/lib  # libdw for nsys' importer (shared/device-nsys.md)
+ls "$NSYS_EXTRA_LIB"/libdw.so.1 >> "$out/machine.txt" 2>&1 || echo "no libdw carried (.device/lib): nsys' importer may fail" >> "$out/machine.txt"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 timeout 460 python3 bench/cost_per_gpu.py --out "$out" "$@" > "$out/run.log" 2>&1
 echo "cost_per_gpu.py exit $?" >> "$out/run.log"

@@ -54,10 +54,19 @@ def find_nsys(given: str | None) -> str:
         return found
     done = subprocess.run(["find", "/", "-xdev", "-type", "f", "-name", "nsys", "-path", "*target-linux-x64*"],
                           capture_output=True, text=True, timeout=300, check=False)
-    paths = done.stdout.split()
-    if not paths:
+    found = nsight_systems(done.stdout.split())
+    if found is None:
         raise SystemExit("nsys not found: give --nsys PATH")
-    return paths[0]
+    return found
+
+
+def nsight_systems(paths: list[str]) -> str | None:
+    """The nsys to run among the files named nsys that a search found: Nsight Systems' own where it is installed,
+    else the copy Nsight Compute carries (host/target-linux-x64/nsys: Nsight Systems 2025.3.1, the only one on the
+    device's image, which records GPU context switches once its importer finds libdw: NSYS_EXTRA_LIB; without it
+    the capture ends 'nsys profile wrote no report', as in the device run of 2026-11-28 that carried no .device),
+    the newest first, whatever order the file system lists them in."""
+    return max(paths, key=lambda p: ("nsight-systems" in p, p), default=None)
 
 
 def environment() -> dict:

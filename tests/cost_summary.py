@@ -67,7 +67,10 @@ def summary(report: dict) -> dict:
                               "exporter_rss_mib": (phase.get("exporter") or {}).get("vmrss_mib"),
                               "exporter_vmhwm_mib": (phase.get("exporter") or {}).get("vmhwm_mib"),
                               "attribution_child": phase.get("attribution_child"),
-                              "peak_rss_nsys_mib": phase.get("peak_rss_nsys_mib")}
+                              "peak_rss_nsys_mib": phase.get("peak_rss_nsys_mib"),
+                              # a window that was not attributed cost something, but not what the source costs
+                              "not_attributed": next((f"{s.get('state')}: {s.get('reason')}" for s in phase.get("states", ())
+                                                      if s.get("state") != "active"), None)}
     many, one = out["ctxsw"].get("all_ctxsw"), out["ctxsw"].get("one_ctxsw")
     if many and one and gpus > 1:
         out["ctxsw"]["window_cpu_s_per_added_gpu"] = round((many["window_cpu_s"] - one["window_cpu_s"]) / (gpus - 1), 3)
@@ -90,5 +93,6 @@ def table(found: dict) -> str:
             startup = f" ({child['startup_cpu_s']})" if child.get("startup_cpu_s") is not None else ""
             lines.append(f"| {name} | {w['gpus']} | {w['window_cpu_s']} | {w.get('nsys_agent_cpu_s')} | "
                          f"{child.get('cpu_s')}{startup} | {child.get('peak_mib')} | {w.get('peak_rss_nsys_mib')} | "
-                         f"{w['percent_of_core_at_default_duty']} | {w['per_gpu_percent_at_default_duty']} |")
+                         f"{w['percent_of_core_at_default_duty']} | {w['per_gpu_percent_at_default_duty']} |"
+                         + (f" not the source's cost: {w['not_attributed']}" if w.get("not_attributed") else ""))
     return "\n".join(lines)

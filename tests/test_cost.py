@@ -123,6 +123,12 @@ def test_the_device_summary_gives_a_windows_cost_less_the_exporters_own_rate():
     # the source's cost is a phase of its own in the printed table, per GPU at the default duty
     assert table(found).splitlines()[-2:] == ["| all_ctxsw | 2 | 3.3 | 2.0 | 0.4 | 150 | None | 1.833 | 0.917 |",
                                               "| one_ctxsw | 1 | 2.8 | 2.0 | 0.4 | 150 | None | 1.556 | 1.556 |"]
+    # a window that ended in an error (the device run of 2026-11-28: Nsight Compute's nsys) is said to be no measure
+    states = [{"state": "active", "reason": "12 slices"}, {"state": "error", "reason": "nsys profile wrote no report"}]
+    failed = summary(device_report(one_ctxsw={**window, "gpus": 1, "states": states}))
+    assert failed["ctxsw"]["one_ctxsw"]["not_attributed"] == "error: nsys profile wrote no report"
+    assert table(failed).splitlines()[-1].endswith("| not the source's cost: error: nsys profile wrote no report")
+    assert found["ctxsw"]["one_ctxsw"]["not_attributed"] is None
 
 
 def test_the_device_run_reads_the_sources_state_and_the_childs_cost_as_the_exporter_writes_them():

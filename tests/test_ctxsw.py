@@ -543,12 +543,14 @@ def test_the_recorded_captures_attribute_exactly_as_before(key):
     assert {**result, "file": name} == json.loads(ATTRIBUTIONS.read_text())[key]
 
 
-def test_the_attribution_loads_no_pandas():
-    """The child's start-up and peak (bench/attribution_cost.py): pandas alone cost ~0.25 s of CPU and ~42 MB."""
+def test_the_attribution_loads_no_pandas_nor_numpy_ma():
+    """The child's start-up and peak (bench/attribution_memory.py): pandas alone cost ~0.25 s of CPU and ~42 MB,
+    numpy.ma (which np.unique and np.isin load) 16-25 ms."""
     code = ("import sys; from exporter.samplers.ctxsw import attribute_export; "
-            f"result = attribute_export({str(H200_1KHZ)!r}, 'fit'); print(len(result.gpus), 'pandas' in sys.modules)")
+            f"result = attribute_export({str(H200_1KHZ)!r}, 'fit'); "
+            "print(len(result.gpus), 'pandas' in sys.modules, 'numpy.ma' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.stdout.split() == ["1", "False"], done.stderr
+    assert done.stdout.split() == ["1", "False", "False"], done.stderr
 
 
 def test_samples_are_read_grouped_with_as_many_cells_in_flight_as_chunk_rows_of_rows(tmp_path):

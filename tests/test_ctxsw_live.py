@@ -530,6 +530,23 @@ def test_the_attribution_child_answers_one_json_line_and_its_failures_are_one_li
     assert "error" in answer and "\n" not in answer["error"] and answer["peak_rss_bytes"] > 0
 
 
+def test_the_attribution_child_runs_numpy_with_one_blas_thread():
+    """Mutant: the child's numpy with OpenBLAS' thread per core (one more thread here: 0.04 s of every start-up)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    code = ("import os, runpy, sys\n"
+            f"sys.argv = ['ctxsw', {str(FIXTURES / 'h200_ctxsw_1khz.sqlite')!r}]\n"
+            "try:\n    runpy.run_module('exporter.samplers.ctxsw', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+            "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")})
+    answer, threads = done.stdout.strip().splitlines()[-2:]
+    assert '"result"' in answer and threads == "1 1", done.stdout[-300:] + done.stderr[-300:]
+
+
 # -- exporter/samplers/ctxsw.py ------------------------------------------------------------------------
 def test_the_live_sources_windows_last_two_periods_and_a_window_then_the_state_says_stalled():
     """Mutants: `max_age = 2 * period + window` -> `period + window` (a window 370 s old is dropped);

@@ -670,8 +670,9 @@ def test_answers_past_the_receive_cap_are_refused_before_they_are_read(tmp_path,
     import logging
 
     from exporter.holders import Holder
-    from exporter.samplers.kubelet import ANSWER_FLAG, MAX_MESSAGE_BYTES
+    from exporter.samplers.kubelet import ANSWER_FLAG
 
+    MAX_MESSAGE_BYTES = 1024 * 1024  # the documented default (docs/exporter.md, 1M), not the module's figure
     listed = pb.ListPodResourcesResponse(pod_resources=[pod("ns", "p", {"c": [(GPU, [f"{UUID}::1"])]})]).SerializeToString()
     offered = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(
         resource_name=GPU, device_ids=[f"{UUID}::{i}" for i in range(4)])]).SerializeToString()
@@ -753,7 +754,8 @@ def test_the_default_cap_holds_a_large_node_tenfold_and_costs_under_10_mb():
 def test_an_allocatable_device_id_past_its_bound_is_no_gpus_replica(tmp_path):
     """read_allocatable takes a device ID as List shows it: one of MAX_DEVICE_ID_BYTES is a replica of its
     GPU (two offered: a pod holding one holds half), one byte longer is no GPU's (kept short, never
-    decoded whole): the GPU offers one replica, held whole."""
+    decoded whole): the GPU offers one replica, held whole. An entry whose resource name is longer than
+    Kubernetes allows is no NVIDIA resource's: its replica is not counted."""
     from exporter.holders import Holder
     from exporter.samplers.kubelet import MAX_DEVICE_ID_BYTES, SHOWN_BYTES
 
@@ -769,6 +771,11 @@ def test_an_allocatable_device_id_past_its_bound_is_no_gpus_replica(tmp_path):
         server.service.allocatable = offered(MAX_DEVICE_ID_BYTES + 1)
         sampler.tick()
         assert share() == 1.0
+        for name_bytes, replicas in ((MAX_RESOURCE_NAME_BYTES, 3), (MAX_RESOURCE_NAME_BYTES + 1, 2)):  # its entry skipped
+            longest = "nvidia.com/" + "g" * (name_bytes - len("nvidia.com/"))
+            server.service.allocatable = [*offered(MAX_DEVICE_ID_BYTES), (longest, [f"{UUID}::2"])]
+            sampler.tick()
+            assert share() == round(1 / replicas, 9)
         long = pb.AllocatableResourcesResponse(devices=[pb.ContainerDevices(resource_name=GPU, device_ids=["x" * 10**6])])
         assert read_allocatable(long.SerializeToString()) == (["x" * SHOWN_BYTES + f"...({10**6} bytes)"], False)
     finally:

@@ -306,6 +306,7 @@ class CtxswSampler(LatestWindows):
             shutil.rmtree(work, ignore_errors=True)
 
 
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the child's numpy: one thread
 CHILD_COST_KEYS = ("cpu_s", "startup_cpu_s", "peak_rss_bytes")  # what the child says of its own cost
 
 
@@ -376,4 +377,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    # The child's numpy with one BLAS thread, set before it loads: the fit's matrices are at most 257 x 257, and
+    # OpenBLAS starts a thread per core at import (one more thread cost 0.04 s of every start-up here; an H200 host
+    # has 32 cores)
+    os.environ.update(dict.fromkeys(BLAS_THREADS, "1"))
     sys.exit(main())
