@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from tests.workload_scenario import FAMILIES, Holder, gpu_hours_by_group, series  # noqa: F401 - FAMILIES: re-exported for the tests
 
 HOUR = 3600.0
@@ -36,18 +38,38 @@ UNLISTED = {("node-e", "1"): 44 * HOUR, ("node-e", "2"): 44 * HOUR}  # the resta
 UNHELD_GPUS = (("node-e", "2"),)  # GPUs nobody holds
 
 
-def down(instance: str, t: float) -> bool:
-    return any(a < t < b for a, b in DOWN.get(instance, ()))
+# These take a time or an array of times (numpy: the 2 M samples are computed series by series, not one by one).
+def down(instance: str, t):
+    out = np.zeros(np.shape(t), bool)
+    for a, b in DOWN.get(instance, ()):
+        out |= (a < t) & (t < b)
+    return out
 
 
-def counted_since(instance: str, t: float, start: float = 0.0) -> float:
+def counted_since(instance: str, t, start: float = 0.0):
     """Where the exporter of `instance` started counting what it shows at t: its last restart, or `start`."""
-    return max([start, *(b for _a, b in DOWN.get(instance, ()) if b <= t)])
+    since = np.full(np.shape(t), start)
+    for _a, b in DOWN.get(instance, ()):
+        since = np.where(b <= t, np.maximum(since, b), since)
+    return since
 
 
-def _counted(instance: str, a: float, b: float) -> float:
+def _counted(instance: str, a, b):
     """Seconds of (a, b) the exporter of `instance` counted (its downtimes cut out)."""
-    return b - a - sum(max(0.0, min(b, d1) - max(a, d0)) for d0, d1 in DOWN.get(instance, ()))
+    return b - a - sum(np.maximum(0.0, np.minimum(b, d1) - np.maximum(a, d0)) for d0, d1 in DOWN.get(instance, ()))
+
+
+def _outage(t):
+    return (OUTAGE[0] <= t) & (t < OUTAGE[1])
+
+
+def _spans_sum(instance: str, spans, since, t):
+    """The sum over (start, end, rate) spans of rate x the seconds of (max(start, since), min(end, t)) counted."""
+    total = 0
+    for a, b, rate in spans:
+        lo, hi = np.maximum(a, since), np.minimum(b, t)
+        total = total + np.where(hi > lo, rate * _counted(instance, lo, hi), 0.0)
+    return total
 
 
 @dataclass(frozen=True)
@@ -66,13 +88,11 @@ class Hold(Holder):
             return [(self.start, LOST_AT), (LOST_AT, self.end)]
         return [(self.start, self.end)]
 
-    def value(self, family: str, t: float) -> float | None:
-        """The counter at t, None where no sample exists (not held, exporter down, outage)."""
-        if not self.start <= t <= self.end or OUTAGE[0] <= t < OUTAGE[1] or down(self.instance, t):
-            return None
-        since = counted_since(self.instance, t, self.start)
-        return sum(self.rates_at(a)[family] * _counted(self.instance, max(a, since), min(b, t))
-                   for a, b in self.spans() if min(b, t) > max(a, since))
+    def values(self, family: str, t: np.ndarray) -> np.ndarray:
+        """The counter at each of the times t, NaN where no sample exists (not held, exporter down, outage)."""
+        spans = [(a, b, self.rates_at(a)[family]) for a, b in self.spans()]
+        value = _spans_sum(self.instance, spans, counted_since(self.instance, t, self.start), t)
+        return np.where((t < self.start) | (t > self.end) | _outage(t) | down(self.instance, t), np.nan, value)
 
     def truth(self, family: str) -> float | None:
         """GPU-seconds by hand: the rate times the seconds counted (its node's downtimes left out)."""
@@ -159,13 +179,11 @@ def gpu_segments(gpu: tuple) -> list[tuple[float, float, tuple, dict, dict]]:
     return out
 
 
-def _ledger_value(instance: str, spans, t: float) -> float | None:
-    """A ledger counter at t from (start, end, rate) spans, None where no sample exists; it counts from 0
-    again after each of its node's downtimes."""
-    if OUTAGE[0] <= t < OUTAGE[1] or down(instance, t):
-        return None
-    since = counted_since(instance, t)
-    return sum(rate * _counted(instance, max(a, since), min(t, b)) for a, b, rate in spans if min(t, b) > max(a, since))
+def _ledger_values(instance: str, spans, t: np.ndarray) -> np.ndarray:
+    """A ledger counter at each of the times t from (start, end, rate) spans, NaN where no sample exists; it
+    counts from 0 again after each of its node's downtimes."""
+    value = _spans_sum(instance, spans, counted_since(instance, t), t)
+    return np.where(_outage(t) | down(instance, t), np.nan, value)
 
 
 def ledger_series():
@@ -239,16 +257,16 @@ def samples(t0: float, millis: bool = False):
     def stamp(i):
         return f"{int((t0 + i * STEP) * 1000)}" if millis else f"{t0 + i * STEP:.3f}"
 
+    times = np.arange(int(LENGTH // STEP) + 1) * STEP
     for family, labels, hold in series(HOLDS):
-        for i in range(int(LENGTH // STEP) + 1):
-            value = hold.value(family, i * STEP)
-            if value is not None:
-                yield f"gpu_workload_{family}_gpu_seconds", labels, value, stamp(i)
+        values = hold.values(family, times)
+        for i in np.flatnonzero(~np.isnan(values)).tolist():
+            yield f"gpu_workload_{family}_gpu_seconds", labels, float(values[i]), stamp(i)
     for name, labels, instance, spans, end in ledger_series():
-        for i in range(int(min(end, LENGTH) // STEP) + 1):
-            value = _ledger_value(instance, spans, i * STEP)
-            if value is not None and i * STEP >= min(a for a, _b, _r in spans):
-                yield name, labels, value, stamp(i)
+        t = times[:int(min(end, LENGTH) // STEP) + 1]
+        values = _ledger_values(instance, spans, t)
+        for i in np.flatnonzero(~np.isnan(values) & (t >= min(a for a, _b, _r in spans))).tolist():
+            yield name, labels, float(values[i]), stamp(i)
     for name, labels, instance, value_at in gauge_series():
         for i in range(int(LENGTH // STEP) + 1):
             t = i * STEP
