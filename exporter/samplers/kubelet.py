@@ -43,8 +43,9 @@ API_PODS_PER_GPU = 256
 # in one tick ~5 times (the first one's freed memory stays resident: 2 MiB +10.6 MB, 1 MiB +5.6 MB in the
 # exporter, bench/kube_attacks.py), so the default keeps a hostile kubelet under 10 MB. A large real node
 # answers far less: 110 pods of three containers with exclusive CPUs and 8 GPUs of 16 time-slicing
-# replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3 bench/kube_attacks.py --sizes`). A device plugin offering a device per MiB of GPU memory (volcano's
-# vgpu-memory: 8 H20s made a 23 MB ListAndWatch) needs the flag raised, and pays what it costs.
+# replicas, 29 KB; 250 such pods and 48 replicas a GPU, 71 KB (`python3 bench/kube_attacks.py --sizes`).
+# A device plugin offering a device per MiB of GPU memory (volcano's vgpu-memory: 8 H20s made a 23 MB
+# ListAndWatch) needs the flag raised, and pays what it costs.
 MAX_MESSAGE_BYTES = 1024 * 1024
 ANSWER_FLAG = "--kubelet-max-answer-bytes"
 GRPC_MAX_BYTES = 2**31 - 1  # gRPC's own limit: a message length is an int32
