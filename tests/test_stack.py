@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from dashboards.common import queries
-from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, shorten_for, wait_for
+from tests.helpers import FIXTURES, RULES, ROOT, Exporter, Prometheus, free_port, shorten_for, side_by_side, wait_for
 from tests.kubelet_server import SLICED_UUID, KubeletServer, pod
 from tests.test_cupti import traced_mps_client
 from tests.test_health import health_replay
@@ -197,16 +197,16 @@ def test_stack_end_to_end(tmp_path):
     (jobs / "0").write_text("4242\n")
     (tmp_path / "cupti").mkdir()
     try:
-        with Exporter("--no-nvml", "--replay", str(FIXTURES / "h100_quarter_sms_50hz.sqlite"), "--interval", "0.5",
-                      *mps) as hidden, \
-             Exporter("--no-nvml", "--no-mps", "--replay", str(FIXTURES / "h100_matmul_50hz.sqlite"),
-                      "--interval", "0.5") as busy, \
-             Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.5",
-                      "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5",
-                      "--hpc-job-mapping-dir", str(jobs), "--held-idle-after", "3s") as k8s, \
-             Exporter("--nvml-replay", str(health_replay(tmp_path)), "--no-mps", "--interval", "0.5") as h200, \
-             traced_mps_client(tmp_path / "cupti") as (_, cupti_args), \
-             Exporter("--interval", "0.5", *cupti_args) as traced:
+        with traced_mps_client(tmp_path / "cupti") as (_, cupti_args), side_by_side(
+                Exporter("--no-nvml", "--replay", str(FIXTURES / "h100_quarter_sms_50hz.sqlite"), "--interval", "0.5",
+                         *mps),
+                Exporter("--no-nvml", "--no-mps", "--replay", str(FIXTURES / "h100_matmul_50hz.sqlite"),
+                         "--interval", "0.5"),
+                Exporter("--nvml-replay", str(FIXTURES / "nvml_h100_time_sliced.json"), "--no-mps", "--interval", "0.5",
+                         "--kubelet-socket", kubelet.path, "--kubelet-interval", "0.5",
+                         "--hpc-job-mapping-dir", str(jobs), "--held-idle-after", "3s"),
+                Exporter("--nvml-replay", str(health_replay(tmp_path)), "--no-mps", "--interval", "0.5"),
+                Exporter("--interval", "0.5", *cupti_args)) as (hidden, busy, k8s, h200, traced):
             # h200: the health row's data; traced: an MPS client that traces (the cupti SM estimate's data)
             targets = [f"127.0.0.1:{e.port}" for e in (hidden, busy, k8s, h200, traced)]
             prometheus = Prometheus(tmp_path, {"gpu-spatial-exporter": targets,
