@@ -228,7 +228,8 @@ def test_a_kubelet_answering_1_mb_device_ids_writes_short_log_lines(tmp_path):
     def huge_ids(request, context):
         calls.append(1)
         return pb.ListPodResourcesResponse(pod_resources=[
-            pod("team-a", "p", {"c": [(GPU, [f"{len(calls):08d}" + "x" * (1 << 20)])]})])
+            # just under the answer's 1 MiB cap (--kubelet-max-answer-bytes): an answer the source reads
+            pod("team-a", "p", {"c": [(GPU, [f"{len(calls):08d}" + "x" * ((1 << 20) - 4096)])]})])
 
     from exporter.kubelet import podresources_pb2 as pb
 
