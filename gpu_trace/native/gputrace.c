@@ -1,6 +1,6 @@
 /* The native record path of gpu_trace: CUPTI's activity buffers read and summarised in C.
  *
- * One window: enable kernel, memcpy and memset records (with CUPTI's queued/submitted timestamps), wait,
+ * One window: enable kernel, memcpy and memset records (queued timestamps where asked: gt_prepare), wait,
  * disable, let kernels running across the end finish, flush, detach CUPTI (cuptiFinalize: its launch hooks
  * cost even with every activity disabled), then sweep each GPU's intervals once. CUPTI's buffer thread only
  * copies five numbers per record into an array: no Python object, no GIL, no allocation per record.
@@ -645,12 +645,22 @@ static void sleep_ns(int64_t ns) {
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
 }
 
+/* Sleeps `seconds`, ending early when *stop becomes non-zero (or, with until_full, the store fills): either
+ * is seen within 20 ms. */
+static void wait_while_wanted(double seconds, volatile int *stop, int until_full) {
+  for (int64_t left = (int64_t)(seconds * 1e9); left > 0 && !(stop && *stop) && !(until_full && W.full);) {
+    int64_t step = left < 20000000LL ? left : 20000000LL;
+    sleep_ns(step);
+    left -= step;
+  }
+}
+
 /* CUPTI collects kernels' queued and submitted timestamps only when asked before CUDA initialises, once
  * (never again in the session): the Python hook calls this at start-up, the injection at cuInit. Opt-in
- * (GPU_SPATIAL_TRACE_QUEUED=1): with them asked for again at every window, a trainer launching from two
- * threads stalled in the second window's forced flush on the device (bench/RESULTS.md). Without them the
- * backlog and queue-gap rules are idle: work queued before a window and the turns between queued kernels
- * are not counted. */
+ * (GPU_SPATIAL_TRACE_QUEUED=1): with them, a trainer launching from two threads stalled in a window's forced
+ * flush on the device, asked at every window and asked once alike (bench/RESULTS.md). Without them the
+ * backlog rule is idle (work queued before a window is not counted) and a turn between one stream's works
+ * is told by its length alone (TURN_NS). */
 GT_EXPORT int gt_prepare(void) {
   if (!switched_on("GPU_SPATIAL_TRACE_QUEUED")) return 0;
   if (load_cupti(NULL) != 0) return -1;
@@ -695,21 +705,13 @@ GT_EXPORT int gt_trace(double seconds, volatile int *stop, char *out, size_t cap
     rc = check(cupti.enable(KINDS[enabled]), "cuptiActivityEnable");
   STEP("enable");
   if (warm > 0.0) {  /* records of the warm-up come in the window's buffers: clipped to it like any other */
-    for (int64_t left = (int64_t)(warm * 1e9); rc == 0 && left > 0 && !(stop && *stop);) {
-      int64_t step = left < 20000000LL ? left : 20000000LL;
-      sleep_ns(step);
-      left -= step;
-    }
+    if (rc == 0) wait_while_wanted(warm, stop, 0);
     host_start = wall_now();
     cupti.timestamp(&lo);
     window_open((int64_t)lo);
     STEP("warm");
   }
-  for (int64_t left = (int64_t)(seconds * 1e9); rc == 0 && left > 0 && !(stop && *stop) && !W.full;) {
-    int64_t step = left < 20000000LL ? left : 20000000LL;  /* a stop or a full store is seen within 20 ms */
-    sleep_ns(step);
-    left -= step;
-  }
+  if (rc == 0) wait_while_wanted(seconds, stop, 1);
   STEP("window");
   for (size_t k = 0; k < enabled; k++) cupti.disable(KINDS[k]);
   cupti.timestamp(&hi);
