@@ -308,58 +308,38 @@ def api_phase(args, work, env=None):
     """End to end: the real exporter (`python3 -m exporter`, NVML and GPM live, --workload-cupti) and spin
     clients of footprints named nowhere else (one limited by MPS to 30 % of the threads), read back from
     /api/v1/workloads' cupti section (each client's own shares); the truth as in spins, over the GPU's window."""
-    import socket
-    import urllib.request
+    from tests.helpers import Exporter, http_get
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     sock = str(work / "api.sock")
-    log = open(work / "api_exporter.txt", "w")
-    exporter = subprocess.Popen([sys.executable, "-m", "exporter", "--listen-address", "127.0.0.1", "--port", str(port),
-                                 "--workload-cupti", "--cupti-socket", sock, "--cupti-window", f"{args.window:g}",
-                                 "--cupti-period", f"{args.period:g}", "--kubelet-socket", "none", "--holders", "users",
-                                 "--interval", "1"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1", "GPU_EXPORTER_UNWATCHED_INTERVAL": "0"})
-    url = f"http://127.0.0.1:{port}/api/v1/workloads"
-
-    def answer():
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                return json.loads(r.read())
-        except (OSError, ValueError):
-            return None
-
-    deadline = time.time() + 40
-    while answer() is None and time.time() < deadline and exporter.poll() is None:
-        time.sleep(0.5)
     seconds = WARM_S + args.windows * args.period + 3
     jobs = {"spin28": (28, {}, []), "spin50_70pct": (50, {}, ["--on-ms", "35", "--off-ms", "15"]),
             "spin16_limited30": (16, {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}, [])}
-    procs, progress = {}, {}
-    for name, (sms, job_env, extra) in jobs.items():
-        progress[name] = work / f"api_{name}.txt"
-        procs[name] = traced([sys.executable, "bench/ctxsw_jobs.py", "spin", "--sms", str(sms), "--kernel-ms",
-                              str(KERNEL_MS), "--seconds", str(seconds), "--progress", str(progress[name])] + extra,
-                             sock, {**job_env, **(env or {})})
-    pids = {p.pid: name for name, p in procs.items()}
-    seen, end = {}, time.time() + seconds
-    while time.time() < end:
-        got = answer()
-        for gpu in (got or {}).get("cupti") or ():
-            if gpu.get("clients") and gpu.get("window"):  # every GPU the clients' contexts are on
-                seen[(gpu["uuid"], *gpu["window"])] = gpu
-        time.sleep(1.0)
-    for p in procs.values():
-        try:
-            p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-    exporter.terminate()
-    try:
-        exporter.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        exporter.kill()
+    procs, progress, seen = {}, {}, {}
+    with Exporter("--workload-cupti", "--cupti-socket", sock, "--cupti-window", f"{args.window:g}", "--cupti-period",
+                  f"{args.period:g}", "--kubelet-socket", "none", "--holders", "users", "--interval", "1") as exporter:
+        for name, (sms, job_env, extra) in jobs.items():
+            progress[name] = work / f"api_{name}.txt"
+            procs[name] = traced([sys.executable, "bench/ctxsw_jobs.py", "spin", "--sms", str(sms), "--kernel-ms",
+                                  str(KERNEL_MS), "--seconds", str(seconds), "--progress", str(progress[name])] + extra,
+                                 sock, {**job_env, **(env or {})})
+        end = time.time() + seconds
+        while time.time() < end:
+            try:  # a slow or failed answer is one lost look, not the phase's end
+                status, body = http_get(exporter.url + "/api/v1/workloads")
+                answer = json.loads(body) if status == 200 else {}
+            except (OSError, ValueError):
+                answer = {}
+            for gpu in answer.get("cupti") or ():
+                if gpu.get("clients") and gpu.get("window"):  # every GPU the clients' contexts are on
+                    seen[(gpu["uuid"], *gpu["window"])] = gpu
+            time.sleep(1.0)
+        for proc in procs.values():
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        (work / "api_exporter.txt").write_text(exporter.log())
+    pids = {proc.pid: name for name, proc in procs.items()}
     rows = []
     for (uuid, lo, hi), gpu in sorted(seen.items()):
         if gpu.get("gpu") != 0:  # the clients run on CUDA's device 0; another GPU reads 0 for them
