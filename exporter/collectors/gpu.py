@@ -263,6 +263,7 @@ class GpuCollector:
         pod_info, pod_count = f["pod_info"], f["pod_count"]
         for view in gpus:
             labels = gpu_labels(view)
+            held = join_gpu(view.identity.uuid, snapshot.holdings.values())  # every kind's holders of it, once
             if view.time_utilization is not None:
                 time_util.add_metric(labels, view.time_utilization)
                 time_source.add_metric(labels + [time_utilization_source(view)], 1.0)
@@ -279,7 +280,7 @@ class GpuCollector:
                         proc_sm.add_metric(labels + [str(proc.pid), proc.command], proc.sm)
                         proc_mem.add_metric(labels + [str(proc.pid), proc.command], proc.memory)
                 elif mode == "container":
-                    holding = {h.owner() for h in join_gpu(view.identity.uuid, snapshot.holdings.values())}
+                    holding = {h.owner() for h in held}
                     for group, sm, mem in process_groups(tel.processes, snapshot.owners, limit, holding):
                         proc_sm.add_metric(labels + group, sm)
                         proc_mem.add_metric(labels + group, mem)
@@ -287,7 +288,7 @@ class GpuCollector:
                     for kind in WORKLOAD_PROCESS_KINDS:  # an MPS server is infrastructure, not a workload
                         compute.add_metric(labels + [kind], sum(p.kind == kind for p in tel.compute_processes))
             if view.identity.uuid in pods_known:
-                refs = pod_refs(join_gpu(view.identity.uuid, snapshot.holdings.values()))
+                refs = pod_refs(held)
                 shown, rest = bounded_pods(refs, published.get(view.identity.uuid, set()), holder_limit)
                 for ref in shown:
                     pod_info.add_metric(labels + list(ref), 1.0)
